@@ -1,0 +1,22 @@
+"""texpr: automatic differentiation of tensor compute expressions.
+
+Write operators as ``compute(shape, lambda i, j: ...)``, differentiate them
+with ``differentiate``, run them with ``evaluate`` (numpy reference) or
+``codegen.build`` (Numba kernels). See README.md and DESIGN.md.
+"""
+
+from . import dtypes
+from .errors import (AxisError, DTypeError, FeedError, NotDifferentiableError,
+                     OutOfBoundsError, ScheduleError, ShapeError, TexprError)
+from .evaluate import evaluate
+from .expr import (Expr, IterVar, Var, all_of as all, any_of as any, cast, const, floordiv,
+                   floormod, logical_and, logical_not, logical_or, select)
+from .expr import select as if_then_else
+from .intrinsics import (abs, ceil, cos, erf, exp, floor, log, power, round, rsqrt, sigmoid,
+                         sin, sqrt, tanh, trunc)
+from .printer import expr_str, graph_str, tensor_str
+from .reduction import CommReducer, comm_reducer, max, min, prod, sum
+from .tensor import (ComputeOp, Operation, PlaceholderOp, ScatterAddOp, Tensor, compute,
+                     placeholder, reduce_axis, scatter_add, topo_order)
+
+__version__ = "0.1.0"

@@ -1,0 +1,39 @@
+"""The one hierarchy of errors texpr raises for user mistakes.
+
+Every message names the tensor (when there is one), prints the offending
+expression with :mod:`texpr.printer` and says what was expected. Code in
+``simplify/`` and ``codegen/`` raises these too, so that a user never sees a
+raw traceback from numpy, sympy, islpy or numba for a malformed program.
+"""
+
+
+class TexprError(Exception):
+    """Base class of every error texpr raises for a malformed program or input."""
+
+
+class ShapeError(TexprError):
+    """A shape, extent or number of indices is not what was expected."""
+
+
+class DTypeError(TexprError):
+    """A dtype is not allowed here (e.g. a float used as an index)."""
+
+
+class OutOfBoundsError(TexprError, IndexError):
+    """An unguarded tensor load reads outside the tensor's shape."""
+
+
+class AxisError(TexprError):
+    """An index variable or reduction axis is used where it is not bound."""
+
+
+class FeedError(TexprError):
+    """A feed dict misses a placeholder or gives an array of the wrong shape/dtype."""
+
+
+class NotDifferentiableError(TexprError):
+    """A derivative was asked of something that has none (e.g. an int tensor)."""
+
+
+class ScheduleError(TexprError):
+    """A schedule primitive asks for something impossible."""

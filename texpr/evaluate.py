@@ -1,0 +1,332 @@
+"""The reference evaluator: runs any tensor graph on numpy arrays.
+
+It is the oracle every later stage (simplify, codegen) is checked against, so
+it favours obvious correctness: each stage is evaluated over its whole index
+grid at once (vectorised with numpy broadcasting: one array dimension per
+axis, reduction axes trailing), in chunks of the first axis to bound memory.
+
+Semantics it pins down:
+
+* ``//`` and ``%`` floor (Python's); integer division by zero is an error.
+* ``select`` evaluates each branch only where it is taken (under a mask), so
+  the untaken branch can neither fail (out-of-bounds load) nor warn; ``&&`` and
+  ``||`` short-circuit the same way.
+* An unguarded load outside its tensor raises :class:`OutOfBoundsError` naming
+  the tensor, the index expression, the bad index and the point.
+* A reduction over an empty domain gives the reducer's identity.
+* ``round`` rounds half to even (as numpy); ``sigmoid`` is ``1/(1+exp(-x))``.
+"""
+
+import math
+
+import numpy as np
+
+from . import dtypes as dt
+from .errors import FeedError, OutOfBoundsError, TexprError
+from .expr import (Add, And, Call, Cast, Const, Div, EQ, FloorDiv, FloorMod, GE, GT, LE, LT,
+                   Load, Max, Min, Mul, NE, Not, Or, Reduce, Select, Sub, Var)
+from .printer import expr_str
+from .tensor import ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, topo_order
+
+#: elements of one chunk's index grid (stage points times reduction points)
+CHUNK_ELEMENTS = 1 << 23
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+_UNARY = {
+    "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh, "abs": np.abs,
+    "floor": np.floor, "ceil": np.ceil, "round": np.round, "trunc": np.trunc,
+    "sin": np.sin, "cos": np.cos,
+    "rsqrt": lambda x: 1.0 / np.sqrt(x),
+    "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
+    "erf": lambda x: _erf(x).astype(x.dtype if x.dtype.kind == "f" else np.float64),
+}
+_BINARY = {Add: np.add, Sub: np.subtract, Mul: np.multiply, Min: np.minimum, Max: np.maximum,
+           EQ: np.equal, NE: np.not_equal, LT: np.less, LE: np.less_equal, GT: np.greater,
+           GE: np.greater_equal}
+
+
+def _and_mask(mask, cond):
+    return cond if mask is None else (mask & cond)
+
+
+class _StageEval:
+    """Evaluates expressions of one stage chunk; ``env`` maps var ids to index arrays."""
+
+    def __init__(self, stage_name, env, values, point_axes):
+        self.stage_name, self.env, self.values = stage_name, env, values
+        self.point_axes = point_axes  # [(name, var)] to report a failing point
+        self.memo = {}
+
+    def __call__(self, e, mask=None):
+        key = (id(e), id(mask))
+        hit = self.memo.get(key)
+        if hit is not None:
+            return hit[0]
+        out = self._eval(e, mask)
+        want = np.dtype(e.dtype)
+        if out.dtype != want:
+            out = out.astype(want)
+        self.memo[key] = (out, mask)  # keep mask alive so its id is not reused
+        return out
+
+    def _eval(self, e, mask):
+        if isinstance(e, Const):
+            return np.asarray(e.value, dtype=e.dtype)
+        if isinstance(e, Var):
+            try:
+                return self.env[id(e)]
+            except KeyError:
+                raise TexprError(f"stage {self.stage_name}: variable `{e.name}` is not bound") from None
+        cls = type(e)
+        if cls in _BINARY:
+            return _BINARY[cls](self(e.args[0], mask), self(e.args[1], mask))
+        if cls is Div:
+            a, b = self(e.args[0], mask), self(e.args[1], mask)
+            return np.true_divide(a.astype(e.dtype, copy=False), b.astype(e.dtype, copy=False))
+        if cls in (FloorDiv, FloorMod):
+            a, b = self(e.args[0], mask), self(e.args[1], mask)
+            if dt.is_int(e.dtype):
+                zero = np.broadcast_to(b == 0, np.broadcast_shapes(a.shape, b.shape, ()))
+                if mask is not None:
+                    zero = zero & mask
+                if np.any(zero):
+                    raise TexprError(
+                        f"stage {self.stage_name}: integer division by zero in `{expr_str(e)}`")
+                b = np.where(b == 0, 1, b)
+            return (np.floor_divide if cls is FloorDiv else np.mod)(a, b)
+        if cls is And:
+            a = self(e.args[0], mask)
+            return a & self(e.args[1], _and_mask(mask, a))
+        if cls is Or:
+            a = self(e.args[0], mask)
+            return a | self(e.args[1], _and_mask(mask, ~a))
+        if cls is Not:
+            return ~self(e.args[0], mask)
+        if cls is Select:
+            c = self(e.args[0], mask)
+            t = self(e.args[1], _and_mask(mask, c))
+            f = self(e.args[2], _and_mask(mask, ~c))
+            return np.where(c, t, f)
+        if cls is Cast:
+            return self(e.args[0], mask).astype(e.dtype)
+        if cls is Call:
+            args = [self(a, mask) for a in e.args]
+            if e.name == "power":
+                return np.power(args[0].astype(e.dtype), args[1].astype(e.dtype))
+            x = args[0]
+            if e.name != "abs":
+                x = x.astype(e.dtype, copy=False)
+            return _UNARY[e.name](x)
+        if cls is Load:
+            return self._load(e, mask)
+        if cls is Reduce:
+            raise TexprError(f"stage {self.stage_name}: a reduction below the top of a body "
+                             f"(`{expr_str(e)}`) reached the evaluator")
+        raise TexprError(f"evaluate: unknown expression kind {cls.__name__}")
+
+    def _load(self, e, mask):
+        t = e.tensor
+        arr = self.values[id(t)]
+        idx = [self(i, mask) for i in e.args]
+        if not idx:
+            return arr[()]
+        shape = np.broadcast_shapes(*(i.shape for i in idx), *(() if mask is None else (mask.shape,)))
+        clipped = []
+        bad_any = None
+        for d, (i, n) in enumerate(zip(idx, t.shape)):
+            bad = (i < 0) | (i >= n)
+            if np.any(bad):
+                bad = np.broadcast_to(bad, shape)
+                if mask is not None:
+                    bad = bad & mask
+                if np.any(bad):
+                    bad_any = (d, bad)
+                    break
+            clipped.append(np.clip(i, 0, max(n - 1, 0)) if n > 0 else i)
+        if bad_any is not None:
+            d, bad = bad_any
+            point = tuple(int(x) for x in np.argwhere(bad)[0])
+            values = [int(np.broadcast_to(i, shape)[point]) for i in idx]
+            where = ", ".join(
+                f"{name}={int(np.broadcast_to(self.env[id(v)], shape)[point])}"
+                for name, v in self.point_axes if id(v) in self.env)
+            raise OutOfBoundsError(
+                f"stage {self.stage_name}: load `{expr_str(e)}` reads {t.name} at index "
+                f"{tuple(values)}, outside its shape {t.shape} (dimension {d}), at {where}; "
+                "guard the load with te.if_then_else if the index can leave the tensor")
+        if arr.size == 0:
+            return np.zeros(shape, dtype=arr.dtype)
+        return arr[tuple(clipped)]
+
+
+def _grid(axes, ndim, first_range=None):
+    env = {}
+    for d, a in enumerate(axes):
+        lo, hi = a.dom
+        if d == 0 and first_range is not None:
+            lo, hi = lo + first_range[0], lo + first_range[1]
+        shape = [1] * ndim
+        shape[d] = hi - lo
+        env[id(a)] = np.arange(lo, hi, dtype=np.int64).reshape(shape)
+    return env
+
+
+def _reduce_builtin(kind, src, mask, red_dims, combiner, dtype):
+    ident = combiner.identity[0].value
+    if mask is not None:
+        src = np.where(mask, src, np.asarray(ident, dtype=dtype))
+    if kind == "sum":
+        return np.sum(src, axis=red_dims, dtype=dtype)
+    if kind == "prod":
+        return np.prod(src, axis=red_dims, dtype=dtype)
+    fn = np.max if kind == "max" else np.min
+    return fn(src, axis=red_dims, initial=ident)
+
+
+def _reduce_custom(ev, comb, srcs, mask, grid_shape, n):
+    """Fold a user combiner over the flattened reduction points, one vectorised step each."""
+    out_shape = grid_shape[:n]
+    r = int(np.prod(grid_shape[n:], dtype=np.int64))
+    srcs = [np.broadcast_to(s, grid_shape).reshape(out_shape + (r,)) for s in srcs]
+    m = None if mask is None else np.broadcast_to(mask, grid_shape).reshape(out_shape + (r,))
+    acc = [np.full(out_shape, c.value, dtype=c.dtype) for c in comb.identity]
+    for k in range(r):
+        env = dict(ev.env)
+        for v, a in zip(comb.lhs, acc):
+            env[id(v)] = a
+        for v, s in zip(comb.rhs, srcs):
+            env[id(v)] = s[..., k]
+        step = _StageEval(ev.stage_name, env, ev.values, ())
+        new = [step(res) for res in comb.result]
+        if m is not None:
+            new = [np.where(m[..., k], x, a) for x, a in zip(new, acc)]
+        acc = [np.broadcast_to(x, out_shape).astype(a.dtype) for x, a in zip(new, acc)]
+    return acc
+
+
+def _eval_compute(op, values):
+    shape = op.shape
+    n = len(shape)
+    outs = [np.empty(shape, dtype=d) for d in op.dtypes]
+    if any(s == 0 for s in shape):
+        return outs
+    body = op.body
+    red = body[0] if isinstance(body[0], Reduce) else None
+    red_axes = red.axes if red is not None else ()
+    ndim = n + len(red_axes)
+    red_extents = tuple(a.extent for a in red_axes)
+    per_row = int(np.prod(shape[1:] + red_extents, dtype=np.int64)) if n else 1
+    rows = max(1, CHUNK_ELEMENTS // max(per_row, 1)) if n else 1
+    point_axes = [(a.name, a) for a in op.axis] + [(a.name, a) for a in red_axes]
+    for start in range(0, shape[0] if n else 1, rows):
+        stop = min(start + rows, shape[0]) if n else 1
+        env = _grid(op.axis, ndim, (start, stop) if n else None)
+        for k, a in enumerate(red_axes):
+            s = [1] * ndim
+            s[n + k] = a.extent
+            env[id(a)] = np.arange(a.dom[0], a.dom[1], dtype=np.int64).reshape(s)
+        ev = _StageEval(op.name, env, values, point_axes)
+        chunk_shape = ((stop - start,) + shape[1:]) if n else ()
+        sl = (slice(start, stop),) if n else ()
+        if red is None:
+            for o, b in zip(outs, body):
+                o[sl] = np.broadcast_to(ev(b), chunk_shape)
+            continue
+        grid_shape = chunk_shape + red_extents
+        where = red.where
+        mask = None
+        if not (isinstance(where, Const) and where.value is True):
+            mask = np.broadcast_to(ev(where), grid_shape)
+        srcs = [ev(s, mask) for s in red.source]
+        red_dims = tuple(range(n, ndim))
+        if red.combiner.kind != "custom":
+            src = np.broadcast_to(srcs[0], grid_shape)
+            outs[0][sl] = _reduce_builtin(red.combiner.kind, src, mask, red_dims, red.combiner,
+                                          op.dtypes[0])
+        else:
+            res = _reduce_custom(ev, red.combiner, srcs, mask, grid_shape, n)
+            for o, r in zip(outs, res):
+                o[sl] = r
+    return outs
+
+
+def _eval_scatter(op, values):
+    out = (np.array(values[id(op.init)], dtype=op.dtypes[0], copy=True) if op.init is not None
+           else np.zeros(op.shape, dtype=op.dtypes[0]))
+    dom = tuple(a.extent for a in op.axis)
+    if any(d == 0 for d in dom):
+        return [out]
+    env = _grid(op.axis, len(dom))
+    ev = _StageEval(op.name, env, values, [(a.name, a) for a in op.axis])
+    mask = np.broadcast_to(ev(op.where), dom)
+    idx = [np.broadcast_to(ev(i, mask), dom)[mask] for i in op.indices]
+    val = np.broadcast_to(ev(op.value, mask), dom)[mask]
+    for d, (i, n) in enumerate(zip(idx, op.shape)):
+        if np.any((i < 0) | (i >= n)):
+            raise OutOfBoundsError(
+                f"scatter-add {op.name}: index {d} `{expr_str(op.indices[d])}` leaves the "
+                f"shape {op.shape}")
+    np.add.at(out, tuple(idx), val)
+    return [out]
+
+
+def _check_feed(op, feed_by_id):
+    t = op.output(0)
+    if id(t) not in feed_by_id:
+        raise FeedError(f"evaluate: no value fed for placeholder {t.name} "
+                        f"(shape {t.shape}, {t.dtype})")
+    value = feed_by_id[id(t)]
+    if not isinstance(value, np.ndarray):
+        try:
+            value = np.asarray(value, dtype=t.dtype)
+        except (TypeError, ValueError) as exc:
+            raise FeedError(f"evaluate: the value fed for {t.name} is not an array: {exc}") from None
+    if value.shape != t.shape:
+        raise FeedError(f"evaluate: placeholder {t.name} expects shape {t.shape}, "
+                        f"got an array of shape {value.shape}")
+    if value.dtype.name != t.dtype:
+        raise FeedError(f"evaluate: placeholder {t.name} expects dtype {t.dtype}, got "
+                        f"{value.dtype.name} (convert it with .astype('{t.dtype}'))")
+    return value
+
+
+def evaluate(outputs, feed):
+    """Run a tensor graph on numpy arrays.
+
+    Args:
+        outputs: a Tensor or a list of Tensors.
+        feed: dict Tensor -> numpy array for every placeholder the outputs
+            depend on (shape and dtype exactly as declared; Python lists and
+            scalars are converted to the declared dtype).
+    Returns:
+        One numpy array (for a Tensor) or a list of arrays, with the declared
+        shapes and dtypes.
+    Raises:
+        FeedError: a missing placeholder or a value of the wrong shape/dtype.
+        OutOfBoundsError: an unguarded load outside its tensor.
+        TexprError: integer division by zero.
+    """
+    single = isinstance(outputs, Tensor)
+    outs = [outputs] if single else list(outputs)
+    for o in outs:
+        if not isinstance(o, Tensor):
+            raise TexprError(f"evaluate: outputs must be Tensors, got {type(o).__name__}")
+    if not isinstance(feed, dict):
+        raise FeedError("evaluate: feed must be a dict Tensor -> numpy array")
+    feed_by_id = {id(k): v for k, v in feed.items()}
+    values = {}
+    with np.errstate(all="ignore"):
+        for op in topo_order(outs):
+            if isinstance(op, PlaceholderOp):
+                arrays = [_check_feed(op, feed_by_id)]
+            elif isinstance(op, ComputeOp):
+                arrays = _eval_compute(op, values)
+            elif isinstance(op, ScatterAddOp):
+                arrays = _eval_scatter(op, values)
+            else:
+                raise TexprError(f"evaluate: unknown operation {type(op).__name__}")
+            for t, a in zip(op.outputs, arrays):
+                values[id(t)] = a
+    results = [values[id(o)] for o in outs]
+    return results[0] if single else results

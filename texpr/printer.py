@@ -1,0 +1,149 @@
+"""Deterministic text of expressions, stages and graphs (errors, golden tests, hashing).
+
+``expr_str(e)`` prints infix with minimal parentheses; ``tensor_str(t)`` prints
+one stage's definition; ``graph_str(outputs)`` every stage reachable from the
+outputs, producers first. With ``canonical=True`` variables are renamed in
+order of first appearance (``v0, v1, ...``; reduction axes ``r0, ...``) and
+tensors ``t0, t1, ...``, so that two structurally equal graphs print the same
+text whatever their names -- the basis of kernel caching.
+"""
+
+from .expr import (Add, And, Call, Cast, CmpOp, Const, Div, EQ, FloorDiv, FloorMod, GE, GT,
+                   IterVar, LE, LT, Load, Max, Min, Mul, NE, Not, Or, Reduce, Select, Sub, Var)
+
+_INFIX = {Add: ("+", 4), Sub: ("-", 4), Mul: ("*", 5), Div: ("/", 5), FloorDiv: ("//", 5),
+          FloorMod: ("%", 5), EQ: ("==", 3), NE: ("!=", 3), LT: ("<", 3), LE: ("<=", 3),
+          GT: (">", 3), GE: (">=", 3), And: ("&&", 2), Or: ("||", 1)}
+_ATOM = 9
+
+
+class _Names:
+    def __init__(self, canonical):
+        self.canonical = canonical
+        self.vars, self.tensors = {}, {}
+
+    def var(self, v):
+        if not self.canonical:
+            return v.name
+        n = self.vars.get(id(v))
+        if n is None:
+            is_red = isinstance(v, IterVar) and v.kind == "reduce"
+            prefix = "r" if is_red else "v"
+            n = f"{prefix}{sum(1 for k in self.vars.values() if k[0] == prefix)}"
+            self.vars[id(v)] = n
+        return n
+
+    def tensor(self, t):
+        if not self.canonical:
+            return t.name
+        n = self.tensors.get(id(t))
+        if n is None:
+            n = f"t{len(self.tensors)}"
+            self.tensors[id(t)] = n
+        return n
+
+
+def _const_str(c):
+    v = c.value
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v) if c.dtype == "int64" else f"{v}:{c.dtype}"
+    s = repr(v)
+    return s if c.dtype == "float32" else f"{s}:{c.dtype}"
+
+
+def _p(e, names):
+    """(text, precedence) of ``e``."""
+    if isinstance(e, Const):
+        return _const_str(e), _ATOM
+    if isinstance(e, Var):
+        return names.var(e), _ATOM
+    cls = type(e)
+    if cls in _INFIX:
+        op, prec = _INFIX[cls]
+        a, pa = _p(e.args[0], names)
+        b, pb = _p(e.args[1], names)
+        if pa < prec or (pa == prec and isinstance(e.args[0], CmpOp)):
+            a = f"({a})"
+        if pb <= prec:
+            b = f"({b})"
+        return f"{a} {op} {b}", prec
+    if isinstance(e, (Min, Max)):
+        return f"{cls.__name__.lower()}({_s(e.args[0], names)}, {_s(e.args[1], names)})", _ATOM
+    if isinstance(e, Not):
+        a, pa = _p(e.args[0], names)
+        return f"!({a})" if pa < _ATOM else f"!{a}", 8
+    if isinstance(e, Select):
+        return "select(" + ", ".join(_s(a, names) for a in e.args) + ")", _ATOM
+    if isinstance(e, Cast):
+        return f"{e.attr}({_s(e.args[0], names)})", _ATOM
+    if isinstance(e, Call):
+        return f"{e.name}(" + ", ".join(_s(a, names) for a in e.args) + ")", _ATOM
+    if isinstance(e, Load):
+        return f"{names.tensor(e.tensor)}[" + ", ".join(_s(a, names) for a in e.args) + "]", _ATOM
+    if isinstance(e, Reduce):
+        axes = ", ".join(f"{names.var(a)}:{a.dom[0]}..{a.dom[1]}" for a in e.axes)
+        src = ", ".join(_s(s, names) for s in e.source)
+        text = f"{e.combiner.name}({src}, axis=[{axes}]"
+        if not (isinstance(e.where, Const) and e.where.value is True):
+            text += f", where={_s(e.where, names)}"
+        text += ")"
+        if e.combiner.kind == "custom":
+            body = "; ".join(_s(r, names) for r in e.combiner.result)
+            text = f"{text}{{{body}}}"
+        if len(e.source) > 1:
+            text += f".{e.value_index}"
+        return text, _ATOM
+    raise TypeError(f"printer: unknown node {type(e).__name__}")
+
+
+def _s(e, names):
+    return _p(e, names)[0]
+
+
+def expr_str(e, canonical=False, _names=None):
+    """The text of one expression."""
+    return _s(e, _names or _Names(canonical))
+
+
+def _stage_str(t, names):
+    from .tensor import ComputeOp, PlaceholderOp, ScatterAddOp
+
+    op = t.op
+    if isinstance(op, PlaceholderOp):
+        return f"{names.tensor(t)} = placeholder({op.shape}, {t.dtype})"
+    if isinstance(op, ComputeOp):
+        lhs = ", ".join(f"{names.var(a)}<{a.extent}" for a in op.axis)
+        outs = [names.tensor(o) for o in op.outputs]
+        body = " ; ".join(_s(b, names) for b in op.body)
+        return f"{', '.join(outs)}[{lhs}] = {body}  # {', '.join(op.dtypes)}"
+    if isinstance(op, ScatterAddOp):
+        dom = ", ".join(f"{names.var(a)}<{a.extent}" for a in op.axis)
+        idx = ", ".join(_s(i, names) for i in op.indices)
+        init = names.tensor(op.init) if op.init is not None else "0"
+        cond = "" if (isinstance(op.where, Const) and op.where.value is True) else \
+            f" if {_s(op.where, names)}"
+        return (f"{names.tensor(t)}{op.shape} = {init}; for [{dom}]{cond}: "
+                f"{names.tensor(t)}[{idx}] += {_s(op.value, names)}  # {t.dtype}")
+    raise TypeError(f"printer: unknown operation {type(op).__name__}")
+
+
+def tensor_str(t, canonical=False):
+    """One stage's definition, e.g. ``Y[i<4, j<5] = sum(X[i, k]*W[j, k], axis=[k:0..3])``."""
+    return _stage_str(t, _Names(canonical))
+
+
+def graph_str(outputs, canonical=False):
+    """Every stage reachable from ``outputs``, producers first, one per line."""
+    from .tensor import Tensor, topo_order
+
+    if isinstance(outputs, Tensor):
+        outputs = [outputs]
+    names = _Names(canonical)
+    lines = []
+    for op in topo_order(outputs):
+        lines.append(_stage_str(op.output(0), names))
+    if canonical:
+        lines.append("outputs: " + ", ".join(names.tensor(t) for t in outputs))
+    return "\n".join(lines)

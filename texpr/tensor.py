@@ -1,0 +1,422 @@
+"""Tensors and the operations that define them: placeholders, compute stages,
+scatter-add stages.
+
+A :class:`Tensor` is one output of an :class:`Operation`. Tensors (and
+operations) are identity objects: two computes with the same body are two
+different stages. Invariant kept by :func:`compute`: a :class:`Reduce` appears
+only at the top of a compute body (nested reductions are lifted into stages
+of their own), so every stage is either elementwise or one reduction.
+"""
+
+import inspect
+import itertools
+
+import numpy as np
+
+from . import dtypes as dt
+from .errors import AxisError, ShapeError, TexprError
+from .expr import Expr, IterVar, Reduce, as_expr, iter_var, load
+from .visitor import post_order, substitute
+
+_NAME_COUNTER = itertools.count()
+
+
+def _fresh_name(prefix):
+    return f"{prefix}{next(_NAME_COUNTER)}"
+
+
+def _check_shape(shape, what):
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    try:
+        shape = tuple(shape)
+    except TypeError:
+        raise ShapeError(f"{what}: shape must be a tuple of ints, got {shape!r}") from None
+    out = []
+    for d in shape:
+        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
+            raise ShapeError(f"{what}: shape {shape!r} has a non-integer extent {d!r}")
+        if d < 0:
+            raise ShapeError(f"{what}: shape {shape!r} has a negative extent {d}")
+        out.append(int(d))
+    return tuple(out)
+
+
+class Tensor:
+    """One output of an operation: ``shape`` (tuple of ints), ``dtype``, ``name``, ``op``.
+
+    ``T[i, j]`` (or ``T[(i, j)]``, ``T[()]`` for a scalar) builds a load whose
+    indices are integer expressions; it raises ``ShapeError`` for the wrong
+    number of indices and ``DTypeError`` for a non-integer index.
+    """
+
+    __slots__ = ("op", "value_index", "__weakref__")
+
+    def __init__(self, op, value_index=0):
+        self.op = op
+        self.value_index = value_index
+
+    @property
+    def shape(self):
+        return self.op.shape
+
+    @property
+    def dtype(self):
+        return self.op.dtypes[self.value_index]
+
+    @property
+    def name(self):
+        n = self.op.name
+        return n if self.op.num_outputs == 1 else f"{n}.v{self.value_index}"
+
+    @property
+    def ndim(self):
+        return len(self.op.shape)
+
+    @property
+    def size(self):
+        return int(np.prod(self.op.shape, dtype=np.int64))
+
+    def __getitem__(self, indices):
+        if not isinstance(indices, tuple):
+            indices = (indices,)
+        return load(self, indices)
+
+    def __call__(self, *indices):
+        return load(self, indices)
+
+    def __repr__(self):
+        from .printer import tensor_str
+
+        return tensor_str(self)
+
+    def __bool__(self):
+        return True
+
+    # arithmetic on scalar tensors reads them: t + 1 == t[()] + 1
+    def _scalar(self):
+        return as_expr(self)
+
+    def __add__(self, o): return self._scalar() + o
+    def __radd__(self, o): return o + self._scalar()
+    def __sub__(self, o): return self._scalar() - o
+    def __rsub__(self, o): return o - self._scalar()
+    def __mul__(self, o): return self._scalar() * o
+    def __rmul__(self, o): return o * self._scalar()
+    def __truediv__(self, o): return self._scalar() / o
+    def __rtruediv__(self, o): return o / self._scalar()
+    def __neg__(self): return -self._scalar()
+
+
+class Operation:
+    """Base of the operations: ``name``, ``shape``, ``dtypes``, ``outputs``, ``input_tensors``."""
+
+    num_outputs = 1
+
+    @property
+    def outputs(self):
+        return self._outputs
+
+    def output(self, i=0):
+        return self._outputs[i]
+
+    def input_tensors(self):
+        return []
+
+
+class PlaceholderOp(Operation):
+    """An input fed at run time."""
+
+    def __init__(self, name, shape, dtype):
+        self.name, self.shape, self.dtypes = name, shape, (dtype,)
+        self._outputs = (Tensor(self, 0),)
+
+
+def _collect_inputs(exprs):
+    from .expr import Load
+
+    seen, out = set(), []
+    for n in post_order(exprs):
+        if isinstance(n, Load) and id(n.tensor) not in seen:
+            seen.add(id(n.tensor))
+            out.append(n.tensor)
+    return out
+
+
+class ComputeOp(Operation):
+    """``out[axis] = body`` over the box ``0 <= axis[d] < shape[d]``.
+
+    ``axis`` is the tuple of spatial IterVars, ``body`` a tuple of Exprs (one
+    per output; several only for tuple reductions, all Reduces over the same
+    axes). ``reduce_axis`` lists the reduction IterVars (empty when the stage
+    is elementwise). ``tag`` and ``attrs`` are free-form (the operator library
+    records the operator and its parameters there).
+    """
+
+    def __init__(self, name, axis, body, tag="", attrs=None):
+        self.name = name
+        self.axis = tuple(axis)
+        self.body = tuple(body)
+        self.shape = tuple(a.extent for a in self.axis)
+        self.dtypes = tuple(b.dtype for b in self.body)
+        self.num_outputs = len(self.body)
+        self.tag = tag
+        self.attrs = dict(attrs or {})
+        self._outputs = tuple(Tensor(self, i) for i in range(self.num_outputs))
+        self._inputs = _collect_inputs(self.body)
+
+    @property
+    def reduce_axis(self):
+        b = self.body[0]
+        return b.axes if isinstance(b, Reduce) else ()
+
+    def input_tensors(self):
+        return list(self._inputs)
+
+
+class ScatterAddOp(Operation):
+    """A scatter-add stage (an update definition): ``out = init``, then for each
+    point of the iteration domain ``axis`` where ``where`` holds,
+    ``out[indices] += value``.
+
+    ``axis``: tuple of IterVars (the domain, e.g. the positions of an index
+    list); ``indices``: one integer Expr per output dimension (may load from
+    int tensors); ``value``: an Expr over ``axis``; ``init``: a Tensor of the
+    output's shape or None for zeros. Gradients of data-dependent gathers
+    (``X[I[k]]``) become these, so their work is ``O(len(I))``.
+    """
+
+    def __init__(self, name, shape, dtype, axis, indices, value, where=None, init=None):
+        from .expr import const
+
+        self.name = name
+        self.shape = tuple(shape)
+        self.dtypes = (dtype,)
+        self.axis = tuple(axis)
+        self.indices = tuple(indices)
+        self.value = value
+        self.where = const(True) if where is None else where
+        self.init = init
+        if len(self.indices) != len(self.shape):
+            raise ShapeError(f"scatter-add {name}: {len(self.indices)} indices for shape {self.shape}")
+        self._outputs = (Tensor(self, 0),)
+        self._inputs = _collect_inputs(self.indices + (self.value, self.where))
+        if init is not None:
+            self._inputs.insert(0, init)
+
+    @property
+    def reduce_axis(self):
+        return ()
+
+    def input_tensors(self):
+        return list(self._inputs)
+
+
+def placeholder(shape, name=None, dtype="float32"):
+    """An input tensor of ``shape`` (tuple of non-negative ints) and ``dtype``.
+
+    Raises:
+        ShapeError: a negative or non-integer extent.
+        DTypeError: an unsupported dtype.
+    """
+    name = name or _fresh_name("placeholder")
+    shape = _check_shape(shape, f"placeholder {name}")
+    return PlaceholderOp(name, shape, dt.normalize(dtype, f"placeholder {name}")).output(0)
+
+
+def reduce_axis(dom, name=None):
+    """A reduction axis over ``0 <= k < dom`` or ``lo <= k < hi`` for ``dom=(lo, hi)``.
+
+    Raises:
+        ShapeError: a negative extent or non-integer bounds.
+    """
+    name = name or _fresh_name("k")
+    if isinstance(dom, (tuple, list)):
+        if len(dom) != 2:
+            raise ShapeError(f"reduce_axis {name}: expected (lo, hi), got {dom!r}")
+        lo, hi = dom
+    else:
+        lo, hi = 0, dom
+    for v in (lo, hi):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise ShapeError(f"reduce_axis {name}: bounds must be ints, got {dom!r}")
+    if hi < lo:
+        raise ShapeError(f"reduce_axis {name}: negative extent in {dom!r}")
+    return iter_var(lo, hi, name, "reduce")
+
+
+def _axis_names(fcompute, n):
+    try:
+        params = [p for p in inspect.signature(fcompute).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    if len(params) == n and all(p.name.isidentifier() for p in params):
+        return [p.name for p in params]
+    return ["ax%d" % d for d in range(n)]
+
+
+def _check_axes_usage(name, axis, body):
+    """Every free variable is a spatial axis of this stage; reduce axes only inside their Reduce."""
+    from .expr import Var
+    from .printer import expr_str
+
+    allowed = {id(a) for a in axis}
+    seen = set()
+
+    def walk(e, bound, top):
+        key = (id(e), bound)
+        if key in seen:
+            return
+        seen.add(key)
+        if isinstance(e, Reduce):
+            for a in e.axes:
+                if not isinstance(a, IterVar) or a.kind != "reduce":
+                    raise AxisError(
+                        f"compute {name}: `{a!r}` used as a reduction axis is not a "
+                        "reduce_axis (create it with te.reduce_axis)")
+            inner = bound | frozenset(id(a) for a in e.axes)
+            for child in e.args:
+                walk(child, inner, top)
+            return
+        if isinstance(e, Var) and id(e) not in allowed and id(e) not in bound:
+            if isinstance(e, IterVar) and e.kind == "reduce":
+                raise AxisError(
+                    f"compute {name}: reduction axis `{e.name}` is used outside a reduction "
+                    f"over it in `{expr_str(top)}`; wrap it in te.sum(..., axis={e.name})")
+            raise AxisError(
+                f"compute {name}: variable `{e.name}` in `{expr_str(top)}` is not an axis of "
+                "this compute (index variables come from the lambda's arguments)")
+        for child in e.args:
+            walk(child, bound, top)
+
+    for b in body:
+        walk(b, frozenset(), b)
+
+
+def _lift_nested_reductions(name, axis, body):
+    """Move every Reduce not at the top of ``body`` into a stage of its own.
+
+    The new stage's axes are this stage's axes followed by any enclosing
+    reduction axes the inner reduction depends on.
+    """
+    from .visitor import free_vars
+
+    counter = itertools.count()
+
+    def lift(e, top):
+        # returns e with nested reduces replaced by loads of new stages
+        if isinstance(e, Reduce):
+            args = tuple(lift_inside(a, e.axes) for a in e.args)
+            node = Reduce._rebuild(e.attr, args)
+            if top:
+                return node
+            return _as_stage(node, ())
+        return e.with_args(tuple(lift(a, False) for a in e.args)) if e.args else e
+
+    def lift_inside(e, enclosing_axes):
+        if isinstance(e, Reduce):
+            inner = Reduce._rebuild(e.attr, tuple(lift_inside(a, e.axes + enclosing_axes) for a in e.args))
+            return _as_stage(inner, enclosing_axes)
+        return e.with_args(tuple(lift_inside(a, enclosing_axes) for a in e.args)) if e.args else e
+
+    def _as_stage(red, enclosing_axes):
+        fv = {id(v) for v in free_vars(red)}
+        extra = [a for a in enclosing_axes if id(a) in fv]
+        outer = list(axis) + extra
+        new_axis = [iter_var(0, a.extent, a.name, "spatial") for a in outer]
+        shifted = [na + a.dom[0] if a.dom[0] else na for na, a in zip(new_axis, outer)]
+        inner_body = substitute(red, dict(zip(outer, shifted)))
+        op = ComputeOp(f"{name}.red{next(counter)}", new_axis, (inner_body,))
+        idx = [a - a.dom[0] if a.dom[0] else a for a in outer]
+        return op.output(0)[tuple(idx)]
+
+    return tuple(lift(b, True) for b in body)
+
+
+def compute(shape, fcompute, name=None, tag="", attrs=None):
+    """Define a tensor elementwise: ``out[i, j, ...] = fcompute(i, j, ...)``.
+
+    Args:
+        shape: tuple of non-negative ints (``()`` for a scalar: ``lambda: ...``).
+        fcompute: called with one int64 index variable per dimension; returns an
+            expression (or a Python number), or a tuple of reductions for a tuple
+            reducer (then a tuple of tensors is returned).
+        name: the stage's name (also used in errors and printing).
+    Returns:
+        Tensor (or tuple of Tensors for a tuple reduction) of ``shape``.
+    Raises:
+        ShapeError: bad shape. AxisError: a reduce axis used outside its reduction,
+        or a foreign variable. TexprError: ``fcompute`` returns a non-expression.
+    """
+    name = name or _fresh_name("compute")
+    shape = _check_shape(shape, f"compute {name}")
+    if not callable(fcompute):
+        raise TexprError(f"compute {name}: fcompute must be callable, got {fcompute!r}")
+    names = _axis_names(fcompute, len(shape))
+    axis = tuple(iter_var(0, n, nm, "spatial") for n, nm in zip(shape, names))
+    result = fcompute(*axis)
+    multi = isinstance(result, (tuple, list))
+    outs = list(result) if multi else [result]
+    if not outs:
+        raise TexprError(f"compute {name}: fcompute returned an empty tuple")
+    body = []
+    for r in outs:
+        if isinstance(r, (Expr, int, float, bool, np.number, np.bool_, Tensor)):
+            body.append(as_expr(r))
+        else:
+            raise TexprError(
+                f"compute {name}: fcompute must return a texpr expression or a number, "
+                f"got {type(r).__name__}: {r!r}")
+    if multi and len(body) > 1:
+        first = body[0]
+        for b in body:
+            if not (isinstance(b, Reduce) and isinstance(first, Reduce)
+                    and b.combiner is first.combiner and b.axes == first.axes
+                    and b.args == first.args):
+                raise TexprError(
+                    f"compute {name}: several outputs are only allowed for the components "
+                    "of one tuple reduction")
+    _check_axes_usage(name, axis, body)
+    body = _lift_nested_reductions(name, axis, body)
+    op = ComputeOp(name, axis, body, tag=tag, attrs=attrs)
+    return op.outputs if multi else op.output(0)
+
+
+def scatter_add(shape, dtype, domain, findices, fvalue, where=None, init=None, name=None):
+    """A scatter-add stage: for every point ``p`` of ``domain`` (a shape), add
+    ``fvalue(*p)`` at ``out[findices(*p)]``; ``out`` starts as ``init`` or zeros.
+
+    Returns a Tensor of ``shape``/``dtype``. Duplicated target indices accumulate.
+    """
+    name = name or _fresh_name("scatter")
+    shape = _check_shape(shape, f"scatter_add {name}")
+    domain = _check_shape(domain, f"scatter_add {name} domain")
+    axis = tuple(iter_var(0, n, f"p{d}", "spatial") for d, n in enumerate(domain))
+    idx = findices(*axis)
+    idx = tuple(idx) if isinstance(idx, (tuple, list)) else (idx,)
+    idx = tuple(as_expr(i, like=dt.INDEX_DTYPE) for i in idx)
+    value = as_expr(fvalue(*axis))
+    w = None if where is None else as_expr(where(*axis))
+    return ScatterAddOp(name, shape, dt.normalize(dtype), axis, idx, value, w, init).output(0)
+
+
+def topo_order(outputs):
+    """Operations reachable from ``outputs`` (Tensors), producers before consumers."""
+    if isinstance(outputs, Tensor):
+        outputs = [outputs]
+    seen, order = set(), []
+    stack = [(t.op, False) for t in reversed(list(outputs))]
+    while stack:
+        op, expanded = stack.pop()
+        if expanded:
+            order.append(op)
+            continue
+        if id(op) in seen:
+            continue
+        seen.add(id(op))
+        stack.append((op, True))
+        for t in reversed(op.input_tensors()):
+            if id(t.op) not in seen:
+                stack.append((t.op, False))
+    return order

@@ -1,0 +1,92 @@
+"""Generic traversal and rewriting of expressions (every pass builds on these).
+
+Because nodes are interned, memoising on node identity visits each distinct
+subexpression once, however often it is shared.
+"""
+
+from .expr import Expr, IterVar, Load, Reduce, Var
+
+
+def post_order(root):
+    """Every distinct node of ``root`` (an Expr or an iterable of Exprs), children first."""
+    roots = [root] if isinstance(root, Expr) else list(root)
+    seen, order = set(), []
+    stack = [(r, False) for r in reversed(roots)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        for child in reversed(node.args):
+            if id(child) not in seen:
+                stack.append((child, False))
+    return order
+
+
+def transform(root, fn):
+    """Rewrite bottom-up: ``fn(node_with_new_children)`` returns a replacement or None.
+
+    Works on one Expr or a tuple/list of Exprs (returned as a tuple).
+    """
+    memo = {}
+    for node in post_order(root):
+        new = node.with_args(tuple(memo[id(c)] for c in node.args)) if node.args else node
+        out = fn(new)
+        memo[id(node)] = new if out is None else out
+    if isinstance(root, Expr):
+        return memo[id(root)]
+    return tuple(memo[id(r)] for r in root)
+
+
+def substitute(root, mapping):
+    """Replace variables (or any node) by expressions: ``mapping`` is {node: Expr}.
+
+    Reduction axes that are mapped to other IterVars are renamed inside the
+    ``Reduce`` nodes' ``attr`` too.
+    """
+    if not mapping:
+        return root
+    by_id = {id(k): v for k, v in mapping.items()}
+
+    def fn(node):
+        hit = by_id.get(id(node))
+        if hit is not None:
+            return hit
+        if isinstance(node, Reduce) and any(id(a) in by_id for a in node.axes):
+            axes = tuple(by_id.get(id(a), a) for a in node.axes)
+            if all(isinstance(a, IterVar) for a in axes):
+                return Reduce._rebuild((node.combiner, axes, node.value_index), node.args)
+        return None
+
+    # map leaves first: transform only calls fn on rebuilt nodes, leaves included
+    return transform(root, fn)
+
+
+def free_vars(root):
+    """The Vars (including IterVars) ``root`` mentions, reduction axes of its Reduces excluded."""
+    out, bound = [], set()
+    nodes = post_order(root)
+    for n in nodes:
+        if isinstance(n, Reduce):
+            bound.update(id(a) for a in n.axes)
+    seen = set()
+    for n in nodes:
+        if isinstance(n, Var) and id(n) not in bound and id(n) not in seen:
+            seen.add(id(n))
+            out.append(n)
+    return out
+
+
+def loads(root, tensor=None):
+    """All distinct Load nodes in ``root`` (of ``tensor`` only, when given)."""
+    return [n for n in post_order(root)
+            if isinstance(n, Load) and (tensor is None or n.tensor is tensor)]
+
+
+def contains(root, pred):
+    """Whether any node of ``root`` satisfies ``pred``."""
+    return any(pred(n) for n in post_order(root))
