@@ -1,0 +1,68 @@
+"""Utilities for checking gradients: finite differences through :func:`texpr.evaluate`.
+
+Used by the test suite; public so users can check their own operators.
+"""
+
+import numpy as np
+
+from .evaluate import evaluate
+from .errors import TexprError
+
+
+def random_feed(tensors, seed=0, dtype=None, low=-1.0, high=1.0, int_high=None):
+    """Random arrays for placeholders: floats uniform in ``[low, high)`` (cast to
+    ``dtype`` when given, else the placeholder's), ints in ``[0, int_high)``
+    (default: 2). Returns a dict Tensor -> array."""
+    rng = np.random.default_rng(seed)
+    feed = {}
+    for t in tensors:
+        if t.dtype.startswith("float"):
+            feed[t] = rng.uniform(low, high, size=t.shape).astype(dtype or t.dtype)
+        elif t.dtype == "bool":
+            feed[t] = rng.integers(0, 2, size=t.shape).astype(bool)
+        else:
+            feed[t] = rng.integers(0, int_high or 2, size=t.shape).astype(t.dtype)
+    return feed
+
+
+def numeric_gradient(loss, wrt, feed, eps=1e-6):
+    """Central finite differences of a scalar (shape ``()``) ``loss`` w.r.t. ``wrt``.
+
+    ``feed`` must hold float64 arrays for accurate results. Returns an array of
+    ``wrt``'s shape (float64). Costs two evaluations per element of ``wrt``.
+    """
+    if loss.shape != ():
+        raise TexprError(f"numeric_gradient: loss {loss.name} must be a scalar, got shape {loss.shape}")
+    base = np.array(feed[wrt], dtype=np.float64, copy=True)
+    grad = np.zeros(base.shape, dtype=np.float64)
+    f = dict(feed)
+    for idx in np.ndindex(*base.shape):
+        plus = base.copy()
+        plus[idx] += eps
+        minus = base.copy()
+        minus[idx] -= eps
+        f[wrt] = plus.astype(feed[wrt].dtype)
+        hi = float(evaluate(loss, f))
+        f[wrt] = minus.astype(feed[wrt].dtype)
+        lo = float(evaluate(loss, f))
+        grad[idx] = (hi - lo) / (2 * eps)
+    return grad
+
+
+def numeric_jacobian(output, wrt, feed, eps=1e-6):
+    """Central finite differences of any ``output`` w.r.t. ``wrt``: an array of shape
+    ``output.shape + wrt.shape`` (float64)."""
+    base = np.array(feed[wrt], dtype=np.float64, copy=True)
+    jac = np.zeros(output.shape + base.shape, dtype=np.float64)
+    f = dict(feed)
+    for idx in np.ndindex(*base.shape):
+        plus = base.copy()
+        plus[idx] += eps
+        minus = base.copy()
+        minus[idx] -= eps
+        f[wrt] = plus.astype(feed[wrt].dtype)
+        hi = np.asarray(evaluate(output, f), dtype=np.float64)
+        f[wrt] = minus.astype(feed[wrt].dtype)
+        lo = np.asarray(evaluate(output, f), dtype=np.float64)
+        jac[(Ellipsis,) + idx] = (hi - lo) / (2 * eps)
+    return jac
