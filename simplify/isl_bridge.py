@@ -16,6 +16,9 @@ into texpr IR (codegen uses it for loop bounds and guards).
 
 Dimension names are ``<var name>_<uid>``, unique per variable.
 
+The package installed is ``islpy-barvinok`` (the same ``islpy`` module built with
+barvinok), so ``Set.card()`` counts points exactly without enumerating them.
+
 Reference: S. Verdoolaege, "isl: An Integer Set Library for the Polyhedral
 Model", ICMS 2010; the AST generator: Grosser, Verdoolaege, Cohen,
 "Polyhedral AST generation is more than scanning polyhedra", TOPLAS 2015.
