@@ -1,0 +1,231 @@
+"""The reference evaluator: every node kind against hand-written numpy."""
+
+import math
+import time
+
+import numpy as np
+import pytest
+
+import texpr as te
+
+RNG = np.random.default_rng(0)
+
+
+def _x(shape, dtype="float64", low=-2.0, high=2.0):
+    return RNG.uniform(low, high, size=shape).astype(dtype)
+
+
+@pytest.mark.parametrize("fn,ref", [
+    (lambda a, b: a + b, np.add), (lambda a, b: a - b, np.subtract),
+    (lambda a, b: a * b, np.multiply), (lambda a, b: a / b, np.divide),
+    (lambda a, b: te.min(a, b), np.minimum), (lambda a, b: te.max(a, b), np.maximum),
+    (lambda a, b: a // b, np.floor_divide), (lambda a, b: a % b, np.mod),
+    (lambda a, b: te.power(te.abs(a), b), lambda a, b: np.abs(a) ** b),
+])
+def test_binary_float(fn, ref):
+    A = te.placeholder((5, 3), name="A", dtype="float64")
+    B = te.placeholder((5, 3), name="B", dtype="float64")
+    C = te.compute((5, 3), lambda i, j: fn(A[i, j], B[i, j]), name="C")
+    a, b = _x((5, 3)), _x((5, 3), low=0.5, high=2.0)
+    np.testing.assert_allclose(te.evaluate(C, {A: a, B: b}), ref(a, b), rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "abs",
+                                  "floor", "ceil", "round", "trunc", "sin", "cos", "erf"])
+def test_intrinsics(name):
+    A = te.placeholder((7,), name="A", dtype="float64")
+    C = te.compute((7,), lambda i: getattr(te, name)(A[i]), name="C")
+    a = np.array([0.1, 0.5, 1.5, 2.5, 3.7, 0.25, 1.0])
+    refs = {"rsqrt": lambda x: 1 / np.sqrt(x), "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+            "erf": np.vectorize(math.erf)}
+    ref = refs.get(name, getattr(np, name, None))
+    np.testing.assert_allclose(te.evaluate(C, {A: a}), ref(a), rtol=1e-12)
+
+
+def test_floor_semantics_on_negative_operands():
+    C = te.compute((13,), lambda i: (i - 6) // 4, name="C")
+    D = te.compute((13,), lambda i: (i - 6) % 4, name="D")
+    E_ = te.compute((13,), lambda i: (i - 6) // -4, name="E")
+    F = te.compute((13,), lambda i: (i - 6) % -4, name="F")
+    v = np.arange(13) - 6
+    c, d, e, f = te.evaluate([C, D, E_, F], {})
+    np.testing.assert_array_equal(c, [x // 4 for x in v])
+    np.testing.assert_array_equal(d, [x % 4 for x in v])
+    np.testing.assert_array_equal(e, [x // -4 for x in v])
+    np.testing.assert_array_equal(f, [x % -4 for x in v])
+    fl = te.placeholder((4,), name="fl", dtype="float64")
+    G = te.compute((4,), lambda i: fl[i] // 2.0 + fl[i] % 2.0 * 100, name="G")
+    x = np.array([-3.5, -1.0, 1.0, 3.5])
+    np.testing.assert_allclose(te.evaluate(G, {fl: x}), x // 2.0 + (x % 2.0) * 100)
+
+
+def test_integer_division_by_zero_is_an_error_only_where_taken():
+    A = te.placeholder((3,), name="A", dtype="int64")
+    C = te.compute((3,), lambda i: te.if_then_else(A[i] != 0, 12 // A[i], -1), name="C")
+    np.testing.assert_array_equal(te.evaluate(C, {A: np.array([0, 3, -5])}), [-1, 4, -3])
+    D = te.compute((3,), lambda i: 12 // A[i], name="D")
+    with pytest.raises(te.TexprError, match="division by zero"):
+        te.evaluate(D, {A: np.array([0, 3, -5])})
+
+
+def test_comparisons_logic_and_casts():
+    A = te.placeholder((6,), name="A", dtype="float64")
+    C = te.compute((6,), lambda i: te.cast(te.any(te.all(A[i] > 0, ~(A[i] >= 1)), A[i] == -1), "int32"),
+                   name="C")
+    a = np.array([-1, -0.5, 0.5, 1.0, 2.0, 0.0])
+    np.testing.assert_array_equal(te.evaluate(C, {A: a}),
+                                  (((a > 0) & ~(a >= 1)) | (a == -1)).astype("int32"))
+    T = te.compute((6,), lambda i: te.cast(A[i] * 2.7, "int64"), name="T")
+    np.testing.assert_array_equal(te.evaluate(T, {A: a}), (a * 2.7).astype("int64"))
+
+
+def test_guarded_loads_at_the_borders():
+    X = te.placeholder((5,), name="X", dtype="float64")
+    Y = te.compute((7,), lambda i: te.if_then_else(te.all(i >= 1, i - 1 < 5), X[i - 1], 0.0),
+                   name="Y")
+    x = np.arange(1.0, 6.0)
+    np.testing.assert_array_equal(te.evaluate(Y, {X: x}), [0, 1, 2, 3, 4, 5, 0])
+    # the short-circuit of && guards the load too
+    Z = te.compute((7,), lambda i: te.if_then_else(te.all(i >= 1, i <= 5, X[te.min(i - 1, 4)] > 2),
+                                                      1.0, 0.0), name="Z")
+    np.testing.assert_array_equal(te.evaluate(Z, {X: x}), [0, 0, 0, 1, 1, 1, 0])
+
+
+def test_unguarded_out_of_bounds_load_names_tensor_and_index():
+    X = te.placeholder((5,), name="X")
+    Y = te.compute((5,), lambda i: X[i + 1], name="Y")
+    with pytest.raises(te.OutOfBoundsError, match=r"X\[i \+ 1\].*\(5,\).*i=4"):
+        te.evaluate(Y, {X: np.zeros(5, "float32")})
+
+
+def test_select_untaken_branch_makes_no_nan_or_warning():
+    X = te.placeholder((3,), name="X", dtype="float64")
+    Y = te.compute((3,), lambda i: te.if_then_else(X[i] > 0, te.sqrt(X[i]), X[i]), name="Y")
+    with np.errstate(all="raise"):
+        out = te.evaluate(Y, {X: np.array([-1.0, 4.0, -4.0])})
+    np.testing.assert_array_equal(out, [-1.0, 2.0, -4.0])
+
+
+def test_reductions_with_where_and_empty_domains():
+    X = te.placeholder((3, 4), name="X", dtype="float64")
+    x = _x((3, 4))
+    k = te.reduce_axis(4, "k")
+    S = te.compute((3, 4), lambda i, j: te.sum(X[i, k], axis=k, where=k <= j), name="S")
+    np.testing.assert_allclose(te.evaluate(S, {X: x}), np.cumsum(x, 1))
+    P = te.compute((3,), lambda i: te.prod(X[i, k], axis=k), name="P")
+    np.testing.assert_allclose(te.evaluate(P, {X: x}), x.prod(1))
+    Mx = te.compute((3,), lambda i: te.max(X[i, k], axis=k), name="Mx")
+    Mn = te.compute((3,), lambda i: te.min(X[i, k], axis=k), name="Mn")
+    np.testing.assert_allclose(te.evaluate(Mx, {X: x}), x.max(1))
+    np.testing.assert_allclose(te.evaluate(Mn, {X: x}), x.min(1))
+    e = te.reduce_axis(0, "e")
+    Z = te.compute((3,), lambda i: te.sum(X[i, e], axis=e), name="Z")
+    M = te.compute((3,), lambda i: te.max(X[i, e], axis=e), name="M")
+    z, m = te.evaluate([Z, M], {X: x})
+    np.testing.assert_array_equal(z, 0)
+    assert np.all(m == -np.inf)
+    W = te.compute((3,), lambda i: te.sum(X[i, k], axis=k, where=k > 10), name="W")
+    np.testing.assert_array_equal(te.evaluate(W, {X: x}), 0)
+
+
+def test_reduce_axis_with_lower_bound_and_multiple_axes():
+    X = te.placeholder((4, 6), name="X", dtype="float64")
+    r = te.reduce_axis((2, 5), "r")
+    a = te.reduce_axis(4, "a")
+    Y = te.compute((), lambda: te.sum(X[a, r], axis=[a, r]), name="Y")
+    x = _x((4, 6))
+    np.testing.assert_allclose(te.evaluate(Y, {X: x}), x[:, 2:5].sum())
+
+
+def test_tuple_reducer_argmax():
+    argmax = te.comm_reducer(
+        lambda x, y: (te.select(x[0] >= y[0], x[0], y[0]), te.select(x[0] >= y[0], x[1], y[1])),
+        lambda vd, idt: (te.const(-np.inf, vd), te.const(-1, idt)), name="argmax")
+    X = te.placeholder((3, 5), name="X", dtype="float64")
+    k = te.reduce_axis(5, "k")
+    V, I = te.compute((3,), lambda i: argmax((X[i, k], k), axis=k), name="am")
+    x = np.array([[1, 3, 3, 0, 2], [5, 1, 1, 1, 5], [0, 0, 0, 0, 1.0]])
+    v, idx = te.evaluate([V, I], {X: x})
+    np.testing.assert_array_equal(v, x.max(1))
+    np.testing.assert_array_equal(idx, x.argmax(1))  # first occurrence wins
+
+
+def test_custom_reducer_with_where():
+    lse = te.comm_reducer(lambda a, b: te.log(te.exp(a) + te.exp(b)),
+                          lambda d: te.const(-np.inf, d), name="logaddexp")
+    X = te.placeholder((2, 4), name="X", dtype="float64")
+    k = te.reduce_axis(4, "k")
+    Y = te.compute((2,), lambda i: lse(X[i, k], axis=k, where=k % 2 == 0), name="Y")
+    x = _x((2, 4))
+    np.testing.assert_allclose(te.evaluate(Y, {X: x}), np.logaddexp(x[:, 0], x[:, 2]))
+
+
+def test_data_dependent_index_and_scatter_add():
+    X = te.placeholder((4,), name="X", dtype="float64")
+    I = te.placeholder((3,), name="I", dtype="int32")
+    Y = te.compute((3,), lambda k: X[I[k]], name="Y")
+    x = np.array([10.0, 20.0, 30.0, 40.0])
+    np.testing.assert_array_equal(te.evaluate(Y, {X: x, I: np.array([3, 0, 3], "int32")}),
+                                  [40, 10, 40])
+    H = te.placeholder((3,), name="H", dtype="float64")
+    S = te.scatter_add((4,), "float64", (3,), lambda p: I[p], lambda p: H[p], name="S")
+    out = te.evaluate(S, {H: np.array([1.0, 2.0, 3.0]), I: np.array([3, 0, 3], "int32")})
+    np.testing.assert_array_equal(out, [2.0, 0.0, 0.0, 4.0])
+
+
+def test_scalar_tensors():
+    X = te.placeholder((), name="X", dtype="float64")
+    Y = te.compute((), lambda: X[()] * 2 + 1, name="Y")
+    assert te.evaluate(Y, {X: np.array(3.0)}) == 7.0
+
+
+def test_empty_tensors():
+    X = te.placeholder((2, 0), name="X", dtype="float64")
+    k = te.reduce_axis(0, "k")
+    Y = te.compute((2,), lambda i: te.sum(X[i, k], axis=k), name="Y")
+    Z = te.compute((2, 0), lambda i, j: X[i, j] * 2, name="Z")
+    y, z = te.evaluate([Y, Z], {X: np.zeros((2, 0))})
+    np.testing.assert_array_equal(y, [0, 0])
+    assert z.shape == (2, 0)
+
+
+def test_feed_errors():
+    X = te.placeholder((2, 3), name="X")
+    Y = te.compute((2, 3), lambda i, j: X[i, j] + 1, name="Y")
+    with pytest.raises(te.FeedError, match="no value fed for placeholder X"):
+        te.evaluate(Y, {})
+    with pytest.raises(te.FeedError, match=r"expects shape \(2, 3\)"):
+        te.evaluate(Y, {X: np.zeros((3, 2), "float32")})
+    with pytest.raises(te.FeedError, match="expects dtype float32, got float64"):
+        te.evaluate(Y, {X: np.zeros((2, 3))})
+    # Python lists are converted to the declared dtype
+    out = te.evaluate(Y, {X: [[1, 2, 3], [4, 5, 6]]})
+    assert out.dtype == np.float32
+
+
+def test_conv2d_full_size_is_fast_and_exact():
+    N, C, H, W, F = 32, 16, 28, 28, 32
+    X = te.placeholder((N, C, H, W), name="X")
+    K = te.placeholder((F, C, 3, 3), name="K")
+    rc, kh, kw = te.reduce_axis(C, "rc"), te.reduce_axis(3, "kh"), te.reduce_axis(3, "kw")
+
+    def body(n, f, h, w):
+        hh, ww = h + kh - 1, w + kw - 1
+        inside = te.all(hh >= 0, hh < H, ww >= 0, ww < W)
+        return te.sum(te.if_then_else(inside, X[n, rc, hh, ww], 0.0) * K[f, rc, kh, kw],
+                      axis=[rc, kh, kw])
+
+    Y = te.compute((N, F, H, W), body, name="conv")
+    x = RNG.normal(size=(N, C, H, W)).astype("float32")
+    k = RNG.normal(size=(F, C, 3, 3)).astype("float32")
+    t0 = time.perf_counter()
+    y = te.evaluate(Y, {X: x, K: k})
+    elapsed = time.perf_counter() - t0
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ref = np.zeros((N, F, H, W))
+    for a in range(3):
+        for b in range(3):
+            ref += np.einsum("nchw,fc->nfhw", xp[:, :, a:a + H, b:b + W], k[:, :, a, b])
+    rel = np.abs(y - ref).max() / np.abs(ref).max()
+    assert rel < 1e-5
+    assert elapsed < 5.0, f"conv2d evaluation took {elapsed:.2f} s"
