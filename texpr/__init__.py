@@ -18,5 +18,7 @@ from .printer import expr_str, graph_str, tensor_str
 from .reduction import CommReducer, comm_reducer, max, min, prod, sum
 from .tensor import (ComputeOp, Operation, PlaceholderOp, ScatterAddOp, Tensor, compute,
                      placeholder, reduce_axis, scatter_add, topo_order)
+# differentiation (the module texpr.differentiate is shadowed by the function)
+from .differentiate import DifferentiationResult, differentiate  # noqa: E402
 
 __version__ = "0.1.0"

@@ -1,0 +1,288 @@
+"""Adjoint accumulation: reverse mode over the graph of stages.
+
+Walks the stages reachable from ``output`` in reverse topological order. The
+adjoint of ``output`` is the head; every other tensor ``t`` on a path from an
+input to the output gets the sum of the *contributions* of its consumers
+(:func:`texpr.jacobian.contribution`, or a user's ``manual`` function). A
+tensor with one contribution takes it as its adjoint (no ``0 + x`` stage);
+a tensor with several gets one elementwise stage ``c1[p, j] + c2[p, j] + ...``
+(tag ``"adjoint_sum"``). Int and bool tensors have no adjoint; a structurally
+zero contribution is never built, and a tensor all of whose contributions are
+zero has no adjoint (``DifferentiationResult.result`` then holds a zeros stage).
+
+The raw adjoint form (what ``simplify`` receives)
+--------------------------------------------------
+With ``head`` of shape ``prefix + out.shape`` (the adjoint of the consumer
+``out``, axes ``i``, body ``B``) the contribution of ``out`` to an input ``inp``
+is ONE compute stage (tag ``"adjoint_contribution"``, ``attrs`` ``{"out",
+"inp"}``) over ``prefix + inp.shape`` with axes ``(p..., j...)``::
+
+    d_inp__out[p, j] = sum(H[p, i'] * D(i', k', j),
+                           axis=[i'..., k'...], where=W(i', k'))
+
+* ``i'`` are fresh reduction axes mirroring ``out``'s axes (names ``r_<axis>``),
+  ``k'`` mirror ``B``'s reduction axes (same bounds), ``W`` is ``B``'s
+  ``where=`` condition (``True`` for an elementwise body); with no axes at all
+  (a scalar elementwise ``out``) the body is just ``H[p] * D``.
+* ``D = sum over loads L = inp[f(i, k)] of B's source:
+  select(all(f(i', k') == j), dB/dL, 0)`` (:func:`texpr.jacobian.derivative`),
+  the partials built by the rule table of :mod:`texpr.rules` (symbolic zeros,
+  constants folded, nothing else simplified).
+* Non-sum reducers keep this shape with their extra factors:
+  ``max``/``min``: ``select(flat(k') == argidx[i'], H[p, i'] * D, 0)`` with
+  ``argidx`` an argmax stage (tag ``"argmax"``);
+  ``prod``/custom: ``H[p, i'] * sum_c df(rest[i', k'], x)/dx_c * D_c`` with
+  ``rest`` a rest stage (tag ``"reduction_rest"``).
+* Scatter-add stages ``out[idx(q)] += value(q)``: the same form with ``H[p, idx(q')]``
+  summed over the domain ``q'``; the ``init`` tensor receives ``H`` itself.
+* ``head=None`` means the identity head: an inlineable compute (tag
+  ``"identity_head"``) ``I[p, i] = select(all(p == i), 1, 0)`` of shape
+  ``out.shape + out.shape`` (for a scalar output: the constant 1).
+
+The simplifier then lifts those selects into the reduction domains and
+solves the equalities; this module does not simplify.
+"""
+
+from . import dtypes as dt
+from .errors import NotDifferentiableError, ShapeError, TexprError
+from .expr import all_of, const, iter_var, select
+from .jacobian import check_head, contribution
+from .printer import expr_str
+from .tensor import ComputeOp, PlaceholderOp, Tensor, topo_order
+
+
+class DifferentiationResult:
+    """What :func:`texpr.differentiate` returns.
+
+    Attributes:
+        result: list of the adjoints of ``inputs``, in order; each of shape
+            ``prefix + input.shape``. The object itself unpacks, indexes and
+            iterates like this list (``dW, db = te.differentiate(L, [W, b])``).
+        adjoints: dict Tensor -> adjoint Tensor for every tensor on a path from
+            an input to the output that has a (structurally nonzero) adjoint,
+            the output included (its adjoint is the head).
+        adjoint_summands: dict Tensor -> {consumer Tensor: contribution Tensor}
+            (the raw contributions, before summation).
+        head: the head used (the identity-head stage when ``head=None``).
+    """
+
+    def __init__(self, result, adjoints, adjoint_summands, head=None):
+        self.result = list(result)
+        self.adjoints = adjoints
+        self.adjoint_summands = adjoint_summands
+        self.head = head
+
+    def __iter__(self):
+        return iter(self.result)
+
+    def __getitem__(self, i):
+        return self.result[i]
+
+    def __len__(self):
+        return len(self.result)
+
+    def __repr__(self):
+        names = ", ".join(t.name for t in self.result)
+        return f"DifferentiationResult([{names}], {len(self.adjoints)} adjoints)"
+
+
+def identity_head(out):
+    """The identity head of ``out``: shape ``out.shape + out.shape``, dtype ``out.dtype``,
+    ``I[p, i] = select(all(p == i), 1, 0)`` (tag ``"identity_head"``)."""
+    n = len(out.shape)
+    p = tuple(iter_var(0, s, f"p{d}", "spatial") for d, s in enumerate(out.shape))
+    i = tuple(iter_var(0, s, f"i{d}", "spatial") for d, s in enumerate(out.shape))
+    one, zero = const(1, out.dtype), const(0, out.dtype)
+    body = select(all_of([a == b for a, b in zip(p, i)]), one, zero)
+    assert n == len(p)
+    return ComputeOp(f"{out.name}_identity_head", p + i, (body,), tag="identity_head").output(0)
+
+
+def zeros(shape, dtype, name):
+    """A stage of zeros (tag ``"zeros"``): the adjoint of an input the output does not
+    depend on differentiably."""
+    axis = tuple(iter_var(0, s, f"j{d}", "spatial") for d, s in enumerate(shape))
+    return ComputeOp(name, axis, (const(0, dtype),), tag="zeros").output(0)
+
+
+def _sum_stage(t, parts, name):
+    shape = parts[0].shape
+    axis = tuple(iter_var(0, s, f"j{d}", "spatial") for d, s in enumerate(shape))
+    body = parts[0][axis]
+    for c in parts[1:]:
+        body = body + c[axis]
+    return ComputeOp(name, axis, (body,), tag="adjoint_sum", attrs={"of": t.name}).output(0)
+
+
+def _as_tensor_list(inputs, what):
+    if isinstance(inputs, Tensor):
+        return [inputs]
+    try:
+        out = list(inputs)
+    except TypeError:
+        raise TexprError(f"{what}: expected a Tensor or a list of Tensors, got {inputs!r}") from None
+    for t in out:
+        if not isinstance(t, Tensor):
+            raise TexprError(f"{what}: expected Tensors, got {type(t).__name__}: {t!r}")
+    return out
+
+
+class _Manual:
+    """The user's ``manual`` overrides: ``{(out, inp): fn}``, ``None`` a wildcard."""
+
+    def __init__(self, manual, ops, output):
+        self.entries = []
+        if not manual:
+            return
+        if not isinstance(manual, dict):
+            raise TexprError("differentiate: manual must be a dict {(out, inp): fn}")
+        edges = [(o, t) for op in ops for o in op.outputs for t in op.input_tensors()]
+        for key, fn in manual.items():
+            if not (isinstance(key, tuple) and len(key) == 2):
+                raise TexprError(f"differentiate: manual key {key!r} must be a pair (out, inp)")
+            ko, ki = key
+            for k in key:
+                if k is not None and not isinstance(k, Tensor):
+                    raise TexprError(f"differentiate: manual key {key!r} holds {k!r}, "
+                                     "not a Tensor or None")
+            if not callable(fn):
+                raise TexprError(f"differentiate: manual entry for {self._key_str(key)} "
+                                 f"is not callable: {fn!r}")
+            if not any((ko is None or ko is o) and (ki is None or ki is t) for o, t in edges):
+                raise TexprError(
+                    f"differentiate: the manual entry {self._key_str(key)} matches no edge "
+                    f"(consumer, input) of the graph of {output.name}; a manual function "
+                    "gives the adjoint contribution of a consumer to a tensor it reads")
+            self.entries.append((ko, ki, fn))
+
+    @staticmethod
+    def _key_str(key):
+        return "(" + ", ".join("None" if k is None else k.name for k in key) + ")"
+
+    def lookup(self, out, inp):
+        """The most specific entry for the edge, or None; ties are an error."""
+        best, best_rank, clash = None, -1, False
+        for ko, ki, fn in self.entries:
+            if (ko is None or ko is out) and (ki is None or ki is inp):
+                rank = (ko is not None) + (ki is not None)
+                if rank > best_rank:
+                    best, best_rank, clash = fn, rank, False
+                elif rank == best_rank:
+                    clash = True
+        if clash:
+            raise TexprError(f"differentiate: several manual entries match the edge "
+                             f"({out.name}, {inp.name}) equally; make one more specific")
+        return best
+
+
+def accumulate(output, inputs=None, head=None, manual=None):
+    """Reverse-mode accumulation of adjoints (raw form; see the module docstring).
+
+    Args:
+        output: the Tensor differentiated (float dtype).
+        inputs: a Tensor or list of Tensors (placeholders or intermediate
+            tensors); ``None``: every float placeholder ``output`` depends on.
+        head: a Tensor of shape ``prefix + output.shape`` (the seed adjoint),
+            or ``None`` for the identity head (full Jacobian).
+        manual: dict ``{(out, inp): fn}``; ``fn(out, inp, head) -> Tensor`` of shape
+            ``prefix + inp.shape`` replaces the automatic contribution of ``out``
+            to ``inp`` (``out``'s adjoint ``head``); either key may be ``None``
+            (wildcard); the most specific entry wins.
+    Returns:
+        DifferentiationResult.
+    Raises:
+        NotDifferentiableError: ``output`` or an input is not a float tensor.
+        ShapeError: ``head`` or a manual result has the wrong shape.
+        TexprError: a manual entry matches no edge; bad arguments.
+    """
+    if not isinstance(output, Tensor):
+        raise TexprError(f"differentiate: output must be a Tensor, got {output!r}")
+    if not dt.is_float(output.dtype):
+        raise NotDifferentiableError(
+            f"differentiate: output {output.name} has dtype {output.dtype}; only float "
+            "tensors can be differentiated")
+    ops = topo_order([output])
+    if inputs is None:
+        inputs = [op.output(0) for op in ops
+                  if isinstance(op, PlaceholderOp) and dt.is_float(op.output(0).dtype)]
+    else:
+        inputs = _as_tensor_list(inputs, "differentiate: inputs")
+    for t in inputs:
+        if not dt.is_float(t.dtype):
+            raise NotDifferentiableError(
+                f"differentiate: input {t.name} has dtype {t.dtype}; integer and bool tensors "
+                "(indices, masks, labels) have no gradient")
+    if head is None:
+        head = identity_head(output)
+    elif not isinstance(head, Tensor):
+        raise TexprError(f"differentiate: head must be a Tensor or None, got {head!r}")
+    elif not dt.is_float(head.dtype):
+        raise NotDifferentiableError(f"differentiate: head {head.name} has dtype {head.dtype}")
+    prefix = check_head(output, head)
+    adj_dtype = dt.promote(head.dtype, output.dtype)
+    manual = _Manual(manual, ops, output)
+
+    # tensors that depend (through float values) on an input
+    input_ids = {id(t) for t in inputs}
+    depends = set(input_ids)
+    for op in ops:
+        if any(id(t) in depends for t in op.input_tensors()):
+            depends.update(id(o) for o in op.outputs if dt.is_float(o.dtype))
+
+    adjoints, summands, cache = {}, {}, {}
+    if id(output) in depends:
+        adjoints[output] = head
+    for op in reversed(ops):
+        if isinstance(op, PlaceholderOp):
+            continue
+        for out in op.outputs:
+            if out is not output:
+                _finalize(out, summands, adjoints)
+            h = adjoints.get(out)
+            if h is None:
+                continue
+            seen = set()
+            for inp in op.input_tensors():
+                if id(inp) in seen or id(inp) not in depends or not dt.is_float(inp.dtype):
+                    continue
+                seen.add(id(inp))
+                fn = manual.lookup(out, inp)
+                if fn is not None:
+                    c = fn(out, inp, h)
+                    if c is not None:
+                        _check_manual(c, out, inp, prefix)
+                else:
+                    c = contribution(out, inp, h, cache)
+                if c is not None:
+                    summands.setdefault(inp, {})[out] = c
+    for op in ops:
+        if isinstance(op, PlaceholderOp):
+            _finalize(op.output(0), summands, adjoints)
+
+    result = []
+    for t in inputs:
+        a = adjoints.get(t)
+        if a is None:
+            a = zeros(prefix + tuple(t.shape), dt.promote(adj_dtype, t.dtype), f"d_{t.name}")
+        result.append(a)
+    return DifferentiationResult(result, adjoints, summands, head)
+
+
+def _finalize(t, summands, adjoints):
+    if t in adjoints:
+        return
+    parts = list(summands.get(t, {}).values())
+    if not parts:
+        return
+    adjoints[t] = parts[0] if len(parts) == 1 else _sum_stage(t, parts, f"d_{t.name}")
+
+
+def _check_manual(c, out, inp, prefix):
+    if not isinstance(c, Tensor):
+        raise TexprError(f"differentiate: the manual function for ({out.name}, {inp.name}) "
+                         f"returned {c!r}, not a Tensor")
+    want = tuple(prefix) + tuple(inp.shape)
+    if tuple(c.shape) != want:
+        raise ShapeError(
+            f"differentiate: the manual function for ({out.name}, {inp.name}) returned "
+            f"{c.name} of shape {c.shape}; expected prefix + {inp.name}.shape = {want}")

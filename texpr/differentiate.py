@@ -1,0 +1,67 @@
+"""The user-facing entry point: ``te.differentiate``.
+
+This is the only texpr module that calls the ``simplify`` package (imported
+lazily, inside the function), so that module by module the import graph stays
+acyclic: IR <- simplify <- this entry point <- codegen (DESIGN.md).
+"""
+
+import importlib
+
+from .adjoint import DifferentiationResult, accumulate
+
+
+def differentiate(output, inputs=None, head=None, manual=None, simplify=True):
+    """Reverse-mode derivative of ``output`` w.r.t. ``inputs``.
+
+    Args:
+        output: a float Tensor.
+        inputs: a Tensor or list of Tensors (placeholders or intermediate
+            tensors); ``None`` means every float placeholder ``output`` depends on.
+        head: the seed adjoint, a float Tensor of shape ``prefix + output.shape``;
+            each result then has shape ``prefix + input.shape``. ``None`` means
+            the identity: the result is the full Jacobian
+            (``output.shape + input.shape``), the gradient for a scalar output.
+        manual: dict ``{(out, inp): fn}``: ``fn(out, inp, head) -> Tensor`` gives the
+            adjoint contribution of the consumer ``out`` to its input ``inp`` when
+            ``out``'s adjoint is ``head`` (shape ``prefix + out.shape`` ->
+            ``prefix + inp.shape``), replacing the automatic one. Either key may
+            be ``None`` (a wildcard); the most specific entry wins.
+        simplify: hand the adjoints to ``simplify.simplify`` (the Jacobian
+            simplifier) before returning them; until that package provides
+            ``simplify``, the raw adjoints are returned either way.
+    Returns:
+        :class:`DifferentiationResult`: ``.result`` (the adjoints of ``inputs``,
+        in order; the object unpacks like that list), ``.adjoints`` (tensor ->
+        adjoint for every tensor on a path from an input to ``output``),
+        ``.adjoint_summands`` (tensor -> {consumer: raw contribution}). Int and
+        bool tensors get no adjoint. The raw form is described in
+        :mod:`texpr.adjoint`; the rules and their conventions (max/min ties,
+        select, sqrt and power at 0) in :mod:`texpr.rules` and :mod:`texpr.jacobian`.
+    Raises:
+        NotDifferentiableError: ``output``, ``head`` or an input is not a float tensor.
+        ShapeError: ``head`` (or a manual function's result) has the wrong shape.
+        TexprError: a manual entry matches no edge of the graph; bad arguments.
+
+    The algorithm follows TVM's tensor-expression autodiff (Grechanik, TVM
+    RFC #1996): per-stage Jacobians contracted with the head, accumulated in
+    reverse topological order, simplified afterwards.
+    """
+    res = accumulate(output, inputs, head, manual)
+    if not simplify:
+        return res
+    try:
+        simplify_pkg = importlib.import_module("simplify")
+    except ImportError:
+        return res
+    if not hasattr(simplify_pkg, "simplify"):
+        return res
+    order, seen = [], set()
+    for t in list(res.result) + list(res.adjoints.values()):
+        if id(t) not in seen:
+            seen.add(id(t))
+            order.append(t)
+    simplified = simplify_pkg.simplify(order)
+    by_id = {id(old): new for old, new in zip(order, simplified)}
+    result = [by_id[id(t)] for t in res.result]
+    adjoints = {t: by_id[id(a)] for t, a in res.adjoints.items()}
+    return DifferentiationResult(result, adjoints, res.adjoint_summands, res.head)
