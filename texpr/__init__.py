@@ -20,5 +20,7 @@ from .tensor import (ComputeOp, Operation, PlaceholderOp, ScatterAddOp, Tensor, 
                      placeholder, reduce_axis, scatter_add, topo_order)
 # differentiation (the module texpr.differentiate is shadowed by the function)
 from .differentiate import DifferentiationResult, differentiate  # noqa: E402
+# the operator library, te.nn
+from . import nn  # noqa: E402
 
 __version__ = "0.1.0"
