@@ -116,7 +116,15 @@ def _conv_nd(x, w, stride, padding, dilation, groups, nsp, op, name):
         return red.sum(xv * w[(o, wc) + tuple(rk)], axis=axes)
 
     attrs = dict(stride=stride, padding=tuple(pads), dilation=dilation, groups=groups)
-    return compute((n, cout) + tuple(out_size), body, name=name, tag=op, attrs=attrs)
+    return compute((n, cout) + tuple(out_size), _named(body, nsp), name=name, tag=op,
+                   attrs=attrs)
+
+
+def _named(body, nsp):
+    """``body`` with readable axis names (``n, c, h, w`` / ``n, c, l``) for printing."""
+    if nsp == 2:
+        return lambda n, c, h, w: body(n, c, h, w)
+    return lambda n, c, l: body(n, c, l)
 
 
 def conv1d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, name="conv1d"):
@@ -265,5 +273,5 @@ def conv2d_transpose(x, weight, bias=None, stride=1, padding=0, output_padding=0
 
     attrs = dict(stride=stride, padding=pads, output_padding=opad, dilation=dilation,
                  groups=groups)
-    out = compute((n, cout) + tuple(out_size), body, name=name, tag=op, attrs=attrs)
+    out = compute((n, cout) + tuple(out_size), _named(body, 2), name=name, tag=op, attrs=attrs)
     return out if bias is None else bias_add(out, bias, axis=1, name=f"{name}_bias")
