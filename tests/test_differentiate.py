@@ -1,0 +1,434 @@
+"""te.differentiate on the classic cases, against float64 central finite differences."""
+
+import numpy as np
+import pytest
+
+import texpr as te
+from gradcheck import check_gradients, check_jacobian, feed_for, square_sum, weighted_sum
+from texpr.testing import numeric_gradient, numeric_jacobian
+
+F = "float64"
+
+
+def ph(shape, name, dtype=F):
+    return te.placeholder(shape, name, dtype)
+
+
+# ---- elementwise, layout, reductions ----------------------------------------------
+
+
+def test_elementwise_math():
+    x = ph((2, 3), "X")
+    y = ph((2, 3), "Y")
+    z = te.compute((2, 3), lambda i, j: te.exp(x[i, j]) * te.sin(y[i, j])
+                   + x[i, j] / (1.0 + y[i, j] * y[i, j]) + te.tanh(x[i, j]) * te.sigmoid(y[i, j])
+                   - te.log(1.5 + te.cos(x[i, j])) + te.sqrt(2.0 + y[i, j]) * te.abs(x[i, j])
+                   + te.power(1.5 + x[i, j], y[i, j]) + te.erf(x[i, j] * y[i, j]), name="Z")
+    loss, c = weighted_sum(z)
+    feed = feed_for([x, y, c])
+    check_gradients(loss, [x, y], feed)
+
+
+def test_transpose_and_both_loads():
+    x = ph((3, 3), "X")
+    w = ph((3, 4), "W")
+    t = te.compute((4, 3), lambda i, j: x[j, i % 3] * w[j, i], name="T")
+    s = te.compute((3, 3), lambda i, j: x[i, j] + x[j, i], name="S")  # A[i,j] + A[j,i]
+    loss_t, c1 = weighted_sum(t, "Lt")
+    loss_s = square_sum(s, "Ls")
+    feed = feed_for([x, w, c1])
+    check_gradients(loss_t, [x, w], feed)
+    (dx,) = check_gradients(loss_s, [x], feed)
+    xv = feed[x]
+    np.testing.assert_allclose(dx, 4 * (xv + xv.T))
+
+
+def test_matmul_reduction_of_products_vs_torch():
+    torch = pytest.importorskip("torch")
+    x = ph((3, 4), "X")
+    w = ph((4, 2), "W")
+    k = te.reduce_axis(4, "k")
+    y = te.compute((3, 2), lambda i, j: te.sum(x[i, k] * w[k, j], axis=k), name="Y")
+    h = te.compute((3, 2), lambda i, j: te.tanh(y[i, j]), name="H")
+    loss, c = weighted_sum(h)
+    feed = feed_for([x, w, c])
+    dx, dw = check_gradients(loss, [x, w], feed)
+    tx, tw = (torch.tensor(feed[t], requires_grad=True) for t in (x, w))
+    (torch.tanh(tx @ tw) * torch.tensor(feed[c])).sum().backward()
+    np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(dw, tw.grad.numpy(), rtol=1e-12)
+
+
+def test_reduction_offset_axis_and_where():
+    x = ph((4, 6), "X")
+    k = te.reduce_axis((1, 5), "k")
+    y = te.compute((4,), lambda i: te.sum(x[i, k] * x[i, k + 1], axis=k, where=k <= i + 1), name="Y")
+    loss, c = weighted_sum(y)
+    feed = feed_for([x, c])
+    check_gradients(loss, [x], feed)
+
+
+def test_cumsum_triangular_where():
+    x = ph((5,), "X")
+    k = te.reduce_axis(5, "k")
+    y = te.compute((5,), lambda i: te.sum(x[k], axis=k, where=k <= i), name="Y")
+    loss, c = weighted_sum(y)
+    feed = feed_for([x, c])
+    (dx,) = check_gradients(loss, [x], feed)
+    np.testing.assert_allclose(dx, np.cumsum(feed[c][::-1])[::-1])
+
+
+@pytest.mark.parametrize("kind", ["max", "min"])
+def test_max_min_reducers(kind):
+    red = te.max if kind == "max" else te.min
+    x = ph((3, 2, 4), "X")
+    a = te.reduce_axis(2, "a")
+    b = te.reduce_axis((1, 4), "b")
+    y = te.compute((3,), lambda i: red(x[i, a, b] * 2.0 + x[i, a, b - 1], axis=[a, b]), name="Y")
+    loss, c = weighted_sum(y)
+    feed = feed_for([x, c], seed=3)
+    check_gradients(loss, [x], feed)
+
+
+def test_max_where_and_empty_window():
+    x = ph((4, 3), "X")
+    k = te.reduce_axis(3, "k")
+    # row i reduces over k < i: row 0 is empty (-inf) and gets no gradient
+    y = te.compute((4,), lambda i: te.max(x[i, k], axis=k, where=k < i), name="Y")
+    z = te.compute((4,), lambda i: te.if_then_else(i > 0, y[i], 0.0), name="Z")
+    loss, c = weighted_sum(z)
+    feed = feed_for([x, c])
+    (dx,) = check_gradients(loss, [x], feed)
+    assert np.all(dx[0] == 0)
+
+
+@pytest.mark.parametrize("zeros", [0, 1, 2])
+def test_prod_reducer_with_zero_factors(zeros):
+    x = ph((2, 4), "X")
+    k = te.reduce_axis(4, "k")
+    y = te.compute((2,), lambda i: te.prod(x[i, k], axis=k), name="Y")
+    loss, c = weighted_sum(y)
+    feed = feed_for([x, c])
+    feed[x][0, :zeros] = 0.0
+    (dx,) = check_gradients(loss, [x], feed)
+    # exclusive product: the gradient of a row with one zero is nonzero only there
+    if zeros == 1:
+        assert np.count_nonzero(dx[0]) == 1 and dx[0, 0] != 0
+    if zeros == 2:
+        assert np.all(dx[0] == 0)
+
+
+def test_prod_reducer_where_offset():
+    x = ph((3, 5), "X")
+    k = te.reduce_axis((1, 5), "k")
+    y = te.compute((3,), lambda i: te.prod(x[i, k] + 1.0, axis=k, where=k != i + 1), name="Y")
+    loss, c = weighted_sum(y)
+    feed = feed_for([x, c])
+    check_gradients(loss, [x], feed)
+
+
+def test_custom_reducer_logaddexp():
+    logaddexp = te.comm_reducer(lambda a, b: te.log(te.exp(a) + te.exp(b)),
+                                lambda d: te.const(-np.inf, d), name="logaddexp")
+    x = ph((2, 3), "X")
+    k = te.reduce_axis(3, "k")
+    y = te.compute((2,), lambda i: logaddexp(x[i, k] * 1.5, axis=k), name="Y")
+    loss, c = weighted_sum(y)
+    feed = feed_for([x, c])
+    (dx,) = check_gradients(loss, [x], feed)
+    xv = feed[x] * 1.5
+    soft = np.exp(xv) / np.exp(xv).sum(1, keepdims=True)
+    np.testing.assert_allclose(dx, 1.5 * soft * feed[c][:, None])
+
+
+def test_custom_tuple_reducer_complex_product():
+    cmul = te.comm_reducer(lambda a, b: (a[0] * b[0] - a[1] * b[1], a[0] * b[1] + a[1] * b[0]),
+                           lambda d0, d1: (te.const(1, d0), te.const(0, d1)), name="cmul")
+    re_ = ph((2, 3), "Re")
+    im = ph((2, 3), "Im")
+    k = te.reduce_axis(3, "k")
+    pr, pi = te.compute((2,), lambda i: cmul((re_[i, k], im[i, k] * re_[i, k]), axis=k), name="P")
+    out = te.compute((2,), lambda i: pr[i] * 0.7 + pi[i] * pi[i], name="O")
+    loss, c = weighted_sum(out)
+    feed = feed_for([re_, im, c])
+    check_gradients(loss, [re_, im], feed)
+
+
+def test_custom_argmax_tuple_reducer_value_gradient():
+    argmax = te.comm_reducer(
+        lambda x, y: (te.if_then_else(x[0] >= y[0], x[0], y[0]),
+                      te.if_then_else(x[0] >= y[0], x[1], y[1])),
+        lambda vd, idd: (te.const(-np.inf, vd), te.const(-1, idd)), name="argmax")
+    x = ph((3, 4), "X")
+    k = te.reduce_axis(4, "k")
+    v, idx = te.compute((3,), lambda i: argmax((x[i, k], k), axis=k), name="AM")
+    y = te.compute((3,), lambda i: v[i] * te.cast(idx[i] + 1, F), name="Y")
+    loss, c = weighted_sum(y)
+    feed = feed_for([x, c])
+    check_gradients(loss, [x], feed)
+
+
+# ---- index maps ---------------------------------------------------------------------
+
+
+def test_min_clamped_indices():
+    x = ph((5,), "X")
+    y = te.compute((6,), lambda i: x[te.min(i + 1, 4)] * 2.0 + x[te.max(i - 2, 0)], name="Y")
+    loss, c = weighted_sum(y)
+    feed = feed_for([x, c])
+    check_gradients(loss, [x], feed)
+
+
+def test_reversal():
+    x = ph((10,), "X")
+    y = te.compute((10,), lambda i: x[9 - i] * (i + 1.0), name="Y")
+    loss, c = weighted_sum(y)
+    feed = feed_for([x, c])
+    (dx,) = check_gradients(loss, [x], feed)
+    np.testing.assert_allclose(dx, (feed[c] * np.arange(1, 11))[::-1])
+
+
+def test_diagonal():
+    x = ph((4, 4), "X")
+    y = te.compute((4,), lambda i: x[i, i], name="Y")
+    loss, c = weighted_sum(y)
+    feed = feed_for([x, c])
+    (dx,) = check_gradients(loss, [x], feed)
+    np.testing.assert_allclose(dx, np.diag(feed[c]))
+
+
+def test_flatten_div_mod_and_strided():
+    a = ph((3, 4), "A")
+    flat = te.compute((12,), lambda i: a[i // 4, i % 4], name="Flat")
+    s = te.compute((5,), lambda i: flat[2 * i + 1] * flat[(3 * i) % 12], name="S")
+    loss, c = weighted_sum(s)
+    feed = feed_for([a, c])
+    check_gradients(loss, [a], feed)
+
+
+# ---- heads, Jacobians, API -------------------------------------------------------------
+
+
+def test_full_jacobian_non_scalar_output():
+    x = ph((3,), "X")
+    w = ph((2, 3), "W")
+    k = te.reduce_axis(3, "k")
+    y = te.compute((2, 3), lambda i, j: te.sum(w[i, k] * x[k], axis=k) * x[j], name="Y")
+    feed = feed_for([x, w])
+    check_jacobian(y, x, feed)
+    check_jacobian(y, w, feed)
+
+
+def test_head_prefix_batched():
+    x = ph((3, 4), "X")
+    k = te.reduce_axis(4, "k")
+    y = te.compute((3, 2), lambda i, j: te.sum(x[i, k] * x[j, k] * (j + 1.0), axis=k), name="Y")
+    head = ph((5, 2, 3, 2), "Head")
+    feed = feed_for([x, head])
+    (dx,) = te.differentiate(y, [x], head=head, simplify=False)
+    assert dx.shape == (5, 2, 3, 4)
+    got = te.evaluate(dx, feed)
+    jac = numeric_jacobian(y, x, feed)
+    want = np.einsum("pqab,abcd->pqcd", feed[head], jac)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-8)
+
+
+def test_scalar_output_head_none_is_gradient():
+    x = ph((3,), "X")
+    k = te.reduce_axis(3, "k")
+    loss = te.compute((), lambda: te.sum(x[k] * x[k], axis=k), name="L")
+    res = te.differentiate(loss, [x], simplify=False)
+    (dx,) = res  # unpacks like the list
+    assert res[0] is dx and len(res) == 1 and res.result == [dx]
+    feed = feed_for([x])
+    np.testing.assert_allclose(te.evaluate(dx, feed), 2 * feed[x])
+
+
+def test_inputs_none_means_every_float_placeholder():
+    x = ph((3,), "X")
+    idx = te.placeholder((2,), "I", "int64")
+    w = ph((2,), "W")
+    y = te.compute((2,), lambda i: x[idx[i]] * w[i], name="Y")
+    loss, c = weighted_sum(y)
+    res = te.differentiate(loss, simplify=False)
+    assert len(res.result) == 3  # X, W and C_Y; not the int tensor I
+    assert {id(res.adjoints[t]) for t in (x, w, c)} == {id(r) for r in res.result}
+    with pytest.raises(te.NotDifferentiableError, match="I"):
+        te.differentiate(loss, [idx])
+
+
+def test_adjoints_and_summands():
+    x = ph((3,), "X")
+    a = te.compute((3,), lambda i: x[i] * 2.0, name="A")
+    b = te.compute((3,), lambda i: te.exp(x[i]), name="B")
+    s = te.compute((3,), lambda i: a[i] * b[i], name="S")
+    loss, c = weighted_sum(s)
+    res = te.differentiate(loss, [x], simplify=False)
+    for t in (loss, s, a, b, x):
+        assert t in res.adjoints
+    assert c not in res.adjoints  # does not depend on x
+    assert set(res.adjoint_summands[x]) == {a, b}
+    # one consumer: the contribution is the adjoint, no 0 + x stage
+    assert res.adjoints[a] is res.adjoint_summands[a][s]
+    assert res.adjoints[x].op.tag == "adjoint_sum"
+    feed = feed_for([x, c])
+    got = te.evaluate(res.adjoints[s], feed)
+    np.testing.assert_allclose(got, feed[c])
+
+
+def test_intermediate_input_and_unrelated_input():
+    x = ph((3,), "X")
+    u = ph((2,), "U")
+    h = te.compute((3,), lambda i: te.sin(x[i]), name="H")
+    y = te.compute((3,), lambda i: h[i] * h[i], name="Y")
+    loss, c = weighted_sum(y)
+    feed = feed_for([x, u, c])
+    dh, dx, du = te.differentiate(loss, [h, x, u], simplify=False)
+    hv = np.sin(feed[x])
+    np.testing.assert_allclose(te.evaluate(dh, feed), 2 * hv * feed[c])
+    np.testing.assert_allclose(te.evaluate(dx, feed), 2 * hv * np.cos(feed[x]) * feed[c])
+    assert du.shape == (2,) and np.all(te.evaluate(du, feed) == 0)
+
+
+def test_errors():
+    x = ph((3,), "X")
+    y = te.compute((3,), lambda i: x[i] * 2.0, name="Y")
+    with pytest.raises(te.ShapeError, match="Y"):
+        te.differentiate(y, [x], head=ph((3, 2), "H"))
+    yi = te.compute((3,), lambda i: i * 2, name="Yi")
+    with pytest.raises(te.NotDifferentiableError, match="Yi"):
+        te.differentiate(yi, [x])
+    with pytest.raises(te.TexprError):
+        te.differentiate(y, ["X"])
+
+
+def test_simplify_default_gives_same_values():
+    x = ph((4,), "X")
+    y = te.compute((2,), lambda i: x[2 * i] * x[2 * i + 1], name="Y")
+    loss, c = weighted_sum(y)
+    feed = feed_for([x, c])
+    (raw,) = te.differentiate(loss, [x], simplify=False)
+    (default,) = te.differentiate(loss, [x])
+    np.testing.assert_allclose(te.evaluate(default, feed), te.evaluate(raw, feed), rtol=1e-12)
+
+
+# ---- manual overrides --------------------------------------------------------------------
+
+
+def _flatten_case():
+    a = ph((3, 4), "A")
+    flat = te.compute((12,), lambda i: a[i // 4, i % 4], name="Flat")
+    y = te.compute((12,), lambda i: te.tanh(flat[i]) * (i + 1.0), name="Y")
+    loss, c = weighted_sum(y)
+    return a, flat, loss, c
+
+
+def flatten_grad(out, inp, head):
+    """Hand-written flatten gradient: dA[p..., a, b] = head[p..., 4a + b]."""
+    nprefix = len(head.shape) - len(out.shape)
+    shape = head.shape[:nprefix] + inp.shape
+    return te.compute(shape, lambda *ax: head[tuple(ax[:nprefix]) + (ax[-2] * 4 + ax[-1],)],
+                      name="manual_flatten_grad")
+
+
+def test_manual_flatten_gradient_equals_automatic():
+    a, flat, loss, c = _flatten_case()
+    feed = feed_for([a, c])
+    (auto,) = te.differentiate(loss, [a], simplify=False)
+    for key in [(flat, a), (flat, None), (None, a)]:
+        res = te.differentiate(loss, [a], manual={key: flatten_grad}, simplify=False)
+        assert res.adjoints[a].op.name == "manual_flatten_grad"
+        np.testing.assert_allclose(te.evaluate(res[0], feed), te.evaluate(auto, feed), rtol=1e-12)
+    # batched head through the manual function
+    head = ph((2, 12), "H")
+    feed[head] = np.random.default_rng(1).uniform(size=(2, 12))
+    (m,) = te.differentiate(flat, [a], head=head, manual={(flat, a): flatten_grad}, simplify=False)
+    (au,) = te.differentiate(flat, [a], head=head, simplify=False)
+    np.testing.assert_allclose(te.evaluate(m, feed), te.evaluate(au, feed), rtol=1e-12)
+
+
+def test_manual_entry_matching_no_edge_is_an_error():
+    a, flat, loss, c = _flatten_case()
+    other = ph((3,), "Other")
+    with pytest.raises(te.TexprError, match="matches no edge"):
+        te.differentiate(loss, [a], manual={(other, a): flatten_grad})
+    with pytest.raises(te.TexprError, match="matches no edge"):
+        te.differentiate(loss, [a], manual={(loss, a): flatten_grad})  # loss does not read A
+
+
+def test_manual_wrong_shape_is_an_error():
+    a, flat, loss, c = _flatten_case()
+    bad = lambda out, inp, head: te.compute((12,), lambda i: head[i])  # noqa: E731
+    with pytest.raises(te.ShapeError, match="Flat"):
+        te.differentiate(loss, [a], manual={(flat, a): bad})
+
+
+# ---- second order --------------------------------------------------------------------------
+
+
+def _mlp():
+    x = ph((3, 4), "X")
+    w1 = ph((4, 5), "W1")
+    w2 = ph((5, 2), "W2")
+    k = te.reduce_axis(4, "k")
+    h = te.compute((3, 5), lambda i, j: te.tanh(te.sum(x[i, k] * w1[k, j], axis=k)), name="Hid")
+    m = te.reduce_axis(5, "m")
+    o = te.compute((3, 2), lambda i, j: te.sum(h[i, m] * w2[m, j], axis=m), name="Out")
+    r = te.reduce_axis(3, "r")
+    s = te.reduce_axis(2, "s")
+    loss = te.compute((), lambda: te.sum(te.sigmoid(o[r, s]) * o[r, s], axis=[r, s]), name="L")
+    return x, w1, w2, loss
+
+
+def test_hessian_vector_product_mlp():
+    x, w1, w2, loss = _mlp()
+    v1 = ph((4, 5), "V1")
+    v2 = ph((5, 2), "V2")
+    feed = feed_for([x, w1, w2, v1, v2], seed=5)
+    g1, g2 = te.differentiate(loss, [w1, w2], simplify=False)
+    # gradient of <g, v> w.r.t. the weights: the Hessian-vector product
+    a = te.reduce_axis(4, "a")
+    b = te.reduce_axis(5, "b")
+    c = te.reduce_axis(5, "c")
+    d = te.reduce_axis(2, "d")
+    gv1 = te.compute((), lambda: te.sum(g1[a, b] * v1[a, b], axis=[a, b]), name="GV1")
+    gv2 = te.compute((), lambda: te.sum(g2[c, d] * v2[c, d], axis=[c, d]), name="GV2")
+    gv = te.compute((), lambda: gv1[()] + gv2[()], name="GV")
+    h1, h2 = te.differentiate(gv, [w1, w2], simplify=False)
+    got1, got2 = te.evaluate([h1, h2], feed)
+    # finite differences of the gradient along v
+    eps = 1e-5
+    plus, minus = dict(feed), dict(feed)
+    plus[w1], plus[w2] = feed[w1] + eps * feed[v1], feed[w2] + eps * feed[v2]
+    minus[w1], minus[w2] = feed[w1] - eps * feed[v1], feed[w2] - eps * feed[v2]
+    gp = te.evaluate([g1, g2], plus)
+    gm = te.evaluate([g1, g2], minus)
+    np.testing.assert_allclose(got1, (gp[0] - gm[0]) / (2 * eps), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(got2, (gp[1] - gm[1]) / (2 * eps), rtol=1e-6, atol=1e-9)
+
+
+def test_second_order_of_max_and_head():
+    x = ph((2, 3), "X")
+    k = te.reduce_axis(3, "k")
+    y = te.compute((2,), lambda i: te.max(x[i, k] * x[i, k] * x[i, k], axis=k), name="Y")
+    loss, c = weighted_sum(y)
+    (g,) = te.differentiate(loss, [x], simplify=False)
+    l2 = square_sum(g, "L2")
+    feed = feed_for([x, c], seed=2)
+    (h,) = te.differentiate(l2, [x], simplify=False)
+    np.testing.assert_allclose(te.evaluate(h, feed), numeric_gradient(l2, x, feed),
+                               rtol=1e-6, atol=1e-8)
+
+
+# ---- scatter-add stages -------------------------------------------------------------------
+
+
+def test_scatter_add_stage():
+    x = ph((3,), "X")
+    init = ph((4,), "Init")
+    idx = te.placeholder((3,), "I", "int64")
+    s = te.scatter_add((4,), F, (3,), lambda p: idx[p], lambda p: x[p] * x[p], init=init, name="S")
+    loss, c = weighted_sum(te.compute((4,), lambda i: te.sin(s[i]), name="Y"))
+    feed = feed_for([x, init, c])
+    feed[idx] = np.array([2, 0, 2])
+    check_gradients(loss, [x, init], feed)
