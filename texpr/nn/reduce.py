@@ -6,6 +6,8 @@ identity) rather than an error; their gradient follows ``te.max``'s
 subgradient rule (tied extrema share the adjoint).
 """
 
+import builtins
+
 from .. import reduction as red
 from ..tensor import compute, reduce_axis
 from ._util import check_tensor, float_const, norm_axes
@@ -51,7 +53,7 @@ def _reduce(x, axis, keepdims, kind, op, name):
         if kind == "sum":
             return red.sum(v, axis=raxes)
         if kind == "mean":
-            return red.sum(v * float_const(1.0 / max(count, 1), v), axis=raxes)
+            return red.sum(v * float_const(1.0 / builtins.max(count, 1), v), axis=raxes)
         if kind == "max":
             return red.max(v, axis=raxes)
         return red.min(v, axis=raxes)
