@@ -268,3 +268,100 @@ def ast_expr_to_ir(ae, by_name):
     if op in (isl.ast_expr_op_type.select, isl.ast_expr_op_type.cond):
         return E.select(args[0], args[1], args[2])
     raise TexprError(f"isl_bridge: unsupported ISL AST operation {op}")
+
+
+# ---- domain primitives used by the passes (kept here: no other module imports islpy) ----
+
+__all__ += ["card", "bounds_set", "solve_last_dims", "dim_bounds", "is_injective",
+            "DomainError"]
+
+
+class DomainError(TexprError):
+    """ISL could not handle an iteration domain (raised instead of an islpy error)."""
+
+
+def card(s):
+    """The exact number of integer points of a bounded, parameter-free ``isl.Set``.
+
+    Uses barvinok's symbolic counting (``isl_set_card``), so the cost does not
+    depend on the number of points (Verdoolaege et al., "Counting integer points
+    in parametric polytopes using Barvinok's rational functions", Algorithmica 2007).
+
+    Raises:
+        DomainError: the set is unbounded or has parameters.
+    """
+    try:
+        pieces = s.card().get_pieces()
+    except isl.Error as exc:
+        raise DomainError(f"cannot count the points of {s}: {exc}") from None
+    total = 0
+    for _dom, qp in pieces:
+        v = qp.get_constant_val()
+        if not v.is_int():
+            raise DomainError(f"the point count of {s} is not a constant: {qp}")
+        total += v.to_python()
+    return int(total)
+
+
+def bounds_set(space, bounds):
+    """The box ``lo <= v < hi`` for ``bounds`` = {id(var): (lo, hi)} over ``space``."""
+    s = space.universe()
+    for v in space.vars:
+        b = bounds.get(id(v))
+        if b is None:
+            continue
+        pv = space.var(v)
+        s = s.intersect(pv.ge_set(space.const(b[0]))).intersect(pv.lt_set(space.const(b[1])))
+    return s
+
+
+def _aff_score(pa):
+    pieces = pa.get_pieces()
+    divs = sum(aff.dim(isl.dim_type.div) for _s, aff in pieces)
+    return (len(pieces), divs)
+
+
+def solve_last_dims(s, pos):
+    """Whether set dimension ``pos`` of ``s`` is a function of the other dimensions.
+
+    Returns ``(pw_aff, projected, score)`` -- the dimension as an ``isl.PwAff`` of the
+    others (over the space without ``pos``), the set with ``pos`` projected out,
+    and a cost score (pieces, integer divisions) -- or None when the dimension is
+    not single-valued. (ISL: ``Map.is_single_valued`` and ``PwMultiAff.from_map``.)
+    """
+    n = s.dim(isl.dim_type.set)
+    m = isl.Map.from_range(s)
+    m = m.move_dims(isl.dim_type.in_, 0, isl.dim_type.out, 0, pos)
+    m = m.move_dims(isl.dim_type.in_, pos, isl.dim_type.out, 1, n - pos - 1)
+    if not m.is_single_valued():
+        return None
+    pa = isl.PwMultiAff.from_map(m).get_pw_aff(0)
+    return pa, m.domain(), _aff_score(pa)
+
+
+def dim_bounds(s, pos):
+    """``(lo, hi)`` with ``lo <= x < hi`` the tight bounds of set dimension ``pos``."""
+    lo = s.dim_min_val(pos)
+    hi = s.dim_max_val(pos)
+    return lo.to_python(), hi.to_python() + 1
+
+
+def single_piece_aff(pa):
+    """The affine expression of a one-piece PwAff, extended to its whole space."""
+    pieces = pa.get_pieces()
+    if len(pieces) != 1:
+        return None
+    return isl.PwAff.from_aff(pieces[0][1])
+
+
+def is_injective(domain, index_pwaffs):
+    """Whether the map ``x -> (f_1(x), ..., f_n(x))`` (PwAffs over ``domain``'s space)
+    is injective on ``domain`` (a stage read there reads each point at most once)."""
+    if not index_pwaffs:
+        return card(domain) <= 1
+    m = isl.Map.from_pw_aff(index_pwaffs[0])
+    for f in index_pwaffs[1:]:
+        m = m.flat_range_product(isl.Map.from_pw_aff(f))
+    return m.intersect_domain(domain).is_injective()
+
+

@@ -1,0 +1,115 @@
+"""Algebraic cleanup and common-subexpression elimination.
+
+* :func:`algebraic_cleanup` -- integer index expressions (load indices and the
+  operands of integer comparisons) get SymPy's canonical form when it is no
+  larger (:func:`simplify.sympy_bridge.canonical_index`): the values that ISL
+  substitutes for eliminated axes come back readable (``(h + r) // 3 - r``).
+* :func:`eliminate_common_stages` -- stages with the same definition (same
+  body up to renaming of their own axes, same inputs) are merged. Within one
+  expression, interning already makes equal subexpressions one node.
+"""
+
+from texpr import expr as E
+from texpr.expr import IterVar, Load, Reduce, iter_var
+from texpr.tensor import ComputeOp, ScatterAddOp
+from texpr.visitor import post_order, substitute, transform
+
+from .graph import rebuild
+from .sympy_bridge import canonical_index
+
+_INT = ("int32", "int64")
+_INDEX_KINDS = (E.Const, E.Var, E.Add, E.Sub, E.Mul, E.FloorDiv, E.FloorMod, E.Min, E.Max)
+
+
+def _is_index_tree(e):
+    return e.dtype in _INT and all(isinstance(n, _INDEX_KINDS) for n in post_order(e))
+
+
+def _clean_expr(e, memo):
+    """Canonicalise the maximal integer index subtrees of ``e``."""
+
+    def top(x):
+        hit = memo.get(id(x))
+        if hit is not None:
+            return hit
+        if isinstance(x, (E.Const, E.Var)):
+            out = x
+        elif _is_index_tree(x):
+            c = canonical_index(x)
+            out = c if c is not None and len(post_order(c)) <= len(post_order(x)) else x
+        elif x.args:
+            out = x.with_args(tuple(top(a) for a in x.args))
+        else:
+            out = x
+        memo[id(x)] = out
+        return out
+
+    return top(e)
+
+
+def algebraic_cleanup(tensors):
+    """Canonical forms of integer index arithmetic (SymPy)."""
+    memo = {}
+
+    def fn(op, _orig, _tmap):
+        if isinstance(op, ComputeOp):
+            body = tuple(_clean_expr(b, memo) for b in op.body)
+            if all(a is b for a, b in zip(body, op.body)):
+                return None
+            return ComputeOp(op.name, op.axis, body, op.tag, op.attrs).outputs
+        if isinstance(op, ScatterAddOp):
+            idx = tuple(_clean_expr(i, memo) for i in op.indices)
+            value, where = _clean_expr(op.value, memo), _clean_expr(op.where, memo)
+            if all(a is b for a, b in zip(idx, op.indices)) and value is op.value \
+                    and where is op.where:
+                return None
+            return ScatterAddOp(op.name, op.shape, op.dtypes[0], op.axis, idx, value, where,
+                                op.init).output(0)
+        return None
+
+    return rebuild(tensors, fn)
+
+
+_CANON = {}
+
+
+def _canon_var(pos, v, kind):
+    key = (pos, v.dom, kind)
+    c = _CANON.get(key)
+    if c is None:
+        c = iter_var(v.dom[0], v.dom[1], f"c{kind[0]}{pos}", kind)
+        _CANON[key] = c
+    return c
+
+
+def stage_key(op):
+    """A hashable key equal for two stages with the same definition."""
+    if isinstance(op, ComputeOp):
+        mapping = {a: _canon_var(d, a, "spatial") for d, a in enumerate(op.axis)}
+        if isinstance(op.body[0], Reduce):
+            mapping.update({a: _canon_var(d, a, "reduce") for d, a in enumerate(op.body[0].axes)})
+        body = tuple(substitute(b, mapping) for b in op.body)
+        return ("compute", op.shape, op.dtypes, tuple(id(b) for b in body), body)
+    if isinstance(op, ScatterAddOp):
+        mapping = {a: _canon_var(d, a, "spatial") for d, a in enumerate(op.axis)}
+        parts = tuple(substitute(x, mapping) for x in op.indices + (op.value, op.where))
+        return ("scatter", op.shape, op.dtypes, id(op.init), tuple(id(p) for p in parts), parts)
+    return None
+
+
+def eliminate_common_stages(tensors):
+    """Merge stages with identical definitions."""
+    seen = {}
+
+    def fn(op, _orig, _tmap):
+        key = stage_key(op)
+        if key is None:
+            return None
+        k = key[:-1]
+        hit = seen.get(k)
+        if hit is not None and hit[0] is not op:
+            return hit[0].outputs
+        seen[k] = (op, key)  # the key's expressions stay alive while their ids are used
+        return None
+
+    return rebuild(tensors, fn)

@@ -1,0 +1,218 @@
+"""Loop nests from iteration domains: isl's AST generator, seen as a small plain-Python AST.
+
+A *statement* is a named point set (the iteration domain of one action of a
+stage, e.g. "accumulate one term of the reduction") over texpr Vars, plus a
+*schedule*: one quasi-affine expression of those Vars per loop dimension, which
+says when each point runs (lexicographic order of the schedule tuples).
+:func:`generate` hands all statements of a stage to isl's AST generator
+(``AstBuild.node_from_schedule_map``) and converts the isl AST into the node
+classes below, with every bound, guard and statement argument as texpr IR:
+
+* :class:`For` -- ``for var in range(lo, hi, stride)`` (``hi`` exclusive); isl
+  gives exact bounds (``min``/``max``/floor division of affine expressions) and
+  turns ``%`` constraints into strides, so no per-iteration test is needed for
+  them; a *degenerate* loop runs once (``var = lo``).
+* :class:`If` -- a guard isl could not fold into a bound.
+* :class:`Block` -- statements in sequence.
+* :class:`Stmt` -- one statement instance: its name and ``args``, the value of
+  each of the statement's domain Vars as an expression of the loop Vars
+  (equalities in the domain are solved here: e.g. a reduction variable fixed by
+  ``h = 2*oh + r`` gets no loop of its own).
+
+This module gets islpy only through :mod:`simplify.isl_bridge`.
+
+Reference: Grosser, Verdoolaege, Cohen, "Polyhedral AST generation is more than
+scanning polyhedra", TOPLAS 2015.
+"""
+
+from texpr import expr as E
+from texpr.errors import TexprError
+
+from .isl_bridge import CTX, VarSpace, ast_expr_to_ir, dim_name, isl, to_pwaff
+
+__all__ = ["Statement", "For", "If", "Block", "Stmt", "generate", "ast_str", "walk"]
+
+
+class Statement:
+    """Input of :func:`generate`: ``name`` (an identifier), ``vars`` (the domain's
+    texpr Vars, in order), ``domain`` (an ``isl.Set`` over ``VarSpace(vars)``) and
+    ``schedule`` (a tuple of quasi-affine Exprs over ``vars``, one per loop
+    dimension; every statement of one call has the same number)."""
+
+    __slots__ = ("name", "vars", "domain", "schedule")
+
+    def __init__(self, name, vars, domain, schedule):
+        self.name, self.vars, self.domain = name, tuple(vars), domain
+        self.schedule = tuple(E.as_expr(s) for s in schedule)
+
+
+class For:
+    """``for var in range(lo, hi, stride): body``; ``degenerate``: runs exactly once."""
+
+    __slots__ = ("var", "lo", "hi", "stride", "body", "degenerate")
+
+    def __init__(self, var, lo, hi, stride, body, degenerate=False):
+        self.var, self.lo, self.hi, self.stride = var, lo, hi, stride
+        self.body, self.degenerate = body, degenerate
+
+
+class If:
+    """``if cond: then else: orelse`` (``orelse`` may be None)."""
+
+    __slots__ = ("cond", "then", "orelse")
+
+    def __init__(self, cond, then, orelse=None):
+        self.cond, self.then, self.orelse = cond, then, orelse
+
+
+class Block:
+    """A sequence of nodes."""
+
+    __slots__ = ("body",)
+
+    def __init__(self, body):
+        self.body = list(body)
+
+
+class Stmt:
+    """One statement instance: ``name`` and ``args`` (an Expr per domain Var)."""
+
+    __slots__ = ("name", "args")
+
+    def __init__(self, name, args):
+        self.name, self.args = name, tuple(args)
+
+
+def _schedule_map(st, loop_vars):
+    """``{ name[vars] -> [loop dims] : (vars) in domain, loop_d = schedule_d(vars) }``."""
+    n = len(st.vars)
+    space = VarSpace(st.vars + tuple(loop_vars))
+    s = space.universe()
+    # the domain, lifted to the product space
+    dom = st.domain.insert_dims(isl.dim_type.set, n, len(loop_vars))
+    for k, lv in enumerate(loop_vars):
+        dom = dom.set_dim_name(isl.dim_type.set, n + k, dim_name(lv))
+    s = s.intersect(dom)
+    for expr, lv in zip(st.schedule, loop_vars):
+        pa = to_pwaff(expr, space)
+        if pa is None:
+            raise TexprError(f"loop_ast: schedule expression `{expr!r}` of statement {st.name} "
+                             "is not quasi-affine")
+        s = s.intersect(pa.eq_set(space.var(lv)))
+    m = isl.Map.from_range(s).move_dims(isl.dim_type.in_, 0, isl.dim_type.out, 0, n)
+    return m.set_tuple_name(isl.dim_type.in_, st.name)
+
+
+def generate(statements, loop_vars):
+    """The loop nest running ``statements`` in the order of their schedules.
+
+    Args:
+        statements: list of :class:`Statement` (distinct names).
+        loop_vars: texpr Vars, one per schedule dimension; the generated loops
+            use them as iterators (the caller names and types them).
+    Returns:
+        A :class:`Block`/:class:`For`/:class:`If`/:class:`Stmt` tree, or None
+        when every domain is empty.
+    Raises:
+        TexprError: a non quasi-affine schedule, or an isl AST form this
+        converter does not know.
+    """
+    loop_vars = tuple(loop_vars)
+    umap = None
+    for st in statements:
+        if len(st.schedule) != len(loop_vars):
+            raise TexprError(f"loop_ast: statement {st.name} has {len(st.schedule)} schedule "
+                             f"dimensions, expected {len(loop_vars)}")
+        if st.domain.is_empty():
+            continue
+        m = isl.UnionMap.from_map(_schedule_map(st, loop_vars))
+        umap = m if umap is None else umap.union(m)
+    if umap is None:
+        return None
+    build = isl.AstBuild.from_context(isl.Set.universe(isl.Space.params_alloc(CTX, 0)))
+    ids = isl.IdList.alloc(CTX, len(loop_vars))
+    for lv in loop_vars:
+        ids = ids.add(isl.Id(dim_name(lv)))
+    build = build.set_iterators(ids)
+    node = build.node_from_schedule_map(umap)
+    by_name = {dim_name(v): v for v in loop_vars}
+    for st in statements:
+        by_name.update({dim_name(v): v for v in st.vars})
+    return _convert(node, by_name)
+
+
+def _convert(node, by_name):
+    t = node.get_type()
+    if t == isl.ast_node_type.block:
+        ch = node.block_get_children()
+        return Block([_convert(ch.get_at(k), by_name) for k in range(ch.n_ast_node())])
+    if t == isl.ast_node_type.for_:
+        it = node.for_get_iterator()
+        var = by_name[it.get_id().get_name()]
+        lo = ast_expr_to_ir(node.for_get_init(), by_name)
+        body = _convert(node.for_get_body(), by_name)
+        if node.for_is_degenerate():
+            return For(var, lo, E.add(lo, 1), 1, body, degenerate=True)
+        cond = node.for_get_cond()
+        op = cond.get_op_type()
+        lhs = cond.get_op_arg(0)
+        if (lhs.get_type() != isl.ast_expr_type.id
+                or lhs.get_id().get_name() != it.get_id().get_name()
+                or op not in (isl.ast_expr_op_type.le, isl.ast_expr_op_type.lt)):
+            raise TexprError(f"loop_ast: unexpected loop condition {cond.to_C_str()}")
+        bound = ast_expr_to_ir(cond.get_op_arg(1), by_name)
+        hi = E.add(bound, 1) if op == isl.ast_expr_op_type.le else bound
+        stride = node.for_get_inc().get_val().to_python()
+        return For(var, lo, hi, int(stride), body)
+    if t == isl.ast_node_type.if_:
+        cond = ast_expr_to_ir(node.if_get_cond(), by_name)
+        then = _convert(node.if_get_then_node(), by_name)
+        orelse = _convert(node.if_get_else_node(), by_name) if node.if_has_else_node() else None
+        return If(cond, then, orelse)
+    if t == isl.ast_node_type.user:
+        e = node.user_get_expr()
+        name = e.get_op_arg(0).get_id().get_name()
+        args = [ast_expr_to_ir(e.get_op_arg(k), by_name) for k in range(1, e.get_op_n_arg())]
+        return Stmt(name, args)
+    if t == isl.ast_node_type.mark:
+        return _convert(node.mark_get_node(), by_name)
+    raise TexprError(f"loop_ast: unsupported isl AST node {t}")
+
+
+def walk(node):
+    """Every node of a loop AST, parents first."""
+    if node is None:
+        return
+    yield node
+    if isinstance(node, Block):
+        for c in node.body:
+            yield from walk(c)
+    elif isinstance(node, For):
+        yield from walk(node.body)
+    elif isinstance(node, If):
+        yield from walk(node.then)
+        yield from walk(node.orelse)
+
+
+def ast_str(node, indent=0):
+    """A readable text of a loop AST (debugging and golden tests)."""
+    from texpr.printer import expr_str
+
+    pad = "  " * indent
+    if node is None:
+        return pad + "pass"
+    if isinstance(node, Block):
+        return "\n".join(ast_str(c, indent) for c in node.body)
+    if isinstance(node, For):
+        if node.degenerate:
+            head = f"{pad}{node.var.name} = {expr_str(node.lo)}"
+            return head + "\n" + ast_str(node.body, indent)
+        step = f", {node.stride}" if node.stride != 1 else ""
+        head = f"{pad}for {node.var.name} in range({expr_str(node.lo)}, {expr_str(node.hi)}{step}):"
+        return head + "\n" + ast_str(node.body, indent + 1)
+    if isinstance(node, If):
+        out = f"{pad}if {expr_str(node.cond)}:\n" + ast_str(node.then, indent + 1)
+        if node.orelse is not None:
+            out += f"\n{pad}else:\n" + ast_str(node.orelse, indent + 1)
+        return out
+    return f"{pad}{node.name}(" + ", ".join(expr_str(a) for a in node.args) + ")"

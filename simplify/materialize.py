@@ -1,0 +1,139 @@
+"""Which stages are materialised, and how many points computing a graph visits.
+
+The rule (shared by the inlining pass, :func:`iteration_count` and codegen's
+default schedule):
+
+* placeholders are inputs, not stages;
+* the requested output tensors, every reduction, every scatter-add stage and
+  every multi-output stage are **materialised** (computed into a buffer);
+* an elementwise stage is **inlined** into its consumers (recomputed at each
+  access, not a separate loop nest) when that does not duplicate real work:
+
+  - its body is *cheap*: only index arithmetic, loads, selects, casts,
+    comparisons, ``+ - * min max`` (no intrinsic calls, no true division), at
+    most :data:`CHEAP_NODES` nodes -- the identity head, the Jacobian
+    indicators, masks, padding guards, re-indexings (flatten, transpose...)
+    and adjoint sums all are;
+  - or it is read by exactly one load, in an elementwise consumer or in a
+    reduction whose index map is injective on the reduction's domain (each
+    point is read once, so inlining recomputes nothing);
+
+  otherwise (an expensive body read at different indices by more than one
+  consumer access, or re-read along a reduction) it is materialised.
+
+The iteration count of a graph is the sum over its materialised stages of the
+points of their iteration domains: the spatial box for an elementwise stage,
+``spatial box x reduce box`` cut by the affine part of ``where`` for a
+reduction, the domain (cut by ``where``) for a scatter-add. An inlined stage
+is counted inside its consumers (their points). Counting uses barvinok's
+symbolic ``card``, so 10^8-point domains cost milliseconds.
+"""
+
+import numpy as np
+
+from texpr import expr as E
+from texpr.errors import TexprError
+from texpr.expr import Reduce
+from texpr.tensor import ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, topo_order
+from texpr.visitor import post_order
+
+from .domain import access_is_injective, domain_count
+from .graph import accesses, is_elementwise
+
+#: the largest body (in distinct nodes) still cheap enough to recompute at each access
+CHEAP_NODES = 48
+
+_CHEAP_KINDS = (E.Const, E.Var, E.Add, E.Sub, E.Mul, E.Min, E.Max, E.EQ, E.NE, E.LT, E.LE,
+                E.GT, E.GE, E.And, E.Or, E.Not, E.Select, E.Cast, E.FloorDiv, E.FloorMod,
+                E.Load)
+
+
+def is_cheap(body):
+    """Whether an elementwise body is cheap to recompute (see the module docstring)."""
+    nodes = post_order(body)
+    if len(nodes) > CHEAP_NODES:
+        return False
+    return all(isinstance(n, _CHEAP_KINDS) for n in nodes)
+
+
+def should_inline(op, accs, output_ids):
+    """Whether the stage ``op`` is inlined into its consumers.
+
+    Args:
+        op: an Operation.
+        accs: its accesses ``[(consumer_op, Load)]`` (see :func:`simplify.graph.accesses`).
+        output_ids: ids of the requested output Tensors.
+    """
+    if not is_elementwise(op) or id(op.output(0)) in output_ids or not accs:
+        return False
+    if any(ld is None for _c, ld in accs):  # the init of a scatter-add
+        return False
+    if is_cheap(op.body[0]):
+        return True
+    if len(accs) != 1:
+        return False
+    consumer, ld = accs[0]
+    if not isinstance(consumer, ComputeOp):
+        return False
+    if is_elementwise(consumer):
+        return True
+    red = consumer.body[0]
+    return access_is_injective(consumer.axis + red.axes, red.where, ld.args)
+
+
+def _as_list(tensors):
+    if isinstance(tensors, Tensor):
+        return [tensors]
+    out = list(tensors)
+    for t in out:
+        if not isinstance(t, Tensor):
+            raise TexprError(f"simplify: expected Tensors, got {type(t).__name__}: {t!r}")
+    return out
+
+
+def materialized_stages(tensors):
+    """The operations computed into buffers to compute ``tensors`` (producers first).
+
+    Args:
+        tensors: a Tensor or a list of Tensors.
+    Returns:
+        list of Operations (ComputeOp / ScatterAddOp), topologically ordered;
+        placeholders and inlined elementwise stages are left out.
+    """
+    outs = _as_list(tensors)
+    output_ids = {id(t) for t in outs}
+    accs = accesses(outs)
+    result = []
+    for op in topo_order(outs):
+        if isinstance(op, PlaceholderOp):
+            continue
+        if should_inline(op, accs.get(id(op), []), output_ids):
+            continue
+        result.append(op)
+    return result
+
+
+def stage_count(op):
+    """Points of one stage's iteration domain (see the module docstring)."""
+    if isinstance(op, ComputeOp):
+        body = op.body[0]
+        if isinstance(body, Reduce):
+            return domain_count(op.axis + body.axes, body.where)
+        return int(np.prod(op.shape, dtype=np.int64))
+    if isinstance(op, ScatterAddOp):
+        return domain_count(op.axis, op.where)
+    raise TexprError(f"iteration_count: unknown operation {type(op).__name__}")
+
+
+def iteration_count(tensors):
+    """The exact number of points visited to compute ``tensors`` and every
+    non-placeholder stage they need (each materialised stage's domain counted once).
+
+    Args:
+        tensors: a Tensor or a list of Tensors.
+    Returns:
+        int.
+    Raises:
+        DomainError: a domain ISL cannot count (it never enumerates points).
+    """
+    return sum(stage_count(op) for op in materialized_stages(tensors))

@@ -1,0 +1,95 @@
+"""Gathers with data-dependent indices become scatter-adds.
+
+The adjoint of ``Y[k] = X[I[k]]`` (``I`` an int tensor) is, raw,
+``dX[j] = sum_k select(I[k] == j, dY[k], 0)``: after lifting, a reduction whose
+``where=`` holds a *residual* equality ``I[k] == j`` on the output index ``j``
+that ISL cannot see. Computed as written it costs ``size(X) * len(I)``.
+:func:`gathers_to_scatters` turns every sum stage whose residual condition fixes
+some output dimensions ``j_d == L_d`` (``L_d`` data-dependent and free of the
+fixed dimensions) into a :class:`texpr.ScatterAddOp` over the reduction domain
+and the remaining output dimensions: ``dX[L(k)] += dY[k]``, work ``O(len(I))``.
+Duplicated indices accumulate (``np.add.at`` semantics), as the sum did.
+"""
+
+from texpr import expr as E
+from texpr.expr import Load, iter_var
+from texpr.tensor import ScatterAddOp
+from texpr.visitor import free_vars, post_order, substitute
+
+from .domain import Domain
+from .graph import is_sum_stage, rebuild
+from .isl_bridge import isl, set_to_expr
+from .terms import all_expr, conjuncts
+
+
+def _has_load(e):
+    return any(isinstance(n, Load) for n in post_order(e))
+
+
+def _mentions(e, var_ids):
+    return any(id(v) in var_ids for v in free_vars(e))
+
+
+def gathers_to_scatters(tensors):
+    """Rewrite sums over data-dependent index equalities as scatter-add stages."""
+
+    def fn(op, _orig, _tmap):
+        if not is_sum_stage(op):
+            return None
+        red = op.body[0]
+        axis, raxes = op.axis, red.axes
+        try:
+            dom = Domain(axis + raxes, red.where)
+        except isl.Error:
+            return None
+        if dom.residual is None:
+            return None
+        spatial_ids = {id(a) for a in axis}
+        fixed = {}  # id(axis var) -> expression
+        used = []
+        for c in conjuncts(dom.residual):
+            if not isinstance(c, E.EQ):
+                continue
+            for j, other in ((c.a, c.b), (c.b, c.a)):
+                if id(j) in spatial_ids and id(j) not in fixed and _has_load(other) \
+                        and not _mentions(other, {id(j)} | set(fixed)):
+                    fixed[id(j)] = other
+                    used.append(c)
+                    break
+        if not fixed:
+            return None
+        # the fixed dimensions may not appear in the other fixed values either
+        fixed_ids = set(fixed)
+        if any(_mentions(v, fixed_ids) for v in fixed.values()):
+            return None
+        rest = [c for c in conjuncts(dom.residual) if all(c is not u for u in used)]
+        try:
+            affine = set_to_expr(dom.set, dom.space)
+        except isl.Error:
+            return None
+        mapping = {a: fixed[id(a)] for a in axis if id(a) in fixed}
+        cond_parts = [substitute(affine, mapping)] + [substitute(c, mapping) for c in rest]
+        value = substitute(red.source[0], mapping)
+        # the scatter's domain: the reduction axes and the output dimensions not fixed
+        free_axes = [a for a in axis if id(a) not in fixed]
+        dom_vars = list(raxes) + free_axes
+        new_vars = {v: iter_var(v.dom[0], v.dom[1], v.name, "spatial") for v in dom_vars}
+        indices = []
+        bounds = []
+        for d, a in enumerate(axis):
+            ix = fixed.get(id(a), a)
+            ix = substitute(ix, new_vars)
+            indices.append(ix)
+            if id(a) in fixed:
+                bounds.append((ix >= 0) & (ix < op.shape[d]))
+        where = all_expr([substitute(c, new_vars) for c in cond_parts]
+                         + [c for c in bounds])
+        if any(id(v) in spatial_ids and id(v) in fixed_ids
+               for v in free_vars([value, where] + indices)):
+            return None
+        value = substitute(value, new_vars)
+        sop = ScatterAddOp(op.name, op.shape, op.dtypes[0], tuple(new_vars[v] for v in dom_vars),
+                           tuple(indices), value, where)
+        return sop.output(0)
+
+    return rebuild(tensors, fn)

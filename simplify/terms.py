@@ -1,0 +1,145 @@
+"""Nonzeroness conditions: an expression as a sum of guarded terms.
+
+:func:`guarded_terms` writes a (float) expression ``e`` as
+``sum_t select(c_t, v_t, 0)``, pushing the conditions of ``select(c, v, 0)``
+out through ``+``, ``-``, ``*``, ``/`` (numerator), nested selects and casts,
+as in TVM's zero elimination (Grechanik, "Automatic differentiation for tensor
+expressions", TVM RFC #1996). Conditions are kept as ordered tuples of
+conjuncts: a conjunct may guard a load of a later one (``i >= 1 && I[i-1] == j``),
+so their relative order is never changed.
+
+Under the convention of symbolic zeros, ``select(c, v, 0) * w`` is zero where
+``c`` fails even if ``w`` is infinite there (the raw adjoint's indicators say
+"this term does not exist", not "multiply by 0.0").
+"""
+
+from texpr import expr as E
+
+#: give up splitting a product when it would have more terms than this
+MAX_TERMS = 64
+
+
+def conjuncts(cond):
+    """The conjuncts of a boolean expression, in order (``True`` gives ``()``)."""
+    if isinstance(cond, E.Const):
+        return () if cond.value else (cond,)
+    if isinstance(cond, E.And):
+        return conjuncts(cond.a) + conjuncts(cond.b)
+    return (cond,)
+
+
+def conj(parts):
+    """``all(parts)`` without duplicates (first occurrence kept)."""
+    seen, out = set(), []
+    for p in parts:
+        for c in conjuncts(p) if isinstance(p, E.Expr) else (p,):
+            if id(c) not in seen:
+                seen.add(id(c))
+                out.append(c)
+    return tuple(out)
+
+
+def all_expr(parts):
+    out = E.const(True)
+    for p in parts:
+        out = E.logical_and(out, p)
+    return out
+
+
+def _is_zero(e):
+    return isinstance(e, E.Const) and not isinstance(e.value, bool) and e.value == 0
+
+
+def _false(parts):
+    return any(isinstance(c, E.Const) and c.value is False for c in parts)
+
+
+def guarded_terms(e):
+    """``e`` as a list of ``(conjuncts, value)`` with ``e == sum select(all(c), v, 0)``.
+
+    Only float and int arithmetic is split; anything else is one term with no
+    condition. Values keep ``e``'s dtype (casts are inserted where needed).
+    """
+    memo = {}
+
+    def go(x):
+        hit = memo.get(id(x))
+        if hit is None:
+            hit = _go(x)
+            memo[id(x)] = hit
+        return hit
+
+    def _go(x):
+        if _is_zero(x):
+            return []
+        if isinstance(x, E.Select):
+            c = x.cond
+            out = []
+            for cs, v in go(x.true_value):
+                parts = conj((c,) + cs)
+                if not _false(parts):
+                    out.append((parts, v))
+            if not _is_zero(x.false_value):
+                nc = E.logical_not(c)
+                for cs, v in go(x.false_value):
+                    parts = conj((nc,) + cs)
+                    if not _false(parts):
+                        out.append((parts, v))
+            return out
+        if isinstance(x, (E.Add, E.Sub)) and x.dtype not in ("bool",):
+            ta, tb = go(x.a), go(x.b)
+            if isinstance(x, E.Sub):
+                tb = [(c, E.sub(E.const(0, v.dtype), v)) for c, v in tb]
+            return [(c, _to(v, x.dtype)) for c, v in ta + tb]
+        if isinstance(x, E.Mul):
+            ta, tb = go(x.a), go(x.b)
+            if not ta or not tb:
+                return []
+            if len(ta) * len(tb) > MAX_TERMS:
+                return [((), x)]
+            out = []
+            for ca, va in ta:
+                for cb, vb in tb:
+                    parts = conj(ca + cb)
+                    if not _false(parts):
+                        out.append((parts, _to(E.mul(va, vb), x.dtype)))
+            return out
+        if isinstance(x, E.Div):
+            return [(c, _to(E.div(v, x.b), x.dtype)) for c, v in go(x.a)]
+        if isinstance(x, E.Cast):
+            if x.value.dtype == "bool":
+                return [((x.value,), E.const(1, x.dtype))]
+            return [(c, E.cast(v, x.dtype)) for c, v in go(x.value)]
+        return [((), x)]
+
+    return go(e)
+
+
+def _to(v, dtype):
+    return v if v.dtype == dtype else E.cast(v, dtype)
+
+
+def group_terms(terms):
+    """Merge terms with the same set of conjuncts: ``[(conjuncts, value)]`` in first-seen order."""
+    groups, order = {}, []
+    for cs, v in terms:
+        key = frozenset(id(c) for c in cs)
+        if key in groups:
+            c0, v0 = groups[key]
+            groups[key] = (c0, E.add(v0, v))
+        else:
+            groups[key] = (cs, v)
+            order.append(key)
+    return [groups[k] for k in order]
+
+
+def rebuild_sum(terms, dtype):
+    """``sum select(all(c), v, 0)`` of a term list (0 when empty)."""
+    out = None
+    for cs, v in terms:
+        c = all_expr(cs)
+        t = E.select(c, v, E.const(0, v.dtype)) if not (isinstance(c, E.Const) and c.value) else v
+        out = t if out is None else E.add(out, t)
+    if out is None:
+        return E.const(0, dtype)
+    return _to(out, dtype)
