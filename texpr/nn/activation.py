@@ -73,7 +73,7 @@ def gelu(x, approximate="none", name="gelu"):
 def sigmoid(x, name="sigmoid"):
     """``1 / (1 + exp(-x))``, as ``torch.sigmoid`` (the ``sigmoid`` intrinsic).
 
-    Args: x: any float tensor. Returns: same shape.
+    Args: x: any float tensor. Returns: same shape. Raises: DTypeError for int input.
     """
     return _elementwise(x, "sigmoid", name, intr.sigmoid)
 
@@ -81,7 +81,7 @@ def sigmoid(x, name="sigmoid"):
 def tanh(x, name="tanh"):
     """Hyperbolic tangent, as ``torch.tanh`` (the ``tanh`` intrinsic).
 
-    Args: x: any float tensor. Returns: same shape.
+    Args: x: any float tensor. Returns: same shape. Raises: DTypeError for int input.
     """
     return _elementwise(x, "tanh", name, intr.tanh)
 
