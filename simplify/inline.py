@@ -8,7 +8,8 @@ elementwise re-indexing stages that read them (tail accesses).
   summand, where :mod:`simplify.lift` can see them.
 * :func:`inline_tail_accesses` -- an elementwise stage ``C[i] = P[f(i)] * g(i)``
   (possibly guarded, ``select(c(i), ..., 0)``) reading a sum-reduction stage
-  ``P`` that nothing else reads, through an index map ``f`` injective where ``c``
+  ``P`` that nothing else reads (``P`` may be a requested output too: it stays
+  for whoever asked), through an index map ``f`` injective where ``c``
   holds, becomes the reduction itself:
   ``C[i] = sum(P.source[f(i), k] * g(i), where=c(i) && P.where[f(i), k])``.
   The flatten / reshape / transpose / padding stage after a gradient reduction
@@ -67,7 +68,6 @@ def _inline_loads(e, bodies):
 def inline_tail_accesses(tensors):
     """Fold a sum-reduction into the elementwise stage that re-indexes it (see the
     module docstring)."""
-    output_ids = {id(t) for t in tensors}
     accs = accesses(tensors)
 
     def fn(op, orig, tmap):
@@ -79,7 +79,7 @@ def inline_tail_accesses(tensors):
         cs, value = terms[0]
         for ld in loads(value):
             p = ld.tensor
-            if not is_sum_stage(p.op) or id(p) in output_ids:
+            if not is_sum_stage(p.op):
                 continue
             if len(accs.get(id(p.op), ())) != 1:
                 continue

@@ -214,7 +214,10 @@ def set_to_expr(s, space, context=None):
     if s.plain_is_universe():
         return E.const(True)
     expr = _ast_build_on(space, context).expr_from_set(s)
-    return ast_expr_to_ir(expr, space.by_name)
+    out = ast_expr_to_ir(expr, space.by_name)
+    if isinstance(out, E.Const) and out.dtype != "bool":  # ISL says 1 for "always"
+        out = E.const(bool(out.value))
+    return out
 
 
 _AST_BIN = {

@@ -59,17 +59,22 @@ def is_cheap(body):
 def should_inline(op, accs, output_ids):
     """Whether the stage ``op`` is inlined into its consumers.
 
+    A requested output is still materialised (for whoever asked for it), but a
+    cheap one is also inlined into its consumers, which then do not depend on it.
+
     Args:
         op: an Operation.
         accs: its accesses ``[(consumer_op, Load)]`` (see :func:`simplify.graph.accesses`).
         output_ids: ids of the requested output Tensors.
     """
-    if not is_elementwise(op) or id(op.output(0)) in output_ids or not accs:
+    if not is_elementwise(op) or not accs:
         return False
     if any(ld is None for _c, ld in accs):  # the init of a scatter-add
         return False
     if is_cheap(op.body[0]):
         return True
+    if id(op.output(0)) in output_ids:
+        return False
     if len(accs) != 1:
         return False
     consumer, ld = accs[0]
@@ -107,7 +112,8 @@ def materialized_stages(tensors):
     for op in topo_order(outs):
         if isinstance(op, PlaceholderOp):
             continue
-        if should_inline(op, accs.get(id(op), []), output_ids):
+        if id(op.output(0)) not in output_ids and should_inline(op, accs.get(id(op), []),
+                                                                 output_ids):
             continue
         result.append(op)
     return result
