@@ -1,0 +1,155 @@
+"""``build``: a graph (and optionally a schedule) -> a compiled :class:`Kernel`."""
+
+import numpy as np
+
+from texpr.errors import FeedError, OutOfBoundsError, ScheduleError, TexprError
+from texpr.tensor import PlaceholderOp, ScatterAddOp, Tensor
+
+from . import compile as _compile
+from .lower import lower
+from .schedule import Schedule, create_schedule, default_materialized
+
+__all__ = ["build", "Kernel"]
+
+
+def _simplifier():
+    """``(simplify, materialized_stages)`` of the simplifier package, when they exist."""
+    try:
+        import simplify
+    except ImportError:  # pragma: no cover
+        return None, None
+    return getattr(simplify, "simplify", None), getattr(simplify, "materialized_stages", None)
+
+
+class Kernel:
+    """A compiled graph. ``kernel(*arrays)`` takes numpy arrays for ``inputs`` (in
+    order; exact shapes and dtypes) and returns a tuple of fresh arrays, one per
+    output (declared shapes and dtypes).
+
+    Attributes: ``source`` (generated Python), ``stages`` (names of the
+    materialised stages, in execution order), ``inputs``, ``outputs``,
+    ``compile_seconds``, ``from_disk_cache``, ``from_memory_cache``, ``path``
+    (the generated module).
+
+    Raises (on call): FeedError (wrong number/shape/dtype of arrays),
+    OutOfBoundsError (a data-dependent index leaves its tensor), TexprError
+    (integer division by zero).
+    """
+
+    def __init__(self, program, compiled, inputs, outputs):
+        self._program = program
+        self._fn = compiled.fn
+        self.source = program.source
+        self.stages = list(program.stages)
+        self.inputs, self.outputs = list(inputs), list(outputs)
+        self.compile_seconds = compiled.compile_seconds
+        self.from_disk_cache = compiled.from_disk_cache
+        self.from_memory_cache = compiled.from_memory_cache
+        self.path = compiled.path
+        self._bufs = program.buffers
+
+    def __call__(self, *arrays):
+        if len(arrays) != len(self.inputs):
+            raise FeedError(f"kernel: expected {len(self.inputs)} arrays "
+                            f"({', '.join(t.name for t in self.inputs)}), got {len(arrays)}")
+        args = []
+        for t, a in zip(self.inputs, arrays):
+            if not isinstance(a, np.ndarray):
+                raise FeedError(f"kernel: the value for {t.name} must be a numpy array, got "
+                                f"{type(a).__name__}")
+            if a.shape != t.shape:
+                raise FeedError(f"kernel: input {t.name} expects shape {t.shape}, got an array "
+                                f"of shape {a.shape}")
+            if a.dtype.name != t.dtype:
+                raise FeedError(f"kernel: input {t.name} expects dtype {t.dtype}, got "
+                                f"{a.dtype.name} (convert it with .astype('{t.dtype}'))")
+            a = np.ascontiguousarray(a)
+            args.append(a.reshape(1) if a.ndim == 0 else a)
+        by_id = {}
+        for b, a in zip(self._bufs, args):
+            by_id[id(b.tensor)] = a
+        for b in self._bufs[len(args):]:
+            arr = np.empty(b.shape, dtype=b.dtype)
+            by_id[id(b.tensor)] = arr
+            args.append(arr)
+        err = np.zeros(1, dtype=np.int64)
+        args.append(err)
+        self._fn(*args)
+        code = int(err[0])
+        if code:
+            msg = self._program.errors[code - 1]
+            cls = TexprError if "division by zero" in msg else OutOfBoundsError
+            raise cls(msg)
+        outs = []
+        for t in self.outputs:
+            a = by_id[id(t)]
+            if isinstance(t.op, PlaceholderOp):
+                a = a.copy()
+            outs.append(a.reshape(t.shape))
+        return tuple(outs)
+
+    def __repr__(self):
+        return (f"Kernel({', '.join(t.name for t in self.inputs)} -> "
+                f"{', '.join(t.name for t in self.outputs)}; stages: {', '.join(self.stages)})")
+
+
+def build(outputs, inputs, schedule=None, *, parallel=True):
+    """Compile the graph computing ``outputs`` from ``inputs`` into a :class:`Kernel`.
+
+    Args:
+        outputs: a Tensor or a list of Tensors (returned in this order).
+        inputs: the list of placeholder Tensors the kernel takes, in order
+            (every placeholder the outputs read must be listed).
+        schedule: a :class:`Schedule` from ``create_schedule(outputs)``; None
+            for the default schedule (then the simplifier, when present, runs
+            first: it is idempotent on simplified graphs).
+        parallel: allow ``prange`` loops (False: every loop is sequential).
+    Returns:
+        A :class:`Kernel` (compiled; compilation is cached in memory and on disk,
+        see :mod:`codegen.compile`).
+    Raises:
+        TexprError: a non-Tensor output, a non-placeholder input, a placeholder
+        missing from ``inputs``; ScheduleError: a schedule of another graph or
+        an impossible request; OutOfBoundsError: a load provably outside its
+        tensor; codegen.CompileError: numba rejected the generated code.
+    """
+    single = isinstance(outputs, Tensor)
+    outs = [outputs] if single else list(outputs)
+    if isinstance(inputs, Tensor):
+        inputs = [inputs]
+    inputs = list(inputs)
+    for t in outs:
+        if not isinstance(t, Tensor):
+            raise TexprError(f"build: outputs must be Tensors, got {type(t).__name__}: {t!r}")
+    for t in inputs:
+        if not isinstance(t, Tensor) or not isinstance(t.op, PlaceholderOp):
+            raise TexprError(f"build: inputs must be placeholder Tensors, got {t!r}")
+    simp, rule = _simplifier()
+    if schedule is None:
+        if simp is not None:
+            try:
+                outs = list(simp(outs))
+            except TexprError:
+                raise
+        schedule = create_schedule(outs)
+    else:
+        if not isinstance(schedule, Schedule):
+            raise ScheduleError(f"build: schedule must come from create_schedule, got {schedule!r}")
+        if len(schedule.outputs) != len(outs) or any(
+                a is not b for a, b in zip(schedule.outputs, outs)):
+            raise ScheduleError("build: the schedule was created for other outputs ("
+                                f"{', '.join(t.name for t in schedule.outputs)}); create it with "
+                                "create_schedule(outputs)")
+    mat, inl = default_materialized(schedule, rule)
+    for op in schedule.ops:
+        if isinstance(op, ScatterAddOp) and op.init is not None and id(op.init.op) in inl:
+            if schedule[op.init].inline:
+                raise ScheduleError(f"stage {op.init.op.name}: it initialises scatter-add "
+                                    f"{op.name} and cannot be inlined")
+            inl.discard(id(op.init.op))
+            mat.add(id(op.init.op))
+    program = lower(schedule, inputs, mat, inl, parallel=parallel)
+    specs = [(b.dtype, len(b.shape)) for b in program.buffers] + [("int64", 1)]
+    compiled = _compile.compile_source(program.source, specs,
+                                       describe="stages " + ", ".join(program.stages))
+    return Kernel(program, compiled, inputs, outs)

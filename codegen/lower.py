@@ -1,0 +1,722 @@
+"""Lowering: a scheduled graph -> loop nests (isl) -> the Python source of one kernel.
+
+For every materialised stage, in producer-before-consumer order:
+
+1. its body with the inlined stages substituted (:func:`schedule.inline_expand`);
+2. its statements, each a point set over the stage's axes:
+   * elementwise: ``S[s]`` over the spatial box, ``out[s] = body``;
+   * reduction, loops ordered spatial-then-reduce (*scalar mode*): ``I[s]``
+     (``acc = identity``), ``U[s, r]`` over the box intersected with the affine
+     part of ``where`` (``acc = combine(acc, source)``), ``F[s]`` (``out[s] = acc``),
+     scheduled ``[s, 0, 0..]``, ``[s, 1, r]``, ``[s, 2, 0..]``: the accumulator is a
+     local scalar;
+   * reduction with a reduction loop outside a spatial one (*buffer mode*): the
+     output is filled with the identity, then ``U[s, r]``: ``out[s] = combine(out[s], ..)``;
+   * scatter-add: the output is initialised (zeros or a copy of ``init``), then
+     ``U[p]`` over its domain (intersected with the affine part of ``where``):
+     ``out[indices] += value``;
+3. the schedule of each statement is the value of every leaf loop of the stage
+   (splits are ``floor(v/f)`` and ``v mod f``), so isl's AST generator
+   (:func:`simplify.loop_ast.generate`) gives the loops with exact bounds and
+   strides, and solves equalities away;
+4. the residual (data-dependent) part of ``where`` stays as an ``if``; loads
+   whose indices isl cannot prove in bounds get a run-time check that sets an
+   error flag (a ``raise`` would stop numba from parallelising the loop); loads
+   proven out of bounds are reported at build time (:class:`OutOfBoundsError`).
+
+Default schedule of a stage the user did not order: loops in definition order,
+except for reductions, where the axis giving the most unit-stride accesses goes
+innermost: a reduction axis (scalar mode) or a spatial axis (buffer mode, with
+the reduction loops moved outside the spatial loops whose output tile is small
+so that the innermost loop has independent iterations and vectorises without
+reassociating floating-point sums). The outermost spatial loop runs in parallel.
+"""
+
+import numpy as np
+
+from simplify.isl_bridge import VarSpace, box_set, isl, to_pwaff, to_set
+from simplify import loop_ast as LA
+from texpr import dtypes as dt
+from texpr import expr as E
+from texpr.errors import OutOfBoundsError, TexprError
+from texpr.printer import expr_str, tensor_str
+from texpr.tensor import ComputeOp, PlaceholderOp, ScatterAddOp
+
+from .schedule import inline_expand
+
+#: output tile (elements) below the reduction loops in buffer mode
+BUFFER_TILE = 4096
+
+
+class BufferInfo:
+    """A buffer of the kernel: ``name`` in the source, ``tensor``, ``role``
+    (input/output/temp), ``shape`` (0-d tensors are stored with shape ``(1,)``)."""
+
+    def __init__(self, name, tensor, role):
+        self.name, self.tensor, self.role = name, tensor, role
+        self.shape = tuple(tensor.shape) if tensor.shape else (1,)
+        self.dtype = tensor.dtype
+
+
+class Program:
+    """The lowered kernel: ``source`` (Python text defining ``kernel``), ``buffers``
+    (argument order: inputs, outputs, temps, then the error flag), ``errors``
+    (flag code -> message), ``stages`` (names of the materialised stages),
+    ``parallel`` (whether the source uses prange)."""
+
+    def __init__(self, source, buffers, errors, stages, parallel):
+        self.source, self.buffers, self.errors = source, buffers, errors
+        self.stages, self.parallel = stages, parallel
+
+
+# ---- small helpers -------------------------------------------------------------------
+
+def _coef(e, v):
+    """Coefficient of ``v`` in ``e`` if ``e`` is affine in ``v`` (0 if absent), else None."""
+    if e is v:
+        return 1
+    if isinstance(e, (E.Const, E.Var)):
+        return 0
+    if isinstance(e, E.Add):
+        a, b = _coef(e.a, v), _coef(e.b, v)
+        return None if a is None or b is None else a + b
+    if isinstance(e, E.Sub):
+        a, b = _coef(e.a, v), _coef(e.b, v)
+        return None if a is None or b is None else a - b
+    if isinstance(e, E.Mul):
+        for c, o in ((e.a, e.b), (e.b, e.a)):
+            if isinstance(c, E.Const):
+                k = _coef(o, v)
+                return None if k is None else k * c.value
+        return None if _mentions(e, v) else 0
+    return None if _mentions(e, v) else 0
+
+
+def _mentions(e, v):
+    from texpr.visitor import post_order
+    return any(n is v for n in post_order(e))
+
+
+def _loads(exprs):
+    from texpr.visitor import post_order
+    return [n for n in post_order(exprs) if isinstance(n, E.Load)]
+
+
+def default_order(op, exprs, spatial, reduce_):
+    """The default leaf order (see the module docstring); returns a list of axes."""
+    if not reduce_:
+        return list(spatial)
+    score = {}
+    loads = _loads(exprs)
+    accesses = [ld.args for ld in loads]
+    for ax in list(spatial) + list(reduce_):
+        s = 0
+        for idx in accesses:
+            if not idx:
+                continue
+            last = _coef(idx[-1], ax)
+            others = [_coef(i, ax) for i in idx[:-1]]
+            if last in (1, -1) and all(o == 0 for o in others):
+                s += 2
+            elif any(o not in (0, None) for o in others) or last not in (0, 1, -1):
+                s -= 1
+        score[id(ax)] = s
+    if spatial:
+        score[id(spatial[-1])] = score.get(id(spatial[-1]), 0) + 2  # the store
+
+    def key(ax):
+        is_sp = ax.kind == "spatial"
+        return (score[id(ax)], min(ax.extent, 16), is_sp)
+
+    cands = [a for a in list(spatial) + list(reduce_) if a.extent >= 4] or list(reduce_)
+    best = max(cands, key=key)
+    if best.kind == "reduce":
+        rest = [a for a in reduce_ if a is not best]
+        return list(spatial) + rest + [best]
+    # buffer mode: spatial axes, then the reductions, then a small spatial tile
+    sp = [a for a in spatial if a is not best]
+    inner = [best]
+    tile = best.extent
+    while sp and len(sp) > 1 and tile * sp[-1].extent <= BUFFER_TILE:
+        tile *= sp[-1].extent
+        inner.insert(0, sp.pop())
+    return sp + list(reduce_) + inner
+
+
+def lift_zero_guards(red, space):
+    """``sum(select(c, a, 0) * b, where=w)`` -> ``sum(a * b, where=w && c)`` for the
+    affine conditions ``c`` of guards in the product of a sum's source: the
+    guard becomes a loop bound instead of a test in the innermost loop (the
+    terms dropped are zero, as in the simplifier's zero elimination)."""
+    if red.combiner.kind != "sum" or len(red.source) != 1:
+        return red
+    conds = []
+
+    def strip(e):
+        if isinstance(e, E.Select) and isinstance(e.false_value, E.Const) \
+                and e.false_value.value == 0:
+            _, r = to_set(e.cond, space)
+            if r is None:
+                conds.append(e.cond)
+                return strip(e.true_value)
+            return e
+        if isinstance(e, E.Mul):
+            return E.mul(strip(e.a), strip(e.b))
+        if isinstance(e, E.Cast) and dt.is_float(e.dtype):
+            inner = strip(e.value)
+            return E.cast(inner, e.dtype)
+        return e
+
+    src = strip(red.source[0])
+    if not conds:
+        return red
+    where = E.all_of([red.where] + conds)
+    src = E.cast(src, red.dtype) if src.dtype != red.dtype else src
+    return E.make_reduce(red.combiner, (src,), red.axes, where, 0)
+
+
+# ---- bounds checks --------------------------------------------------------------------
+
+class _BoundsChecker:
+    """Finds the loads of a statement that need a run-time bounds check.
+
+    Loads with quasi-affine indices on a path of affine conditions are checked by
+    isl; proven out-of-bounds loads raise at build time."""
+
+    def __init__(self, stage_name, space, domain):
+        self.stage_name, self.space, self.domain = stage_name, space, domain
+        self.need = set()   # ids of Load nodes to check at run time
+        self._seen = set()
+
+    def walk(self, e, path, resid):
+        key = (id(e), id(path), resid)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        if isinstance(e, E.Select):
+            self.walk(e.cond, path, resid)
+            s, r = to_set(e.cond, self.space)
+            self.walk(e.true_value, path.intersect(s), resid or r is not None)
+            if r is None:
+                self.walk(e.false_value, path.intersect(s.complement()), resid)
+            else:
+                self.walk(e.false_value, path, True)
+            return
+        if isinstance(e, (E.And, E.Or)):
+            self.walk(e.a, path, resid)
+            s, r = to_set(e.a, self.space)
+            if isinstance(e, E.Or):
+                s = s.complement() if r is None else self.space.universe()
+            self.walk(e.b, path.intersect(s), resid or r is not None)
+            return
+        for c in e.args:
+            self.walk(c, path, resid)
+        if isinstance(e, E.Load):
+            self._check(e, path, resid)
+
+    def _check(self, ld, path, resid):
+        t = ld.tensor
+        for d, (ix, n) in enumerate(zip(ld.args, t.shape)):
+            pa = to_pwaff(ix, self.space)
+            if pa is None:
+                self.need.add(id(ld))
+                return
+            bad = pa.lt_set(self.space.const(0)).union(pa.ge_set(self.space.const(n)))
+            bad = bad.intersect(path)
+            if bad.is_empty():
+                continue
+            if resid:
+                self.need.add(id(ld))
+                return
+            pt = bad.sample_point()
+            where = ", ".join(
+                f"{v.name}={pt.get_coordinate_val(isl.dim_type.set, k).to_python()}"
+                for k, v in enumerate(self.space.vars))
+            raise OutOfBoundsError(
+                f"stage {self.stage_name}: load `{expr_str(ld)}` reads {t.name} outside its "
+                f"shape {t.shape} (dimension {d}) at {where}; guard the load with "
+                "te.if_then_else if the index can leave the tensor")
+
+
+# ---- expression emission ----------------------------------------------------------------
+
+_NP = {"float32": "np.float32", "float64": "np.float64", "int32": "np.int32",
+       "int64": "np.int64", "bool": "np.bool_"}
+_CMP = {E.EQ: "==", E.NE: "!=", E.LT: "<", E.LE: "<=", E.GT: ">", E.GE: ">="}
+_ARITH = {E.Add: "+", E.Sub: "-", E.Mul: "*"}
+_UNARY_NP = {"exp": "np.exp", "log": "np.log", "sqrt": "np.sqrt", "tanh": "np.tanh",
+             "floor": "np.floor", "ceil": "np.ceil", "round": "np.rint", "trunc": "np.trunc",
+             "sin": "np.sin", "cos": "np.cos"}
+
+
+def const_str(value, dtype):
+    """A Python literal of ``value`` typed as ``dtype`` inside numba code."""
+    if dtype == "bool":
+        return "True" if value else "False"
+    if dt.is_int(dtype):
+        v = int(value)
+        return str(v) if dtype == "int64" else f"np.int32({v})"
+    v = float(value)
+    if v != v:
+        text = "np.nan"
+    elif v in (float("inf"), float("-inf")):
+        text = "np.inf" if v > 0 else "-np.inf"
+    else:
+        text = repr(v)
+    return text if dtype == "float64" else f"np.float32({text})"
+
+
+class ExprEmitter:
+    """Python source of IR expressions inside a numba kernel.
+
+    ``names``: id(Var) -> source name; ``buffers``: id(Tensor) -> BufferInfo;
+    ``checks``: ids of loads needing a bounds check; ``errors``: the error table
+    (list of messages; the flag holds the 1-based code)."""
+
+    def __init__(self, names, buffers, stage_name, errors):
+        self.names, self.buffers, self.stage_name, self.errors = names, buffers, stage_name, errors
+        self.checks = set()
+
+    def cast(self, e, dtype):
+        s = self(e)
+        if e.dtype == dtype:
+            return s
+        if isinstance(e, E.Const):
+            return const_str(e.value, dtype)
+        if dtype == "bool":
+            return f"({s} != 0)"
+        return f"{_NP[dtype]}({s})"
+
+    def _err(self, msg):
+        self.errors.append(msg)
+        return len(self.errors)
+
+    def __call__(self, e):
+        cls = type(e)
+        if cls is E.Const:
+            return const_str(e.value, e.dtype)
+        if isinstance(e, E.Var):
+            try:
+                return self.names[id(e)]
+            except KeyError:
+                raise TexprError(f"stage {self.stage_name}: variable `{e.name}` is not bound "
+                                 "in the generated code") from None
+        d = e.dtype
+        if cls in _ARITH:
+            out = f"({self.cast(e.a, d)} {_ARITH[cls]} {self.cast(e.b, d)})"
+            return f"np.int32{out}" if d == "int32" else out
+        if cls is E.Div:
+            return f"({self.cast(e.a, d)} / {self.cast(e.b, d)})"
+        if cls in (E.FloorDiv, E.FloorMod):
+            op = "//" if cls is E.FloorDiv else "%"
+            a, b = self.cast(e.a, d), self.cast(e.b, d)
+            if dt.is_int(d) and not (isinstance(e.b, E.Const) and e.b.value != 0):
+                code = self._err(f"stage {self.stage_name}: integer division by zero in "
+                                 f"`{expr_str(e)}`")
+                b = f"_nz({b}, err, {code})"
+            out = f"({a} {op} {b})"
+            return f"np.int32{out}" if d == "int32" else out
+        if cls in (E.Min, E.Max):
+            a, b = self.cast(e.a, d), self.cast(e.b, d)
+            if dt.is_float(d):
+                return f"_f{'min' if cls is E.Min else 'max'}({a}, {b})"
+            return f"{'min' if cls is E.Min else 'max'}({a}, {b})"
+        if cls in _CMP:
+            return f"({self(e.a)} {_CMP[cls]} {self(e.b)})"
+        if cls is E.And:
+            return f"({self(e.a)} and {self(e.b)})"
+        if cls is E.Or:
+            return f"({self(e.a)} or {self(e.b)})"
+        if cls is E.Not:
+            return f"(not {self(e.a)})"
+        if cls is E.Select:
+            return f"({self(e.true_value)} if {self(e.cond)} else {self(e.false_value)})"
+        if cls is E.Cast:
+            return self.cast(e.value, d)
+        if cls is E.Call:
+            return self._call(e)
+        if cls is E.Load:
+            return self._load(e)
+        if cls is E.Reduce:
+            raise TexprError(f"stage {self.stage_name}: a reduction below the top of a body "
+                             f"(`{expr_str(e)}`) reached code generation")
+        raise TexprError(f"codegen: unknown expression kind {cls.__name__}")
+
+    def _call(self, e):
+        d, name = e.dtype, e.name
+        if name == "abs":
+            return f"abs({self.cast(e.args[0], d)})"
+        if name == "power":
+            return f"np.power({self.cast(e.args[0], d)}, {self.cast(e.args[1], d)})"
+        x = self.cast(e.args[0], d)
+        one = const_str(1.0, d)
+        if name in _UNARY_NP:
+            return f"{_UNARY_NP[name]}({x})"
+        if name == "rsqrt":
+            return f"({one} / np.sqrt({x}))"
+        if name == "sigmoid":
+            return f"({one} / ({one} + np.exp(-{x})))"
+        if name == "erf":
+            return f"{_NP[d]}(math.erf({x}))"
+        raise TexprError(f"codegen: intrinsic {name} has no code generator")
+
+    def _load(self, e):
+        t = e.tensor
+        buf = self.buffers[id(t)]
+        if not e.args:
+            return f"{buf.name}[0]"
+        idx = [self(i) for i in e.args]
+        if id(e) in self.checks:
+            code = self._err(
+                f"stage {self.stage_name}: load `{expr_str(e)}` reads {t.name} outside its "
+                f"shape {t.shape}; guard the load with te.if_then_else if the index can leave "
+                "the tensor")
+            idx = [f"_ck({s}, {n}, err, {code})" for s, n in zip(idx, t.shape)]
+        return f"{buf.name}[{', '.join(idx)}]"
+
+
+# ---- the source writer -------------------------------------------------------------------
+
+class _Writer:
+    def __init__(self):
+        self.lines = []
+
+    def __call__(self, depth, text):
+        self.lines.append("    " * depth + text)
+
+
+HELPERS = '''
+@njit(inline="always", cache=True)
+def _fmax(a, b):
+    return a if (a > b or a != a) else b
+
+
+@njit(inline="always", cache=True)
+def _fmin(a, b):
+    return a if (a < b or a != a) else b
+
+
+@njit(inline="always", cache=True)
+def _ck(i, n, err, code):
+    if i < 0 or i >= n:
+        err[0] = code
+        return 0
+    return i
+
+
+@njit(inline="always", cache=True)
+def _nz(b, err, code):
+    if b == 0:
+        err[0] = code
+        return 1
+    return b
+'''
+
+
+class _StageLowering:
+    """Lowers one materialised stage to source lines."""
+
+    def __init__(self, k, op, stage, buffers, inlined, errors, parallel_on, w):
+        self.k, self.op, self.stage, self.buffers = k, op, stage, buffers
+        self.inlined, self.errors, self.parallel_on, self.w = inlined, errors, parallel_on, w
+        self.names = {}
+        self.uses_prange = False
+
+    def run(self, depth):
+        op = self.op
+        w = self.w
+        w(depth, f"# ---- stage {op.name}: " + tensor_str(op.output(0)).replace("\n", " "))
+        if isinstance(op, ScatterAddOp):
+            return self._scatter(depth)
+        spatial = list(op.axis)
+        body = [inline_expand(b, self.inlined) for b in op.body]
+        red = body[0] if isinstance(body[0], E.Reduce) else None
+        reduce_ = list(op.reduce_axis)
+        for d, a in enumerate(spatial):
+            self.names[id(a)] = f"i{self.k}_{d}"
+        for d, a in enumerate(reduce_):
+            self.names[id(a)] = f"r{self.k}_{d}"
+        order, par = self._order(body, spatial, reduce_)
+        outs = [self.buffers[id(t)] for t in op.outputs]
+        sp_space = VarSpace(spatial)
+        sp_box = box_set(sp_space)
+        if red is None:
+            em = self._emitter()
+            ck = _BoundsChecker(op.name, sp_space, sp_box)
+            ck.walk(body[0], sp_box, False)
+            em.checks = ck.need
+            stmts = {"S": lambda d: w(d, f"{self._store(outs[0])} = {em(body[0])}")}
+            st = [LA.Statement(f"S{self.k}", spatial, sp_box, [self._val(a) for a in order])]
+            loop_pos = {id(a): p for p, a in enumerate(order)}
+            return self._emit_nest(depth, st, len(order), stmts,
+                                   {loop_pos[id(a)] for a in par})
+        # reduction
+        full = spatial + reduce_
+        space = VarSpace(full)
+        box = box_set(space)
+        red = lift_zero_guards(red, space)
+        wset, resid = to_set(red.where, space)
+        dom = box.intersect(wset)
+        em = self._emitter()
+        ck = _BoundsChecker(op.name, space, box)
+        ck.walk(red.where, box, False)
+        for s in red.source:
+            ck.walk(s, dom, resid is not None)
+        em.checks = ck.need
+        comb = red.combiner
+        ncomp = len(comb.identity)
+        acc = [f"acc{self.k}_{c}" for c in range(ncomp)]
+        n_sp = sum(1 for a in order if a.kind == "spatial")
+        scalar_mode = all(a.kind == "spatial" for a in order[:n_sp])
+        combine = self._combine_lines(comb, red, em, resid)
+        if scalar_mode:
+            sp_order, rd_order = order[:n_sp], order[n_sp:]
+            zeros_r = [0] * len(rd_order)
+            zeros_s = [0] * 0
+            sched_i = [self._val(a) for a in sp_order] + [0] + zeros_r
+            sched_u = [self._val(a) for a in sp_order] + [1] + [self._val(a) for a in rd_order]
+            sched_f = [self._val(a) for a in sp_order] + [2] + zeros_r
+            del zeros_s
+            sts = [LA.Statement(f"I{self.k}", spatial, sp_box, sched_i),
+                   LA.Statement(f"U{self.k}", full, dom, sched_u),
+                   LA.Statement(f"F{self.k}", spatial, sp_box, sched_f)]
+
+            def init(d):
+                for a, c in zip(acc, comb.identity):
+                    w(d, f"{a} = {const_str(c.value, c.dtype)}")
+
+            def fin(d):
+                for o, a in zip(outs, acc):
+                    w(d, f"{self._store(o)} = {a}")
+
+            stmts = {"I": init, "U": lambda d: combine(d, acc), "F": fin}
+            pos = {id(a): p for p, a in enumerate(sp_order)}
+            pos.update({id(a): n_sp + 1 + p for p, a in enumerate(rd_order)})
+            return self._emit_nest(depth, sts, len(order) + 1, stmts, {pos[id(a)] for a in par})
+        # buffer mode
+        for o, c in zip(outs, comb.identity):
+            w(depth, f"{o.name}.fill({const_str(c.value, c.dtype)})")
+        targets = [self._store(o) for o in outs]
+        sts = [LA.Statement(f"U{self.k}", full, dom, [self._val(a) for a in order])]
+        pos = {id(a): p for p, a in enumerate(order)}
+        return self._emit_nest(depth, sts, len(order), {"U": lambda d: combine(d, targets)},
+                               {pos[id(a)] for a in par})
+
+    # -- pieces --------------------------------------------------------------
+    def _emitter(self):
+        return ExprEmitter(self.names, self.buffers, self.op.name, self.errors)
+
+    def _val(self, leaf):
+        return self.stage.axis_value(leaf)
+
+    def _store(self, buf):
+        if not self.op.axis:
+            return f"{buf.name}[0]"
+        return f"{buf.name}[{', '.join(self.names[id(a)] for a in self.op.axis)}]"
+
+    def _order(self, body, spatial, reduce_):
+        st = self.stage
+        if st.ordered:
+            order = list(st.leaf_axes)
+        else:
+            order = default_order(self.op, body, spatial, reduce_)
+        for v in st.vectorize_axes:
+            if any(v is a for a in order) and order[-1] is not v:
+                order = [a for a in order if a is not v] + [v]
+        par = []
+        if self.parallel_on:
+            if st.parallel_set:
+                par = [a for a in st.parallel_axes if any(a is b for b in order)]
+            else:
+                for a in order:
+                    if a.kind == "spatial":
+                        par = [a]
+                        break
+                    break  # a reduction loop outermost: nothing to parallelise safely
+        return order, par
+
+    def _combine_lines(self, comb, red, em, resid):
+        """A function ``(depth, targets)`` writing ``targets = combine(targets, source)``."""
+        w = self.w
+        d0 = comb.dtypes[0]
+
+        def emit(depth, targets):
+            if resid is not None:
+                w(depth, f"if {em(resid)}:")
+                depth += 1
+            if comb.kind in ("sum", "prod"):
+                op = "+=" if comb.kind == "sum" else "*="
+                w(depth, f"{targets[0]} {op} {em.cast(red.source[0], d0)}")
+            elif comb.kind in ("max", "min"):
+                fn = ("_f" if dt.is_float(d0) else "") + comb.kind
+                w(depth, f"{targets[0]} = {fn}({targets[0]}, {em.cast(red.source[0], d0)})")
+            else:
+                ys = [f"y{self.k}_{c}" for c in range(len(comb.rhs))]
+                for y, s, v in zip(ys, red.source, comb.rhs):
+                    w(depth, f"{y} = {em.cast(s, v.dtype)}")
+                names = dict(self.names)
+                names.update({id(v): t for v, t in zip(comb.lhs, targets)})
+                names.update({id(v): y for v, y in zip(comb.rhs, ys)})
+                cem = ExprEmitter(names, self.buffers, self.op.name, self.errors)
+                news = [f"n{self.k}_{c}" for c in range(len(comb.result))]
+                for n, r, v in zip(news, comb.result, comb.lhs):
+                    w(depth, f"{n} = {cem.cast(r, v.dtype)}")
+                for t, n in zip(targets, news):
+                    w(depth, f"{t} = {n}")
+        return emit
+
+    def _emit_nest(self, depth, statements, ndims, stmt_code, par_dims):
+        loop_vars = [E.var(f"c{self.k}_{d}") for d in range(ndims)]
+        for v in loop_vars:
+            self.names[id(v)] = v.name
+        tree = LA.generate(statements, loop_vars)
+        if tree is None:
+            self.w(depth, "pass")
+            return
+        par_vars = {id(loop_vars[d]) for d in par_dims}
+        stmt_vars = {st.name: st.vars for st in statements}
+        self._emit_tree(tree, depth, par_vars, stmt_vars, stmt_code)
+
+    def _emit_tree(self, node, depth, par_vars, stmt_vars, stmt_code):
+        w = self.w
+        em = self._emitter()
+        if isinstance(node, LA.Block):
+            for c in node.body:
+                self._emit_tree(c, depth, par_vars, stmt_vars, stmt_code)
+        elif isinstance(node, LA.For):
+            v = self.names[id(node.var)]
+            lo, hi = em(node.lo), em(node.hi)
+            if node.degenerate:
+                w(depth, f"{v} = {lo}")
+                self._emit_tree(node.body, depth, par_vars, stmt_vars, stmt_code)
+                return
+            if id(node.var) in par_vars:
+                self.uses_prange = True
+                if node.stride == 1:
+                    w(depth, f"for {v} in prange({lo}, {hi}):")
+                else:
+                    s = node.stride
+                    w(depth, f"for {v}_t in prange(({hi} - {lo} + {s - 1}) // {s}):")
+                    w(depth + 1, f"{v} = {lo} + {v}_t * {s}")
+            else:
+                step = f", {node.stride}" if node.stride != 1 else ""
+                w(depth, f"for {v} in range({lo}, {hi}{step}):")
+            self._emit_tree(node.body, depth + 1, par_vars, stmt_vars, stmt_code)
+        elif isinstance(node, LA.If):
+            w(depth, f"if {em(node.cond)}:")
+            self._emit_tree(node.then, depth + 1, par_vars, stmt_vars, stmt_code)
+            if node.orelse is not None:
+                w(depth, "else:")
+                self._emit_tree(node.orelse, depth + 1, par_vars, stmt_vars, stmt_code)
+        else:
+            kind = node.name.rstrip("0123456789")
+            for v, a in zip(stmt_vars[node.name], node.args):
+                w(depth, f"{self.names[id(v)]} = {em(a)}")
+            stmt_code[kind](depth)
+
+    def _scatter(self, depth):
+        op, w = self.op, self.w
+        out = self.buffers[id(op.output(0))]
+        if op.init is not None:
+            src = self.buffers[id(op.init)]
+            w(depth, f"{out.name}.ravel()[:] = {src.name}.ravel()")
+        else:
+            w(depth, f"{out.name}.fill({const_str(0, out.dtype)})")
+        axes = list(op.axis)
+        for d, a in enumerate(axes):
+            self.names[id(a)] = f"p{self.k}_{d}"
+        space = VarSpace(axes)
+        box = box_set(space)
+        wset, resid = to_set(op.where, space)
+        dom = box.intersect(wset)
+        em = self._emitter()
+        ck = _BoundsChecker(op.name, space, box)
+        ck.walk(op.where, box, False)
+        for e in list(op.indices) + [op.value]:
+            ck.walk(e, dom, resid is not None)
+        em.checks = ck.need
+        order = list(self.stage.leaf_axes) if self.stage.ordered else axes
+        # the scatter's own indices are checked against the output's shape
+        fake = E.load(op.output(0), op.indices) if op.indices else None
+
+        def upd(d):
+            if resid is not None:
+                w(d, f"if {em(resid)}:")
+                d += 1
+            if fake is None:
+                w(d, f"{out.name}[0] += {em.cast(op.value, out.dtype)}")
+                return
+            idx = [em(i) for i in op.indices]
+            tgt = []
+            for k, (s, n) in enumerate(zip(idx, op.shape)):
+                pa = to_pwaff(op.indices[k], space)
+                safe = False
+                if pa is not None:
+                    bad = pa.lt_set(space.const(0)).union(pa.ge_set(space.const(n))).intersect(dom)
+                    safe = bad.is_empty()
+                if safe:
+                    tgt.append(s)
+                else:
+                    self.errors.append(
+                        f"scatter-add {op.name}: index {k} `{expr_str(op.indices[k])}` leaves "
+                        f"the shape {op.shape}")
+                    tgt.append(f"_ck({s}, {n}, err, {len(self.errors)})")
+            w(d, f"{out.name}[{', '.join(tgt)}] += {em.cast(op.value, out.dtype)}")
+
+        st = [LA.Statement(f"U{self.k}", axes, dom, [self.stage.axis_value(a) for a in order])]
+        self._emit_nest(depth, st, len(order), {"U": upd}, set())
+
+
+def lower(schedule, inputs, materialized, inlined, parallel=True):
+    """Lower a resolved schedule to a :class:`Program`.
+
+    ``materialized``/``inlined``: sets of op ids (from
+    :func:`schedule.default_materialized`); ``inputs``: the placeholder Tensors
+    in argument order.
+    """
+    buffers = {}
+    order = []
+    for k, t in enumerate(inputs):
+        b = BufferInfo(f"in{k}", t, "input")
+        buffers[id(t)] = b
+        order.append(b)
+    for k, t in enumerate(schedule.outputs):
+        if id(t) in buffers:
+            continue
+        b = BufferInfo(f"out{k}", t, "output")
+        buffers[id(t)] = b
+        order.append(b)
+    ntmp = 0
+    mat_ops = [op for op in schedule.ops if id(op) in materialized]
+    for op in schedule.ops:
+        if isinstance(op, PlaceholderOp) and id(op.output(0)) not in buffers:
+            raise TexprError(f"build: placeholder {op.name} (shape {op.shape}) is read by the "
+                             "outputs but not listed in inputs")
+    for op in mat_ops:
+        for t in op.outputs:
+            if id(t) not in buffers:
+                b = BufferInfo(f"tmp{ntmp}", t, "temp")
+                ntmp += 1
+                buffers[id(t)] = b
+                order.append(b)
+    errors = []
+    w = _Writer()
+    args = [b.name for b in order] + ["err"]
+    w(0, f"def kernel({', '.join(args)}):")
+    uses_prange = False
+    names = []
+    for k, op in enumerate(mat_ops):
+        sl = _StageLowering(k, op, schedule[op], buffers, inlined, errors, parallel, w)
+        sl.run(1)
+        uses_prange |= sl.uses_prange
+        names.append(op.name)
+    w(1, "return 0")
+    deco = (f"@njit(parallel={uses_prange}, fastmath=False, cache=True, error_model='numpy', "
+            "nogil=True)")
+    src = ("import math\n\nimport numpy as np\nfrom numba import njit, prange\n"
+           + HELPERS + "\n\n" + deco + "\n" + "\n".join(w.lines) + "\n")
+    return Program(src, order, errors, names, uses_prange)
+
+
+__all__ = ["lower", "Program", "BufferInfo", "default_order", "ExprEmitter", "const_str"]
+_ = np
