@@ -202,3 +202,23 @@ def test_errors():
         nn.conv2d_transpose(x, ph((4, 2, 3, 3), "W"), groups=3)
     with pytest.raises(te.ShapeError, match="is not positive"):
         nn.conv2d_transpose(ph((1, 1, 1, 1), "X1"), ph((1, 1, 1, 1), "W"), padding=1)
+
+
+def _taps(n, k, s, d, p, m):
+    return sum(1 for o in range(m) for r in range(k) if 0 <= o * s + r * d - p < n)
+
+
+@pytest.mark.parametrize("k,s,d", SWEEP)
+def test_suite_sweep_iteration_count(k, s, d):
+    """SUITE.md's sweep: the simplified dX and dW visit at most the forward's
+    multiply-adds (N * O * C * taps_h * taps_w)."""
+    simplify = pytest.importorskip("simplify")
+    if not hasattr(simplify, "iteration_count"):
+        pytest.skip("simplify.iteration_count is not available yet")
+    x, w = ph((1, 2, 10, 10), "X"), ph((2, 2, k, k), "W")
+    y = nn.conv2d(x, w, stride=s, dilation=d)
+    head = ph(y.shape, "H")
+    ideal = 1 * 2 * 2 * _taps(10, k, s, d, 0, y.shape[2]) ** 2
+    for g, t in zip(te.differentiate(y, [x, w], head=head).result, (x, w)):
+        count = simplify.iteration_count([g])
+        assert count <= ideal, f"K={k} s={s} d={d}: d{t.name} visits {count}, ideal {ideal}"

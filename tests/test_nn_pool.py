@@ -121,3 +121,33 @@ def test_errors():
         nn.adaptive_avg_pool2d(x, 0)
     with pytest.raises(te.ShapeError, match="empty spatial extent"):
         nn.global_avg_pool2d(ph((1, 2, 0, 3), "E"))
+
+
+def _taps(n, k, s, d, p, m):
+    """Pairs (output position o < m, tap r < k) with 0 <= o*s + r*d - p < n."""
+    return sum(1 for o in range(m) for r in range(k) if 0 <= o * s + r * d - p < n)
+
+
+@pytest.mark.parametrize("kind", ["max", "avg", "avg_exclude_pad"])
+@pytest.mark.parametrize("k,s,p", [(3, 1, 1), (3, 1, 0), (2, 2, 0), (3, 2, 1), (2, 2, 1),
+                                   pytest.param(2, 3, 0, marks=pytest.mark.xfail(
+                                       reason="stride > window: the simplified dX still "
+                                              "visits the input points no window covers",
+                                       strict=False))])
+def test_pool_gradient_iteration_count(kind, k, s, p):
+    """Simplified pooling gradients (stride <, = and > window) visit at most the in-bounds
+    (input, window) pairs, plus one pass over the window points for max (SUITE.md)."""
+    simplify = pytest.importorskip("simplify")
+    if not hasattr(simplify, "iteration_count"):
+        pytest.skip("simplify.iteration_count is not available yet")
+    x = ph((1, 2, 6, 6), "X")
+    if kind == "max":
+        y = nn.max_pool2d(x, k, s, p)
+    else:
+        y = nn.avg_pool2d(x, k, s, p, count_include_pad=(kind == "avg"))
+    ho = y.shape[2]
+    ideal = 2 * _taps(6, k, s, 1, p, ho) ** 2
+    if kind == "max":
+        ideal += 2 * ho * ho * k * k
+    (g,) = te.differentiate(y, [x], head=ph(y.shape, "H")).result
+    assert simplify.iteration_count([g]) <= ideal

@@ -132,12 +132,15 @@ def avg_pool2d(x, kernel, stride=None, padding=0, count_include_pad=True, dilati
         if count_include_pad or not any(nlo + nhi):
             scaled = v * float_const(1.0 / (kernel[0] * kernel[1]), v)
         else:
+            # the divisor is a product of per-dimension float counts (exact for these small
+            # integers); each count is an int expression of one output axis
+            fdt = v.dtype if v.dtype.startswith("float") else "float32"
             count = None
             for sp, k, s, d, p, hh, nl, nh in zip((h, w), kernel, stride, dilation, pads, size,
                                                   nlo, nhi):
-                cnt = _valid_count(sp, k, s, d, p, hh) if (nl or nh) else k
+                cnt = cast(_valid_count(sp, k, s, d, p, hh) if (nl or nh) else k, fdt)
                 count = cnt if count is None else count * cnt
-            scaled = v / cast(count, v.dtype if v.dtype.startswith("float") else "float32")
+            scaled = v / count
         return red.sum(scaled, axis=rk)
 
     return compute(x.shape[:2] + out, body, name=name, tag=op,
@@ -214,8 +217,8 @@ def adaptive_avg_pool2d(x, output_size, name="adaptive_avg_pool2d"):
         if all(isinstance(cnt, int) for cnt in counts):
             scaled = val * float_const(1.0 / (counts[0] * counts[1]), val)
         else:
-            cnt = counts[0] * counts[1]
-            scaled = val / cast(cnt, val.dtype if val.dtype.startswith("float") else "float32")
+            fdt = val.dtype if val.dtype.startswith("float") else "float32"
+            scaled = val / (cast(counts[0], fdt) * cast(counts[1], fdt))
         return red.sum(scaled, axis=rk, where=all_of(conds) if conds else None)
 
     return compute(x.shape[:2] + osz, body, name=name, tag=op, attrs=dict(output_size=osz))
