@@ -18,7 +18,7 @@ from texpr.visitor import free_vars, post_order, substitute
 
 from .domain import Domain
 from .graph import is_sum_stage, rebuild
-from .isl_bridge import isl, set_to_expr
+from .isl_bridge import box_set, isl, set_to_expr
 from .terms import all_expr, conjuncts
 
 
@@ -64,7 +64,9 @@ def gathers_to_scatters(tensors):
             return None
         rest = [c for c in conjuncts(dom.residual) if all(c is not u for u in used)]
         try:
-            affine = set_to_expr(dom.set, dom.space)
+            # under the box: the bounds of the scatter's own axes are its loop bounds,
+            # those of the fixed dimensions become explicit index checks below
+            affine = set_to_expr(dom.set, dom.space, context=box_set(dom.space))
         except isl.Error:
             return None
         mapping = {a: fixed[id(a)] for a in axis if id(a) in fixed}
