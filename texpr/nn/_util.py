@@ -95,25 +95,7 @@ def all_of(conds):
     return True if out is None else out
 
 
-def in_range(index, lo, hi, lo_needed=True, hi_needed=True):
-    """Conditions ``lo <= index`` and ``index < hi`` (only the ones that are needed)."""
-    conds = []
-    if lo_needed:
-        conds.append(index >= lo)
-    if hi_needed:
-        conds.append(index < hi)
-    return conds
-
-
 def float_const(value, like):
     """A float constant in the dtype of the expression or tensor ``like`` (float32 if int)."""
     d = like.dtype if isinstance(like, (Expr, Tensor)) else like
     return as_expr(float(value), like=d if dt.is_float(d) else dt.DEFAULT_FLOAT)
-
-
-def float_dtype(*tensors):
-    """The float dtype results take: the promoted float dtype, float32 for ints."""
-    d = None
-    for t in tensors:
-        d = t.dtype if d is None else dt.promote(d, t.dtype)
-    return d if d is not None and dt.is_float(d) else dt.DEFAULT_FLOAT

@@ -13,7 +13,7 @@ from .. import reduction as red
 from ..errors import ShapeError, TexprError
 from ..expr import cast, floordiv, maximum, minimum, select
 from ..tensor import compute, reduce_axis
-from ._util import all_of, check_int, check_tensor, float_const, ntuple
+from ._util import all_of, check_tensor, float_const, ntuple
 
 __all__ = ["max_pool2d", "avg_pool2d", "global_avg_pool2d", "adaptive_avg_pool2d"]
 

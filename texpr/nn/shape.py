@@ -420,16 +420,11 @@ def take(x, indices, axis=None, name="take"):
     check_tensor(x, op, "input")
     check_tensor(indices, op, "indices", int_only=True)
     k = indices.ndim
+    if x.ndim == 0:
+        raise ShapeError(f"{op}: cannot take from the scalar {x.name}")
     if axis is None:
-        def body_flat(*j):
-            flat = indices[j]
-            if x.ndim == 1:
-                return x[flat]
-            return x[tuple(_unravel(flat, x.shape)) if x.ndim else ()]
-
-        if x.ndim == 0:
-            raise ShapeError(f"{op}: cannot take from the scalar {x.name}")
-        return compute(indices.shape, body_flat, name=name, tag=op)
+        return compute(indices.shape, lambda *j: x[tuple(_unravel(indices[j], x.shape))],
+                       name=name, tag=op)
     axis = norm_axis(axis, x.ndim, op)
     shape = x.shape[:axis] + indices.shape + x.shape[axis + 1:]
 
