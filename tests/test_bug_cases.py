@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import texpr as te
-from gradcheck import check_gradients, feed_for, weighted_sum
+from gradcheck import feed_for, weighted_sum
 from texpr.testing import numeric_gradient
 
 F = "float64"
@@ -76,7 +76,8 @@ def test_c2_strided_conv():
     np.testing.assert_allclose(dw, fd_vjp(o, w, feed, [1, 2, 3]), rtol=1e-6)
 
 
-@pytest.mark.parametrize("n,k,stride,dil", [(9, 3, 2, 1), (10, 2, 3, 2), (8, 3, 1, 3), (7, 1, 3, 1)])
+@pytest.mark.parametrize("n,k,stride,dil",
+                         [(9, 3, 2, 1), (10, 2, 3, 2), (8, 3, 1, 3), (7, 1, 3, 1)])
 def test_c2_kind_strided_dilated(n, k, stride, dil):
     out = (n - dil * (k - 1) - 1) // stride + 1
     x = ph((n,), "X")
@@ -306,9 +307,11 @@ def test_c8b_linear_upsampling_edge_clamp():
 
 def test_c8_kind_nearest_upsample_and_pixel_shuffle():
     x = ph((2, 4, 2, 3), "X")  # (n, c*r*r, h, w), r = 2
-    ps = te.compute((2, 1, 4, 6), lambda b, c, i, j: x[b, c * 4 + (i % 2) * 2 + j % 2, i // 2, j // 2],
+    ps = te.compute((2, 1, 4, 6),
+                    lambda b, c, i, j: x[b, c * 4 + (i % 2) * 2 + j % 2, i // 2, j // 2],
                     name="PS")
-    up = te.compute((2, 1, 8, 12), lambda b, c, i, j: ps[b, c, i // 2, j // 2] * (1.0 + i), name="Up")
+    up = te.compute((2, 1, 8, 12), lambda b, c, i, j: ps[b, c, i // 2, j // 2] * (1.0 + i),
+                    name="Up")
     feed = feed_for([x])
     dy = np.random.default_rng(5).uniform(size=(2, 1, 8, 12))
     (dx,) = vjp(up, [x], feed, dy)

@@ -62,7 +62,8 @@ def test_matmul_reduction_of_products_vs_torch():
 def test_reduction_offset_axis_and_where():
     x = ph((4, 6), "X")
     k = te.reduce_axis((1, 5), "k")
-    y = te.compute((4,), lambda i: te.sum(x[i, k] * x[i, k + 1], axis=k, where=k <= i + 1), name="Y")
+    y = te.compute((4,), lambda i: te.sum(x[i, k] * x[i, k + 1], axis=k, where=k <= i + 1),
+                   name="Y")
     loss, c = weighted_sum(y)
     feed = feed_for([x, c])
     check_gradients(loss, [x], feed)

@@ -47,7 +47,6 @@ from . import dtypes as dt
 from .errors import NotDifferentiableError, ShapeError, TexprError
 from .expr import all_of, const, iter_var, select
 from .jacobian import check_head, contribution
-from .printer import expr_str
 from .tensor import ComputeOp, PlaceholderOp, Tensor, topo_order
 
 
@@ -89,12 +88,10 @@ class DifferentiationResult:
 def identity_head(out):
     """The identity head of ``out``: shape ``out.shape + out.shape``, dtype ``out.dtype``,
     ``I[p, i] = select(all(p == i), 1, 0)`` (tag ``"identity_head"``)."""
-    n = len(out.shape)
     p = tuple(iter_var(0, s, f"p{d}", "spatial") for d, s in enumerate(out.shape))
     i = tuple(iter_var(0, s, f"i{d}", "spatial") for d, s in enumerate(out.shape))
     one, zero = const(1, out.dtype), const(0, out.dtype)
     body = select(all_of([a == b for a, b in zip(p, i)]), one, zero)
-    assert n == len(p)
     return ComputeOp(f"{out.name}_identity_head", p + i, (body,), tag="identity_head").output(0)
 
 
@@ -120,7 +117,8 @@ def _as_tensor_list(inputs, what):
     try:
         out = list(inputs)
     except TypeError:
-        raise TexprError(f"{what}: expected a Tensor or a list of Tensors, got {inputs!r}") from None
+        raise TexprError(
+            f"{what}: expected a Tensor or a list of Tensors, got {inputs!r}") from None
     for t in out:
         if not isinstance(t, Tensor):
             raise TexprError(f"{what}: expected Tensors, got {type(t).__name__}: {t!r}")

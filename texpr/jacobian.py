@@ -49,8 +49,8 @@ import numpy as np
 from . import dtypes as dt
 from .errors import NotDifferentiableError, ShapeError, TexprError
 from .expr import (Const, Reduce, all_of, any_of, cast, const, iter_var, make_reduce, select)
-from .printer import expr_str
 from .reduction import CommReducer
+from .printer import expr_str
 from .rules import jvp, t_add
 from .tensor import ComputeOp, PlaceholderOp, ScatterAddOp
 from .visitor import loads, substitute
@@ -310,7 +310,11 @@ def contribution(out, inp, head, cache=None, name=None):
     if isinstance(op, PlaceholderOp):
         raise TexprError(f"contribution: {out.name} is a placeholder; it reads no tensor")
     if not any(t is inp for t in op.input_tensors()):
-        raise TexprError(f"contribution: stage {out.name} does not read {inp.name}")
+        body = (expr_str(op.body[out.value_index]) if isinstance(op, ComputeOp)
+                else expr_str(op.value))
+        raise TexprError(f"contribution: stage {out.name} = `{body}` does not read "
+                         f"{inp.name}; expected one of its input tensors "
+                         f"({', '.join(t.name for t in op.input_tensors())})")
     prefix = check_head(out, head)
     name = name or f"d_{inp.name}__{out.name}"
     dtype = dt.promote(head.dtype, out.dtype)
@@ -359,10 +363,3 @@ def _scatter_contribution(out, inp, head, p, j, name, dtype, attrs):
     return ComputeOp(name + "_init", p + j, (head[p + j] + from_value[p + j],),
                      tag="adjoint_sum").output(0)
 
-
-def describe(out, inp):
-    """A one-line description of the edge ``out <- inp`` for error messages."""
-    op = out.op
-    if isinstance(op, ComputeOp):
-        return f"{out.name} = {expr_str(op.body[out.value_index])} (reads {inp.name})"
-    return f"{out.name} (reads {inp.name})"

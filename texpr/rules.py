@@ -76,7 +76,7 @@ def t_sub(a, b):
 
 
 def t_scale(a, factor):
-    """``a * factor`` with ``a`` a tangent (``None`` stays ``None``) and ``factor`` any expression."""
+    """``a * factor``: ``a`` a tangent (``None`` stays ``None``), ``factor`` any expression."""
     return None if a is None else a * factor
 
 
