@@ -1,0 +1,256 @@
+"""codegen.build, forward kernels vs the reference evaluator (float64, tight tolerance).
+
+Compilation is slow, so each fixture compiles one kernel with many outputs and
+the tests share it: scalar semantics (intrinsics, floor division/modulo with
+negative operands, select that must not evaluate the untaken branch,
+short-circuit ``&&``/``||``, casts, round half to even), reductions (matmul with
+an inlined epilogue, argmax as a tuple reduction, a triangular cumsum, max/min/
+prod, empty and shifted reduction axes, a data-dependent ``where``), and
+data-dependent gathers/scatters with their run-time errors.
+"""
+
+import numpy as np
+import pytest
+
+import codegen
+import texpr as te
+
+RTOL = 1e-12
+ATOL = 1e-12
+
+
+def _check(kernel, outs, feed, inputs, rtol=RTOL, atol=ATOL):
+    got = kernel(*[feed[t] for t in inputs])
+    want = te.evaluate(list(outs), feed)
+    assert len(got) == len(want)
+    for t, g, w in zip(outs, got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype, (t.name, g.shape, g.dtype, w.dtype)
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=t.name)
+    return got
+
+
+# ---- scalar semantics -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def scalar_case():
+    n, m = 5, 8
+    A = te.placeholder((n, m), "A", "float64")
+    I = te.placeholder((n, m), "I", "int64")
+    J = te.placeholder((n, m), "J", "int64")
+    outs = [
+        te.compute((n, m), lambda i, j: te.exp(A[i, j]) + te.log(te.abs(A[i, j]) + 1.0)
+                   + te.sqrt(te.abs(A[i, j])) + te.rsqrt(te.abs(A[i, j]) + 1.0), name="math1"),
+        te.compute((n, m), lambda i, j: te.tanh(A[i, j]) * te.sigmoid(A[i, j])
+                   + te.power(te.abs(A[i, j]) + 1.0, 1.5) + te.erf(A[i, j])
+                   + te.sin(A[i, j]) - te.cos(A[i, j]), name="math2"),
+        te.compute((n, m), lambda i, j: te.floor(A[i, j]) + 10.0 * te.ceil(A[i, j])
+                   + 100.0 * te.round(A[i, j]) + 1000.0 * te.trunc(A[i, j]), name="rounding"),
+        te.compute((n, m), lambda i, j: (I[i, j] // 3) * 1000 + (I[i, j] % 3) * 100
+                   + (I[i, j] // -2) * 10 + I[i, j] % -2, name="floordiv_const"),
+        te.compute((n, m), lambda i, j: (I[i, j] // J[i, j]) * 100 + I[i, j] % J[i, j],
+                   name="floordiv_data"),
+        te.compute((n, m), lambda i, j: te.max(I[i, j], J[i, j]) * 100 + te.min(I[i, j], -1)
+                   + te.abs(I[i, j]), name="int_minmax"),
+        # the untaken branch reads outside A: it must not run
+        te.compute((n, m), lambda i, j: te.if_then_else(i + 1 < n, A[te.min(i + 1, n), j], -7.0),
+                   name="guarded_read"),
+        te.compute((n, m), lambda i, j: te.if_then_else(
+            te.all(j >= 1, A[i, j - 1] > 0.0), A[i, j - 1], te.if_then_else(
+                te.any(j == 0, A[i, j - 1] < -0.5), 3.0, 4.0)), name="short_circuit"),
+        te.compute((n, m), lambda i, j: te.if_then_else(A[i, j] > 0.0, te.sqrt(A[i, j]), -1.0),
+                   name="data_select"),
+        te.compute((n, m), lambda i, j: te.cast(te.cast(A[i, j] * 3.0, "int64") * 2
+                                                 + te.cast(A[i, j] > 0.0, "int64"), "float64")
+                   + te.cast(I[i, j], "float64"), name="casts"),
+        te.compute((n, m), lambda i, j: te.cast(A[i, j], "float32") * 2.0 + 1.0, name="f32"),
+        te.compute((n, m), lambda i, j: te.cast(I[i, j], "int32") * 3 + 1, name="i32"),
+        te.compute((), lambda: A[2, 3] * 2.0, name="scalar_out"),
+    ]
+    rng = np.random.default_rng(0)
+    a = rng.uniform(-3, 3, (n, m))
+    a[0, :4] = [0.5, 1.5, 2.5, -2.5]  # round half to even
+    i_ = rng.integers(-9, 10, (n, m))
+    j_ = rng.integers(1, 4, (n, m)) * rng.choice([-1, 1], (n, m))
+    feed = {A: a, I: i_, J: j_}
+    inputs = [A, I, J]
+    return codegen.build(outs, inputs), outs, feed, inputs
+
+
+def test_intrinsics_and_scalar_semantics_match_the_evaluator(scalar_case):
+    kernel, outs, feed, inputs = scalar_case
+    got = _check(kernel, outs, feed, inputs)
+    rounding = got[2]
+    np.testing.assert_array_equal(rounding[0, :4] // 100 % 10 * 0 + np.round(rounding[0, :4]),
+                                  rounding[0, :4])
+    a = feed[inputs[0]]
+    assert (np.round(a[0, :4]) == [0.0, 2.0, 2.0, -2.0]).all()
+
+
+def test_dtypes_and_shapes_are_as_declared(scalar_case):
+    kernel, outs, feed, inputs = scalar_case
+    got = kernel(*[feed[t] for t in inputs])
+    assert [g.dtype.name for g in got] == [t.dtype for t in outs]
+    assert got[-1].shape == ()
+    assert kernel.stages == [t.name for t in outs]
+
+
+def test_outputs_are_fresh_arrays(scalar_case):
+    kernel, outs, feed, inputs = scalar_case
+    a = kernel(*[feed[t] for t in inputs])
+    b = kernel(*[feed[t] for t in inputs])
+    assert all(x is not y and not np.shares_memory(x, y) for x, y in zip(a, b))
+
+
+def test_integer_division_by_zero_is_a_texpr_error(scalar_case):
+    kernel, outs, feed, inputs = scalar_case
+    j = feed[inputs[2]].copy()
+    j[1, 1] = 0
+    with pytest.raises(te.TexprError, match="division by zero"):
+        kernel(feed[inputs[0]], feed[inputs[1]], j)
+
+
+def test_wrong_feeds_are_feed_errors(scalar_case):
+    kernel, outs, feed, inputs = scalar_case
+    a, i, j = (feed[t] for t in inputs)
+    with pytest.raises(te.FeedError, match="expects shape"):
+        kernel(a[:2], i, j)
+    with pytest.raises(te.FeedError, match="expects dtype float64"):
+        kernel(a.astype("float32"), i, j)
+    with pytest.raises(te.FeedError, match="expected 3 arrays"):
+        kernel(a, i)
+    with pytest.raises(te.FeedError, match="numpy array"):
+        kernel(a.tolist(), i, j)
+
+
+# ---- reductions ------------------------------------------------------------------------
+
+def _argmax_reducer():
+    return te.comm_reducer(
+        lambda x, y: (te.if_then_else(x[0] >= y[0], x[0], y[0]),
+                      te.if_then_else(x[0] >= y[0], x[1], y[1])),
+        lambda vd, idd: (te.const(-np.inf, vd), te.const(-1, idd)), name="argmax")
+
+
+@pytest.fixture(scope="module")
+def reduction_case():
+    n, kk, m = 6, 9, 5
+    X = te.placeholder((n, kk), "X", "float64")
+    W = te.placeholder((m, kk), "W", "float64")
+    b = te.placeholder((m,), "b", "float64")
+    k = te.reduce_axis(kk, "k")
+    mm = te.compute((n, m), lambda i, j: te.sum(X[i, k] * W[j, k], axis=k), name="mm")
+    biased = te.compute((n, m), lambda i, j: mm[i, j] + b[j], name="biased")  # inlined
+    relu = te.compute((n, m), lambda i, j: te.max(biased[i, j], 0.0), name="relu")
+    argmax = _argmax_reducer()
+    r = te.reduce_axis(kk, "r")
+    amax_v, amax_i = te.compute((n,), lambda i: argmax((X[i, r], r), axis=r), name="amax")
+    c = te.reduce_axis(kk, "c")
+    cumsum = te.compute((n, kk), lambda i, j: te.sum(X[i, c], axis=c, where=c <= j),
+                        name="cumsum")
+    q = te.reduce_axis(kk, "q")
+    mx = te.compute((n,), lambda i: te.max(X[i, q], axis=q), name="rowmax")
+    q2 = te.reduce_axis(kk, "q2")
+    mn = te.compute((n,), lambda i: te.min(X[i, q2], axis=q2), name="rowmin")
+    q3 = te.reduce_axis(4, "q3")
+    pr = te.compute((n,), lambda i: te.prod(X[i, q3] + 2.0, axis=q3), name="rowprod")
+    e = te.reduce_axis(0, "e")
+    empty = te.compute((n,), lambda i: te.max(X[i, e], axis=e), name="empty_max")
+    s = te.reduce_axis((3, 7), "s")
+    shifted = te.compute((n,), lambda i: te.sum(X[i, s] * s, axis=s), name="shifted")
+    d = te.reduce_axis(kk, "d")
+    positive = te.compute((n,), lambda i: te.sum(X[i, d], axis=d, where=X[i, d] > 0.0),
+                          name="positive_sum")
+    a1, a2 = te.reduce_axis(n, "a1"), te.reduce_axis(kk, "a2")
+    total = te.compute((), lambda: te.sum(X[a1, a2], axis=[a1, a2]), name="total")
+    outs = [relu, amax_v, amax_i, cumsum, mx, mn, pr, empty, shifted, positive, total]
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-1, 1, (n, kk))
+    x[0, 3] = x[0, 5] = 5.0  # a tie: the first index wins with >=
+    feed = {X: x, W: rng.uniform(-1, 1, (m, kk)), b: rng.uniform(-1, 1, (m,))}
+    inputs = [X, W, b]
+    return codegen.build(outs, inputs), outs, feed, inputs
+
+
+def test_reductions_match_the_evaluator(reduction_case):
+    kernel, outs, feed, inputs = reduction_case
+    got = _check(kernel, outs, feed, inputs)
+    assert got[2][0] in (3, 5)
+    assert (got[7] == -np.inf).all()  # empty reduction: the identity
+
+
+def test_default_schedule_inlines_elementwise_and_materialises_reductions(reduction_case):
+    kernel, outs, feed, inputs = reduction_case
+    assert "mm" in kernel.stages and "biased" not in kernel.stages and "relu" in kernel.stages
+    assert "amax" in kernel.stages
+    assert "prange" in kernel.source
+    # the triangular cumsum gets an exact bound, not a test
+    src = kernel.source
+    block = src[src.index("stage cumsum"):src.index("stage rowmax")]
+    assert " if " not in block.replace(" if (", "")  # no guard statement in its loops
+
+
+# ---- gathers and scatters -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gather_case():
+    X = te.placeholder((5, 4), "X", "float64")
+    I = te.placeholder((7,), "I", "int64")
+    V = te.placeholder((7, 4), "V", "float64")
+    gathered = te.compute((7, 4), lambda k, j: X[I[k], j] * 2.0, name="gathered")
+    scattered = te.scatter_add((5, 4), "float64", (7, 4), lambda k, j: (I[k], j),
+                               lambda k, j: V[k, j], name="scattered")
+    base = te.compute((5, 4), lambda i, j: X[i, j] + 1.0, name="base")
+    scattered_init = te.scatter_add((5, 4), "float64", (7, 4), lambda k, j: (I[k], j),
+                                    lambda k, j: V[k, j], where=lambda k, j: V[k, j] > 0.0,
+                                    init=base, name="scattered_init")
+    outs = [gathered, scattered, scattered_init]
+    rng = np.random.default_rng(2)
+    feed = {X: rng.uniform(-1, 1, (5, 4)), I: np.array([0, 4, 4, 2, 0, 0, 3]),
+            V: rng.uniform(-1, 1, (7, 4))}
+    inputs = [X, I, V]
+    return codegen.build(outs, inputs), outs, feed, inputs
+
+
+def test_gathers_and_scatters_with_duplicates(gather_case):
+    kernel, outs, feed, inputs = gather_case
+    _check(kernel, outs, feed, inputs)
+    assert "scattered" in kernel.stages and "base" in kernel.stages
+
+
+def test_scatter_loops_are_sequential(gather_case):
+    kernel, *_ = gather_case
+    src = kernel.source
+    for name, end in (("scattered:", "stage base"), ("scattered_init:", "return 0")):
+        block = src[src.index("stage " + name):]
+        block = block[:block.index(end)]
+        assert "for" in block and "prange" not in block
+
+
+def test_data_dependent_index_out_of_bounds_is_reported(gather_case):
+    kernel, outs, feed, inputs = gather_case
+    bad = feed[inputs[1]].copy()
+    bad[3] = 9
+    with pytest.raises(te.OutOfBoundsError, match="reads X outside its shape|leaves the shape"):
+        kernel(feed[inputs[0]], bad, feed[inputs[2]])
+    bad[3] = -1
+    with pytest.raises(te.OutOfBoundsError):
+        kernel(feed[inputs[0]], bad, feed[inputs[2]])
+
+
+def test_affine_out_of_bounds_is_reported_at_build_time():
+    X = te.placeholder((5,), "X", "float64")
+    Y = te.compute((5,), lambda i: X[i + 1], name="shifted")
+    with pytest.raises(te.OutOfBoundsError, match=r"X.*i=4"):
+        codegen.build([Y], [X])
+
+
+def test_missing_input_and_bad_arguments_are_texpr_errors():
+    X = te.placeholder((5,), "X", "float64")
+    Z = te.placeholder((5,), "Z", "float64")
+    Y = te.compute((5,), lambda i: X[i] + Z[i], name="Y")
+    with pytest.raises(te.TexprError, match="not listed in inputs"):
+        codegen.build([Y], [X])
+    with pytest.raises(te.TexprError, match="placeholder"):
+        codegen.build([Y], [X, Y])
+    with pytest.raises(te.TexprError, match="Tensors"):
+        codegen.build([3], [X])
