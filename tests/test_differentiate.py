@@ -455,10 +455,7 @@ def _conv_net():
     return loss, weights, feed, x, labels
 
 
-@pytest.mark.parametrize("simplify", [False, pytest.param(True, marks=pytest.mark.xfail(
-    reason="simplify bug (not in differentiate: the raw adjoints pass): with relu after a "
-           "biased conv before max_pool2d and relu + dense after the second conv, the "
-           "simplified d_W2 reads forward stages with unbound variables", strict=False))])
+@pytest.mark.parametrize("simplify", [False, True])
 def test_conv_net_loss_all_weights(simplify):
     loss, weights, feed, x, labels = _conv_net()
     res = te.differentiate(loss, weights, simplify=simplify)
@@ -483,3 +480,116 @@ def test_conv_net_vs_torch():
     out.backward()
     for g, t in zip(got, tw):
         np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-10, atol=1e-14)
+
+
+# ---- heads through every reducer, float32, random programs -----------------------------------
+
+
+def _reducer_stage(kind, x):
+    k = te.reduce_axis(4, "k")
+    if kind == "sum":
+        return te.compute((3,), lambda i: te.sum(x[i, k] * x[i, k], axis=k), name="R")
+    if kind == "max":
+        return te.compute((3,), lambda i: te.max(x[i, k] * 2.0, axis=k, where=k != i), name="R")
+    if kind == "min":
+        return te.compute((3,), lambda i: te.min(te.sin(x[i, k]), axis=k), name="R")
+    if kind == "prod":
+        return te.compute((3,), lambda i: te.prod(x[i, k] + 0.5, axis=k), name="R")
+    lae = te.comm_reducer(lambda a, b: te.log(te.exp(a) + te.exp(b)),
+                          lambda d: te.const(-np.inf, d), name="logaddexp")
+    return te.compute((3,), lambda i: lae(x[i, k], axis=k), name="R")
+
+
+@pytest.mark.parametrize("kind", ["sum", "max", "min", "prod", "custom"])
+def test_batched_head_through_reducers(kind):
+    x = ph((3, 4), "X")
+    r = _reducer_stage(kind, x)
+    head = ph((2, 3), "Head")
+    feed = feed_for([x, head], seed=7)
+    (dx,) = te.differentiate(r, [x], head=head, simplify=False)
+    want = np.einsum("pa,abc->pbc", feed[head], numeric_jacobian(r, x, feed))
+    np.testing.assert_allclose(te.evaluate(dx, feed), want, rtol=1e-6, atol=1e-8)
+    check_jacobian(r, x, feed)
+
+
+def test_float32_gradients_stay_float32():
+    x = te.placeholder((3, 4), "X")
+    w = te.placeholder((4,), "W")
+    k = te.reduce_axis(4, "k")
+    y = te.compute((3,), lambda i: te.tanh(te.sum(x[i, k] * w[k], axis=k)) * 2.0, name="Y")
+    r = te.reduce_axis(3, "r")
+    loss = te.compute((), lambda: te.max(y[r], axis=r) + te.sum(te.sqrt(y[r] * y[r] + 1.0), axis=r),
+                      name="L")
+    dx, dw = te.differentiate(loss, [x, w], simplify=False)
+    assert dx.dtype == "float32" and dw.dtype == "float32"
+    feed32 = {t: v.astype("float32") for t, v in feed_for([x, w]).items()}
+    got = te.evaluate([dx, dw], feed32)
+    assert got[0].dtype == np.float32
+    x64, w64 = ph((3, 4), "X"), ph((4,), "W")
+    k = te.reduce_axis(4, "k")
+    y64 = te.compute((3,), lambda i: te.tanh(te.sum(x64[i, k] * w64[k], axis=k)) * 2.0)
+    r = te.reduce_axis(3, "r")
+    l64 = te.compute((), lambda: te.max(y64[r], axis=r)
+                     + te.sum(te.sqrt(y64[r] * y64[r] + 1.0), axis=r))
+    want = te.evaluate(list(te.differentiate(l64, [x64, w64], simplify=False)),
+                       {x64: feed32[x].astype(F), w64: feed32[w].astype(F)})
+    for g, wv in zip(got, want):
+        np.testing.assert_allclose(g, wv, rtol=1e-4, atol=1e-6)
+
+
+_UNARY = [
+    lambda v: te.exp(v * 0.5), te.tanh, te.sigmoid, te.sin, lambda v: v * v,
+    lambda v: te.sqrt(v * v + 1.0), lambda v: te.log(v * v + 1.0), te.abs,
+    lambda v: te.if_then_else(v > 0, v, 0.1 * v), lambda v: te.power(v * v + 1.0, 1.5),
+]
+_INDEX = [
+    lambda t: lambda i, j: t[i, j],
+    lambda t: lambda i, j: t[i, 2 - j],
+    lambda t: lambda i, j: t[3 - i, j],
+    lambda t: lambda i, j: t[te.min(i + 1, 3), j],
+    lambda t: lambda i, j: te.if_then_else(i >= 1, t[te.max(i - 1, 0), j], 0.0),
+    lambda t: lambda i, j: t[(i + j) % 4, j],
+    lambda t: lambda i, j: t[i, (i * 3 + j) // 2 % 3],
+]
+_BINARY = [lambda a, b: a + b, lambda a, b: a - b, lambda a, b: a * b,
+           lambda a, b: a / (1.0 + b * b), te.max, te.min]
+
+
+def _random_program(rng):
+    xs = [ph((4, 3), "X0"), ph((4, 3), "X1")]
+    pool = list(xs)
+    for s in range(int(rng.integers(2, 5))):
+        kind = rng.integers(0, 4)
+        a = pool[int(rng.integers(len(pool)))]
+        b = pool[int(rng.integers(len(pool)))]
+        name = f"S{s}"
+        if kind == 0:
+            f, g = _UNARY[int(rng.integers(len(_UNARY)))], _INDEX[int(rng.integers(len(_INDEX)))](a)
+            t = te.compute((4, 3), lambda i, j: f(g(i, j)), name=name)
+        elif kind == 1:
+            f = _BINARY[int(rng.integers(len(_BINARY)))]
+            g = _INDEX[int(rng.integers(len(_INDEX)))](b)
+            t = te.compute((4, 3), lambda i, j: f(a[i, j], g(i, j)), name=name)
+        elif kind == 2:
+            red = [te.sum, te.max, te.min, te.prod][int(rng.integers(4))]
+            k = te.reduce_axis(3, "k")
+            r = te.compute((4,), lambda i: red(a[i, k] * b[i, 2 - k], axis=k,
+                                               where=k <= i if rng.integers(2) else None),
+                           name=name + "r")
+            t = te.compute((4, 3), lambda i, j: te.if_then_else(i > 0, r[i], 0.0) + b[i, j],
+                           name=name)
+        else:
+            k = te.reduce_axis(3, "k")
+            t = te.compute((4, 3), lambda i, j: te.sum(a[i, k] * b[(i + k) % 4, j], axis=k),
+                           name=name)
+        pool.append(t)
+    return xs, pool[-1]
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_programs(seed):
+    print("seed", seed)
+    xs, out = _random_program(np.random.default_rng(seed))
+    loss, c = weighted_sum(out)
+    feed = feed_for(xs + [c], seed=seed)
+    check_gradients(loss, xs, feed, rtol=1e-5, atol=1e-7)
