@@ -31,7 +31,7 @@ def _clean_expr(e, memo):
     def top(x):
         hit = memo.get(id(x))
         if hit is not None:
-            return hit
+            return hit[1]
         if isinstance(x, (E.Const, E.Var)):
             out = x
         elif _is_index_tree(x):
@@ -41,7 +41,7 @@ def _clean_expr(e, memo):
             out = x.with_args(tuple(top(a) for a in x.args))
         else:
             out = x
-        memo[id(x)] = out
+        memo[id(x)] = (x, out)  # x stays alive: its id is not reused
         return out
 
     return top(e)
