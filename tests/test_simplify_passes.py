@@ -1,0 +1,269 @@
+"""The passes one by one: equivalence under fuzzing (Hypothesis), the
+environment switches, explain, the materialisation rule, the bridges, errors,
+and the symbolic speed of a small CNN."""
+
+import os
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, note, seed, settings
+from hypothesis import strategies as st
+
+import texpr as te
+from texpr.errors import TexprError
+
+import simplify
+from simplify import PIPELINE, SimplifyError, run_passes, verify_equal
+from simplify.materialize import materialized_stages, should_inline
+from test_simplify_suite import feed_for
+
+# ---- fuzzing: random quasi-affine domains and index maps ---------------------------
+
+
+@st.composite
+def index_expr(draw, vars):
+    """A random quasi-affine index: c + a*v + b*w, then maybe // d, % d, or a clamp."""
+    v = draw(st.sampled_from(vars))
+    w = draw(st.sampled_from(vars))
+    a = draw(st.integers(-2, 3))
+    b = draw(st.integers(-1, 2))
+    c = draw(st.integers(-2, 3))
+    e = a * v + b * w + c if (a or b) else v + c
+    kind = draw(st.sampled_from(["plain", "div", "mod", "clamp", "divmod"]))
+    d = draw(st.integers(2, 3))
+    if kind == "div":
+        e = e // d
+    elif kind == "mod":
+        e = e % d + v
+    elif kind == "divmod":
+        e = (e // d) * 2 + e % d
+    elif kind == "clamp":
+        e = te.max(te.min(e, draw(st.integers(1, 5))), 0)
+    return e
+
+
+@st.composite
+def stage(draw):
+    """A random stage Y reading X (guarded or clamped loads, strides, where=)."""
+    n = draw(st.integers(2, 7))
+    m = draw(st.integers(1, 5))
+    kext = draw(st.integers(0, 4))
+    two_d = draw(st.booleans())
+    X = te.placeholder((n, 3) if two_d else (n,), "X")
+    W = te.placeholder((max(kext, 1),), "W")
+    guard_kind = draw(st.sampled_from(["select", "clamp"]))
+    where_kind = draw(st.sampled_from(["none", "tri", "mod", "lin"]))
+    mod_d = draw(st.integers(2, 3))
+    lin = draw(st.integers(-1, 2))
+    seed_ = draw(st.integers(0, 2**16))
+
+    def body(i):
+        k = te.reduce_axis(kext, "k") if kext else None
+        vars = [i, k] if k is not None else [i]
+        e = draw(index_expr(vars))
+
+        def load(e):
+            if guard_kind == "clamp":
+                idx = te.max(te.min(e, n - 1), 0)
+                return X[(idx, i % 3) if two_d else idx]
+            inb = te.all(e >= 0, e < n)
+            return te.if_then_else(inb, X[(e, i % 3) if two_d else e], 0.0)
+
+        src = load(e)
+        if draw(st.booleans()):
+            src = src + load(draw(index_expr(vars)))
+        if k is None:
+            return src * 2.0
+        src = src * W[k]
+        where = None
+        if where_kind == "tri":
+            where = k <= i
+        elif where_kind == "mod":
+            where = (i + k) % mod_d == 0
+        elif where_kind == "lin":
+            where = k * lin + i < m
+        return te.sum(src, axis=k, where=where)
+
+    Y = te.compute((m,), body, name="Y")
+    return Y, X, seed_
+
+
+@seed(20261129)
+@settings(max_examples=120, deadline=None, derandomize=True, print_blob=True,
+          suppress_health_check=list(HealthCheck))
+@given(stage())
+def test_fuzz_each_pass_preserves_values(case):
+    Y, X, seed_ = case
+    H = te.placeholder(Y.shape, "H")
+    raw = list(te.differentiate(Y, [X], head=H, simplify=False))
+    note(te.graph_str(raw))
+    tensors = raw
+    for rnd in range(2):
+        for p in PIPELINE:
+            before = tensors
+            tensors = p(tensors)
+            note(f"after {p.__name__}:\n{te.graph_str(tensors)}")
+            verify_equal(before, tensors, p.__name__, seed=seed_)
+    final = simplify.simplify(raw)
+    verify_equal(raw, final, "simplify", seed=seed_ + 1)
+    assert simplify.iteration_count(final) <= simplify.iteration_count(raw)
+
+
+# ---- the switches, explain, errors -----------------------------------------------
+
+
+def _dense():
+    X = te.placeholder((4, 6), "X")
+    W = te.placeholder((3, 6), "W")
+    Y = te.nn.dense(X, W)
+    H = te.placeholder(Y.shape, "H")
+    return Y, X, W, H
+
+
+def test_print_passes(monkeypatch, capsys):
+    Y, X, W, H = _dense()
+    raw = list(te.differentiate(Y, [X], head=H, simplify=False))
+    monkeypatch.setenv("TEXPR_PRINT_PASSES", "1")
+    simplify.simplify(raw)
+    err = capsys.readouterr().err
+    for p in PIPELINE:
+        assert f"after {p.__name__}" in err
+
+
+def test_verify_catches_a_wrong_pass(monkeypatch):
+    Y, X, W, H = _dense()
+    raw = list(te.differentiate(Y, [X], head=H, simplify=False))
+
+    def wrong_pass(tensors):
+        t = tensors[0]
+        return [te.compute(t.shape, lambda i, j: t[i, j] * 2.0, name="wrong")]
+
+    monkeypatch.setenv("TEXPR_VERIFY", "1")
+    run_passes(raw, PIPELINE)  # the real passes verify fine
+    with pytest.raises(SimplifyError, match="wrong_pass"):
+        run_passes(raw, (wrong_pass,))
+
+
+def test_explain_records_each_pass():
+    Y, X, W, H = _dense()
+    raw = te.differentiate(Y, [X], head=H, simplify=False)[0]
+    text = simplify.explain(raw)
+    assert "1,728 (input)" in text  # 4*6 outputs x 4*3*6 reduction points
+    assert "lift_conditions" in text and "final: iteration count 72" in text
+    assert "sum(H[j0, r_j] * W[r_j, j1]" in text
+
+
+def test_errors_are_texpr_errors():
+    with pytest.raises(TexprError):
+        simplify.simplify(te.placeholder((2,), "x"))
+    with pytest.raises(TexprError):
+        simplify.simplify([1, 2])
+    with pytest.raises(TexprError):
+        simplify.iteration_count(["x"])
+    with pytest.raises(TexprError):
+        simplify.explain("x")
+
+
+def test_placeholders_and_order_preserved():
+    Y, X, W, H = _dense()
+    raw = list(te.differentiate(Y, [X, W], head=H, simplify=False))
+    out = simplify.simplify(raw)
+    assert [t.shape for t in out] == [X.shape, W.shape]
+    from texpr.tensor import PlaceholderOp, topo_order
+    phs = {op.output(0) for op in topo_order(out) if isinstance(op, PlaceholderOp)}
+    assert phs == {H, X, W}
+    assert simplify.simplify([X]) == [X]
+
+
+# ---- the materialisation rule ----------------------------------------------------------
+
+
+def test_materialized_stages_rule():
+    X = te.placeholder((8, 8), "X")
+    cheap = te.compute((8, 8), lambda i, j: X[j, i] + 1.0, name="cheap")
+    costly = te.compute((8, 8), lambda i, j: te.exp(X[i, j]), name="costly")
+    k = te.reduce_axis(8, "k")
+    A = te.compute((8, 8), lambda i, j: te.sum(cheap[i, k] * costly[k, j], axis=k), name="A")
+    B = te.compute((8,), lambda i: costly[i, i] * 2.0, name="B")
+    ops = materialized_stages([A, B])
+    names = [op.name for op in ops]
+    # costly is read at different indices by two consumers (and along a reduction)
+    assert names == ["costly", "A", "B"]
+    # 64 (costly) + 512 (A) + 8 (B)
+    assert simplify.iteration_count([A, B]) == 64 + 512 + 8
+    # an expensive stage read once, injectively, by an elementwise stage is inlined
+    C = te.compute((8,), lambda i: te.exp(X[i, 0]), name="C")
+    D = te.compute((8,), lambda i: C[i] * 3.0, name="D")
+    assert [op.name for op in materialized_stages([D])] == ["D"]
+    assert [op.name for op in materialized_stages([C, D])] == ["C", "D"]
+
+
+def test_iteration_count_is_symbolic_and_fast():
+    X = te.placeholder((4096, 4096), "X")
+    k = te.reduce_axis(4096, "k")
+    Y = te.compute((4096, 4096), lambda i, j: te.sum(X[i, k], axis=k, where=k <= j), name="cs")
+    t0 = time.time()
+    assert simplify.iteration_count([Y]) == 4096 * 4096 * 4097 // 2
+    assert time.time() - t0 < 1.0
+
+
+# ---- bridges -------------------------------------------------------------------------
+
+
+def test_sympy_bridge_canonical_forms():
+    from simplify.sympy_bridge import canonical_index, proves_equal
+    from texpr import expr as E
+
+    h = E.iter_var(0, 10, "h", "spatial")
+    r = E.iter_var(0, 3, "r", "reduce")
+    assert repr(canonical_index(E.const(0) - r + (h + r) // 3)) == "(h + r) // 3 - r"
+    assert repr(canonical_index((2 * h + 1) % 2)) == "1"
+    assert proves_equal((h * 4 + 2) // 2, 2 * h + 1)
+    assert not proves_equal(h // 2, h)
+    x = te.placeholder((3,), "x")
+    assert canonical_index(x[h % 3] * 2.0) is not None  # not index arithmetic: unchanged
+
+
+def test_isl_bridge_solving_and_counting():
+    from simplify import isl_bridge as B
+    from texpr import expr as E
+
+    h = E.iter_var(0, 10, "h", "spatial")
+    r = E.iter_var(0, 3, "r", "reduce")
+    oh = E.iter_var(0, 2, "oh", "reduce")
+    sp = B.VarSpace([h, r, oh])
+    s, resid = B.to_set(3 * oh + 2 * r == h, sp)
+    s = s.intersect(B.box_set(sp))
+    assert resid is None and B.card(s) == 6
+    pa, proj, score = B.solve_last_dims(s, 2)
+    assert B.card(proj) == 6
+    assert B.solve_last_dims(B.box_set(sp), 2) is None
+
+
+# ---- symbolic speed -------------------------------------------------------------------
+
+
+def test_small_cnn_symbolic_speed_and_values():
+    t0 = time.time()
+    X = te.placeholder((4, 1, 12, 12), "X")
+    W1 = te.placeholder((4, 1, 3, 3), "W1")
+    b1 = te.placeholder((4,), "b1")
+    W2 = te.placeholder((8, 4, 3, 3), "W2")
+    W3 = te.placeholder((10, 72), "W3")
+    L = te.placeholder((4,), "L", dtype="int64")
+    h = te.nn.relu(te.nn.conv2d(X, W1, b1, padding=1))
+    h = te.nn.max_pool2d(h, 2)
+    h = te.nn.relu(te.nn.conv2d(h, W2, stride=2, padding=1))
+    logits = te.nn.dense(te.nn.flatten(h), W3)
+    loss = te.nn.cross_entropy(logits, L)
+    grads = te.differentiate(loss, [W1, b1, W2, W3])
+    counts = [simplify.iteration_count([g]) for g in grads]
+    assert time.time() - t0 < 10
+    raw = te.differentiate(loss, [W1, b1, W2, W3], simplify=False)
+    raw_counts = [simplify.iteration_count([g]) for g in raw]
+    assert all(c * 50 < r for c, r in zip(counts, raw_counts)), (counts, raw_counts)
+    feed = feed_for([loss] + list(grads) + list(raw))
+    feed[L] = np.array([1, 0, 3, 9])
+    for a, b in zip(te.evaluate(list(raw), feed), te.evaluate(list(grads), feed)):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
