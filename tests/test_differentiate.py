@@ -593,3 +593,32 @@ def test_random_programs(seed):
     loss, c = weighted_sum(out)
     feed = feed_for(xs + [c], seed=seed)
     check_gradients(loss, xs, feed, rtol=1e-5, atol=1e-7)
+
+
+def test_jvp_by_differentiating_through_the_head():
+    # d/dV <vjp(Y, X, V), U> = J U: adjoints are differentiable in their head too
+    x = ph((3,), "X")
+    y = te.compute((2,), lambda i: te.exp(x[i] * x[i + 1]) + x[2] * i, name="Y")
+    v = ph((2,), "V")
+    u = ph((3,), "U")
+    (g,) = te.differentiate(y, [x], head=v, simplify=False)
+    a = te.reduce_axis(3, "a")
+    gu = te.compute((), lambda: te.sum(g[a] * u[a], axis=a), name="GU")
+    (ju,) = te.differentiate(gu, [v], simplify=False)
+    feed = feed_for([x, v, u])
+    np.testing.assert_allclose(te.evaluate(ju, feed), numeric_jacobian(y, x, feed) @ feed[u],
+                               rtol=1e-6, atol=1e-8)
+
+
+def test_manual_wildcard_everywhere_and_clash():
+    a, flat, loss, c = _flatten_case()
+    calls = []
+
+    def zero(out, inp, head):
+        calls.append((out.name, inp.name))
+        return None  # a manual function may declare a structurally zero contribution
+
+    (da,) = te.differentiate(loss, [a], manual={(None, None): zero}, simplify=False)
+    assert da.op.tag == "zeros" and calls[0][0] == loss.name
+    with pytest.raises(te.TexprError, match="several manual entries"):
+        te.differentiate(loss, [a], manual={(flat, None): flatten_grad, (None, a): flatten_grad})
