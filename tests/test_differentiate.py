@@ -622,3 +622,44 @@ def test_manual_wildcard_everywhere_and_clash():
     assert da.op.tag == "zeros" and calls[0][0] == loss.name
     with pytest.raises(te.TexprError, match="several manual entries"):
         te.differentiate(loss, [a], manual={(flat, None): flatten_grad, (None, a): flatten_grad})
+
+
+# ---- the raw adjoint form (what simplify builds on) ----------------------------------------
+
+
+def test_raw_form_is_regular():
+    from texpr.expr import Load, Mul, Reduce, Select
+    from texpr.visitor import loads
+
+    x = ph((4, 3), "X")
+    w = ph((3,), "W")
+    k = te.reduce_axis(3, "k")
+    y = te.compute((4,), lambda i: te.sum(x[i, k] * w[k] + w[k], axis=k, where=k != i), name="Y")
+    head = ph((2, 4), "H")
+    res = te.differentiate(y, [x, w], head=head, simplify=False)
+    dx = res.adjoint_summands[x][y]
+    assert res.adjoints[x] is dx and dx.shape == (2, 4, 3)
+    op = dx.op
+    assert op.tag == "adjoint_contribution" and op.attrs == {"out": "Y", "inp": "X"}
+    body = op.body[0]
+    assert isinstance(body, Reduce) and body.combiner.kind == "sum"
+    assert [a.extent for a in body.axes] == [4, 3]  # i' mirrors Y's axis, k' mirrors k
+    assert not isinstance(body.where, te.expr.Const)  # Y's where= carried over
+    src = body.source[0]
+    assert isinstance(src, Mul) and isinstance(src.a, Load) and src.a.tensor is head
+    assert isinstance(src.b, Select)  # the load indicator wraps dB/dX = W[k']
+    assert [ld.tensor.name for ld in loads(src.b)] == ["W"]
+    # the W term of the body does not depend on X: no trace of it in dX (symbolic zeros)
+    assert len(loads(src.b, w)) == 1
+    # identity head for head=None
+    res = te.differentiate(y, [x], simplify=False)
+    assert res.head.op.tag == "identity_head" and res.head.shape == (4, 4)
+    feed = feed_for([x])
+    np.testing.assert_array_equal(te.evaluate(res.head, feed), np.eye(4))
+    # max reductions: an argmax stage, the indicator of its flat index outside the product
+    m = te.compute((4,), lambda i: te.max(x[i, k], axis=k), name="M")
+    (dm,) = te.differentiate(m, [x], head=ph((4,), "HM"), simplify=False)
+    src = dm.op.body[0].source[0]
+    assert isinstance(src, Select)
+    arg = [ld.tensor for ld in loads(src.args[0])]
+    assert len(arg) == 1 and arg[0].op.tag == "argmax" and arg[0].dtype == "int64"
