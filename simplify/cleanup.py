@@ -1,9 +1,11 @@
 """Algebraic cleanup and common-subexpression elimination.
 
 * :func:`algebraic_cleanup` -- integer index expressions (load indices and the
-  operands of integer comparisons) get SymPy's canonical form when it is no
-  larger (:func:`simplify.sympy_bridge.canonical_index`): the values that ISL
-  substitutes for eliminated axes come back readable (``(h + r) // 3 - r``).
+  operands of integer comparisons) get the smallest of their ISL form
+  (:func:`simplify.isl_bridge.canonical_quasi_affine`: nested divisions
+  re-derived, ``j - 2*(j//2)`` -> ``j % 2``) and SymPy's canonical form
+  (:func:`simplify.sympy_bridge.canonical_index`: ``0 - r + (h + r) // 3`` ->
+  ``(h + r) // 3 - r``), when smaller than the original.
 * :func:`eliminate_common_stages` -- stages with the same definition (same
   body up to renaming of their own axes, same inputs) are merged. Within one
   expression, interning already makes equal subexpressions one node.
@@ -12,9 +14,10 @@
 from texpr import expr as E
 from texpr.expr import IterVar, Load, Reduce, iter_var
 from texpr.tensor import ComputeOp, ScatterAddOp
-from texpr.visitor import post_order, substitute, transform
+from texpr.visitor import free_vars, post_order, substitute
 
 from .graph import rebuild
+from .isl_bridge import canonical_quasi_affine
 from .sympy_bridge import canonical_index
 
 _INT = ("int32", "int64")
@@ -35,8 +38,12 @@ def _clean_expr(e, memo):
         if isinstance(x, (E.Const, E.Var)):
             out = x
         elif _is_index_tree(x):
-            c = canonical_index(x)
-            out = c if c is not None and len(post_order(c)) <= len(post_order(x)) else x
+            out = x
+            size = len(post_order(x))
+            vars = free_vars(x)
+            for form in (canonical_quasi_affine(x, vars), canonical_index(x)):
+                if form is not None and form is not out and len(post_order(form)) < size:
+                    out, size = form, len(post_order(form))
         elif x.args:
             out = x.with_args(tuple(top(a) for a in x.args))
         else:

@@ -368,3 +368,22 @@ def is_injective(domain, index_pwaffs):
     return m.intersect_domain(domain).is_injective()
 
 
+
+
+__all__ += ["canonical_quasi_affine"]
+
+
+def canonical_quasi_affine(e, vars):
+    """ISL's own form of a quasi-affine integer expression over ``vars`` (Vars;
+    IterVars are known to lie in their boxes), or None when ``e`` is not
+    quasi-affine. Re-deriving the integer divisions lets ISL simplify nested
+    ones: ``j1 + 2*j3 + 2*(j1//2) - 4*((j1 + 2*(j1//2))//4)`` -> ``j1 % 2 + 2*j3``."""
+    try:
+        space = VarSpace(vars)
+        pa = to_pwaff(e, space)
+        if pa is None:
+            return None
+        ctx = box_set(space)
+        return pwaff_to_expr(pa.gist(ctx), space, context=ctx)
+    except isl.Error:
+        return None
