@@ -189,3 +189,33 @@ def test_codegen_builds_every_operator(name):
             feed[t] = rng.integers(0, 2, t.shape).astype(t.dtype)
     (got,) = codegen.build([out], inputs)(*[feed[t] for t in inputs])
     np.testing.assert_allclose(got, te.evaluate(out, feed), rtol=2e-6, atol=1e-6)
+
+
+JUNK = [None, "abc", 1.5, -1, 0, 100, (1,), (1, 2, 3), [[1]], np.zeros(3), True, (-1, 2), 2,
+        (2, 2), ((1, 1),)]
+
+
+@pytest.mark.parametrize("name", ISSUE_OPERATORS)
+def test_bad_arguments_raise_texpr_errors(name):
+    """Each parameter in turn replaced by junk (others at their defaults, tensors for the
+    required ones): the call succeeds or raises a TexprError, never a raw Python error."""
+    import inspect
+
+    f = getattr(nn, name)
+    bases = [ph((1, 2, 5, 5), "X4"), ph((3, 4), "X2")]
+    if name == "einsum":
+        for j in JUNK:
+            for args in [(j, bases[1]), ("ij,jk->ik", bases[1], j)]:
+                try:
+                    f(*args)
+                except te.TexprError:
+                    pass
+        return
+    params = [p for p in inspect.signature(f).parameters.values() if p.name != "name"]
+    for p, j, base in ((p, j, b) for p in params for j in JUNK for b in bases):
+        args = [j if q is p else (base if q.default is inspect.Parameter.empty else q.default)
+                for q in params]
+        try:
+            f(*args)
+        except te.TexprError:
+            pass

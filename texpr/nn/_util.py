@@ -49,6 +49,21 @@ def ntuple(v, n, op, what, minimum=None):
     return (check_int(v, op, what, minimum),) * n
 
 
+def check_bool(v, op, what):
+    """A Python bool (numpy bools accepted)."""
+    if not isinstance(v, (bool, np.bool_)):
+        raise TexprError(f"{op}: {what} must be True or False, got {type(v).__name__}: {v!r}")
+    return bool(v)
+
+
+def check_choice(v, choices, op, what):
+    """One of the strings ``choices``."""
+    if not isinstance(v, str) or v not in choices:
+        raise TexprError(f"{op}: {what} must be one of {', '.join(map(repr, choices))}, "
+                         f"got {v!r}")
+    return v
+
+
 def check_float(v, op, what):
     """A Python number, returned as float."""
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.number)):

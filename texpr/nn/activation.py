@@ -7,10 +7,9 @@ parameters are weak constants, so a float64 input stays float64).
 import math
 
 from .. import intrinsics as intr
-from ..errors import TexprError
 from ..expr import select
 from ..tensor import compute
-from ._util import check_float, check_tensor
+from ._util import check_choice, check_float, check_tensor
 
 __all__ = ["relu", "leaky_relu", "elu", "gelu", "sigmoid", "tanh"]
 
@@ -58,16 +57,15 @@ def gelu(x, approximate="none", name="gelu"):
     Args: x: any float tensor; approximate: ``"none"`` or ``"tanh"``. Returns: same shape.
     Raises: TexprError for another ``approximate``, DTypeError for int input.
     """
+    approximate = check_choice(approximate, ("none", "tanh"), "gelu", "approximate")
     if approximate == "none":
         c = 1.0 / math.sqrt(2.0)
         return _elementwise(x, "gelu", name,
                             lambda v: v * 0.5 * (intr.erf(v * c) + 1.0))
-    if approximate == "tanh":
-        c = math.sqrt(2.0 / math.pi)
-        return _elementwise(
-            x, "gelu", name,
-            lambda v: v * 0.5 * (intr.tanh((v + v * v * v * 0.044715) * c) + 1.0))
-    raise TexprError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    c = math.sqrt(2.0 / math.pi)
+    return _elementwise(
+        x, "gelu", name,
+        lambda v: v * 0.5 * (intr.tanh((v + v * v * v * 0.044715) * c) + 1.0))
 
 
 def sigmoid(x, name="sigmoid"):

@@ -7,7 +7,7 @@ second, elementwise stage.
 from .. import reduction as red
 from ..errors import ShapeError, TexprError
 from ..tensor import compute, reduce_axis
-from ._util import check_tensor, norm_axis
+from ._util import check_bool, check_tensor, norm_axis
 
 __all__ = ["dense", "matmul", "batch_matmul", "bias_add", "einsum"]
 
@@ -74,6 +74,8 @@ def matmul(a, b, transpose_a=False, transpose_b=False, name="matmul"):
         ShapeError: not 2-D, or inner extents differ.
     """
     op = "matmul"
+    transpose_a = check_bool(transpose_a, op, "transpose_a")
+    transpose_b = check_bool(transpose_b, op, "transpose_b")
     check_tensor(a, op, "a", ndim=2)
     check_tensor(b, op, "b", ndim=2)
     n, ka = (a.shape[1], a.shape[0]) if transpose_a else a.shape
@@ -106,6 +108,8 @@ def batch_matmul(a, b, transpose_a=False, transpose_b=False, name="batch_matmul"
         ShapeError: not 3-D, batch extents differ (and neither is 1), inner extents differ.
     """
     op = "batch_matmul"
+    transpose_a = check_bool(transpose_a, op, "transpose_a")
+    transpose_b = check_bool(transpose_b, op, "transpose_b")
     check_tensor(a, op, "a", ndim=3)
     check_tensor(b, op, "b", ndim=3)
     pa, pb = a.shape[0], b.shape[0]

@@ -12,10 +12,10 @@ import math
 
 from .. import intrinsics as intr
 from .. import reduction as red
-from ..errors import ShapeError, TexprError
+from ..errors import ShapeError
 from ..expr import select
 from ..tensor import compute, reduce_axis
-from ._util import check_tensor, float_const, norm_axis
+from ._util import check_bool, check_choice, check_tensor, float_const, norm_axis
 from .reduce import input_index, reduced_shape
 
 __all__ = ["softmax", "log_softmax", "logsumexp", "cross_entropy", "mse_loss"]
@@ -92,6 +92,7 @@ def logsumexp(x, axis=-1, keepdims=False, name="logsumexp"):
     Raises:
         ShapeError: bad or empty axis. DTypeError: int input.
     """
+    keepdims = check_bool(keepdims, "logsumexp", "keepdims")
     axis, shift, s = _shifted_exp_sum(x, axis, "logsumexp", name)
     shape = reduced_shape(x.shape, (axis,), keepdims)
 
@@ -104,9 +105,7 @@ def logsumexp(x, axis=-1, keepdims=False, name="logsumexp"):
 
 
 def _reduction_arg(reduction, op):
-    if reduction not in ("mean", "sum", "none"):
-        raise TexprError(f"{op}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    return reduction
+    return check_choice(reduction, ("mean", "sum", "none"), op, "reduction")
 
 
 def cross_entropy(logits, labels, reduction="mean", name="cross_entropy"):

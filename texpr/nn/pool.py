@@ -13,7 +13,7 @@ from .. import reduction as red
 from ..errors import ShapeError, TexprError
 from ..expr import cast, floordiv, maximum, minimum, select
 from ..tensor import compute, reduce_axis
-from ._util import all_of, check_tensor, float_const, ntuple
+from ._util import all_of, check_bool, check_tensor, float_const, ntuple
 
 __all__ = ["max_pool2d", "avg_pool2d", "global_avg_pool2d", "adaptive_avg_pool2d"]
 
@@ -119,6 +119,7 @@ def avg_pool2d(x, kernel, stride=None, padding=0, count_include_pad=True, dilati
         TexprError: bad kernel/stride/padding/dilation values.
     """
     op = "avg_pool2d"
+    count_include_pad = check_bool(count_include_pad, op, "count_include_pad")
     kernel, stride, pads, dilation, out, nlo, nhi = _window(op, x, kernel, stride, padding,
                                                             dilation)
     rk = [reduce_axis(kernel[0], "kh"), reduce_axis(kernel[1], "kw")]

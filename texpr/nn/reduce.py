@@ -10,7 +10,7 @@ import builtins
 
 from .. import reduction as red
 from ..tensor import compute, reduce_axis
-from ._util import check_tensor, float_const, norm_axes
+from ._util import check_bool, check_tensor, float_const, norm_axes
 
 __all__ = ["sum", "mean", "max", "min"]
 
@@ -40,6 +40,7 @@ def input_index(out_idx, raxes, ndim, axes, keepdims):
 def _reduce(x, axis, keepdims, kind, op, name):
     check_tensor(x, op, "input")
     axes = norm_axes(axis, x.ndim, op)
+    keepdims = check_bool(keepdims, op, "keepdims")
     shape = reduced_shape(x.shape, axes, keepdims)
     if not axes:
         return compute(x.shape, lambda *i: x[i], name=name, tag=op)

@@ -8,7 +8,7 @@ nonzero terms are the triangle, not the square.
 from .. import reduction as red
 from ..errors import ShapeError
 from ..tensor import compute, reduce_axis
-from ._util import check_tensor, norm_axis
+from ._util import check_bool, check_tensor, norm_axis
 
 __all__ = ["cumsum", "cumprod"]
 
@@ -18,6 +18,8 @@ def _scan(x, axis, exclusive, reverse, kind, op, name):
     if x.ndim == 0:
         raise ShapeError(f"{op}: cannot scan the scalar {x.name}")
     axis = norm_axis(axis, x.ndim, op)
+    exclusive = check_bool(exclusive, op, "exclusive")
+    reverse = check_bool(reverse, op, "reverse")
     k = reduce_axis(x.shape[axis], "k")
     reducer = red.sum if kind == "sum" else red.prod
 

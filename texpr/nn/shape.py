@@ -10,10 +10,11 @@ split (``(N, C, H, W) -> (N, C*H*W)`` reads ``X[n, f // (H*W), f // W % H, f % W
 """
 
 from .. import dtypes as dt
-from ..errors import ShapeError, TexprError
+from ..errors import ShapeError
 from ..expr import as_expr, floordiv, floormod, maximum, minimum, select
 from ..tensor import compute
-from ._util import all_of, check_int, check_shape, check_tensor, norm_axes, norm_axis, ntuple
+from ._util import (all_of, check_choice, check_int, check_shape, check_tensor, norm_axes,
+                    norm_axis, ntuple)
 
 __all__ = ["flatten", "reshape", "transpose", "squeeze", "expand_dims", "broadcast_to",
            "concatenate", "split", "pad", "take", "embedding", "upsample_nearest",
@@ -365,8 +366,7 @@ def pad(x, pad_width, mode="constant", value=0.0, name="pad"):
     """
     op = "pad"
     check_tensor(x, op, "input")
-    if mode not in ("constant", "edge", "reflect"):
-        raise TexprError(f"{op}: mode must be 'constant', 'edge' or 'reflect', got {mode!r}")
+    mode = check_choice(mode, ("constant", "edge", "reflect"), op, "mode")
     pw = _pad_width(pad_width, x.ndim, op)
     for d, ((b, a), n) in enumerate(zip(pw, x.shape)):
         if mode != "constant" and (b or a) and n == 0:
