@@ -6,10 +6,12 @@ zero tangent is ``None`` (a *symbolic zero*): rules skip ``None`` terms, so a
 derivative that is zero by construction is never built, and no rule forms
 ``0 + x`` or ``x * 0``. :func:`jvp` drives the table over an expression.
 
-:data:`RULES` maps every kind of :data:`texpr.expr.KINDS` to a rule;
-:data:`INTRINSIC_RULES` maps every name of :data:`texpr.expr.INTRINSICS`.
-``tests/test_rules.py`` asserts that both tables are complete and checks every
-rule alone against central finite differences.
+:data:`RULES` is the one table: it maps every kind of
+:data:`texpr.expr.KINDS` and every intrinsic name of
+:data:`texpr.expr.INTRINSICS` (the rows ``Call`` dispatches to) to a rule
+``rule(node, tangents) -> tangent or None``. ``tests/test_rules.py`` asserts
+that the table is complete and checks every rule alone against central
+finite differences.
 
 Declared zero (piecewise constant or integer valued): constants, variables,
 comparisons, ``&&``/``||``/``!``, ``//`` (float ``//`` is a floor), casts to
@@ -157,7 +159,8 @@ def _cast(node, tangents):
 
 
 def _call(node, tangents):
-    return INTRINSIC_RULES[node.name](node, node.args, tangents)
+    # intrinsics have their own rows in the table, keyed by name
+    return RULES[node.name](node, tangents)
 
 
 def _load(node, tangents):
@@ -177,57 +180,64 @@ def _reduce(node, tangents):
 # ---- rules for the intrinsics -----------------------------------------------------
 
 
-def _exp(node, args, tangents):
+def _exp(node, tangents):
+    args = node.args
     return t_scale(tangents[0], node)
 
 
-def _log(node, args, tangents):
+def _log(node, tangents):
+    args = node.args
     d = tangents[0]
     return None if d is None else d / args[0]
 
 
-def _sqrt(node, args, tangents):
-    (x,), (d,) = args, tangents
+def _sqrt(node, tangents):
+    (x,), (d,) = node.args, tangents
     if d is None:
         return None
     return select(x == 0, const(0, node.dtype), d / (2.0 * node))
 
 
-def _rsqrt(node, args, tangents):
+def _rsqrt(node, tangents):
+    args = node.args
     # x^(-1/2) -> -1/2 x^(-3/2) = -1/2 rsqrt(x)^3
     return t_scale(tangents[0], -0.5 * node * node * node)
 
 
-def _tanh(node, args, tangents):
+def _tanh(node, tangents):
+    args = node.args
     return t_scale(tangents[0], 1.0 - node * node)
 
 
-def _sigmoid(node, args, tangents):
+def _sigmoid(node, tangents):
+    args = node.args
     return t_scale(tangents[0], node * (1.0 - node))
 
 
-def _abs(node, args, tangents):
-    (x,), (d,) = args, tangents
+def _abs(node, tangents):
+    (x,), (d,) = node.args, tangents
     if d is None or not dt.is_float(node.dtype):
         return None
     return select(x > 0, d, select(x < 0, -d, const(0, node.dtype)))
 
 
-def _sin(node, args, tangents):
+def _sin(node, tangents):
+    args = node.args
     return t_scale(tangents[0], call("cos", args[0]))
 
 
-def _cos(node, args, tangents):
+def _cos(node, tangents):
+    args = node.args
     return t_neg(t_scale(tangents[0], call("sin", args[0])))
 
 
-def _erf(node, args, tangents):
-    x = args[0]
+def _erf(node, tangents):
+    x = node.args[0]
     return t_scale(tangents[0], (2.0 / math.sqrt(math.pi)) * call("exp", -(x * x)))
 
 
-def _power(node, args, tangents):
-    a, b = args
+def _power(node, tangents):
+    a, b = node.args
     da, db = tangents
     zero = const(0, node.dtype)
     term_a = None
@@ -250,19 +260,8 @@ def _power(node, args, tangents):
     return t_add(term_a, term_b)
 
 
-#: intrinsic name -> rule(node, args, tangents) -> tangent or None
-INTRINSIC_RULES = {
-    "exp": _exp, "log": _log, "sqrt": _sqrt, "rsqrt": _rsqrt, "tanh": _tanh,
-    "sigmoid": _sigmoid, "abs": _abs, "power": _power, "sin": _sin, "cos": _cos,
-    "erf": _erf,
-    # piecewise constant: declared zero
-    "floor": lambda node, args, tangents: None,
-    "ceil": lambda node, args, tangents: None,
-    "round": lambda node, args, tangents: None,
-    "trunc": lambda node, args, tangents: None,
-}
-
-#: expression kind -> rule(node, tangents) -> tangent or None
+#: THE table: expression kind, or intrinsic name (for Call nodes), ->
+#: rule(node, tangents) -> tangent or None
 RULES = {
     Const: _zero, Var: _zero, IterVar: _zero,
     Add: _add, Sub: _sub, Mul: _mul, Div: _div,
@@ -272,10 +271,15 @@ RULES = {
     And: _zero, Or: _zero, Not: _zero,
     Select: _select, Cast: _cast, Call: _call,
     Load: _load, Reduce: _reduce,
+    # intrinsics (dispatched from Call)
+    "exp": _exp, "log": _log, "sqrt": _sqrt, "rsqrt": _rsqrt, "tanh": _tanh,
+    "sigmoid": _sigmoid, "abs": _abs, "power": _power, "sin": _sin, "cos": _cos,
+    "erf": _erf,
+    # piecewise constant: declared zero
+    "floor": _zero, "ceil": _zero, "round": _zero, "trunc": _zero,
 }
 
-assert set(RULES) == set(KINDS), "every expression kind needs a derivative rule"
-assert set(INTRINSIC_RULES) == set(INTRINSICS), "every intrinsic needs a derivative rule"
+assert set(RULES) == set(KINDS) | set(INTRINSICS), "every kind and intrinsic needs a rule"
 
 
 def jvp(root, seeds):
