@@ -181,14 +181,12 @@ def _reduce(node, tangents):
 
 
 def _exp(node, tangents):
-    args = node.args
     return t_scale(tangents[0], node)
 
 
 def _log(node, tangents):
-    args = node.args
     d = tangents[0]
-    return None if d is None else d / args[0]
+    return None if d is None else d / node.args[0]
 
 
 def _sqrt(node, tangents):
@@ -199,18 +197,15 @@ def _sqrt(node, tangents):
 
 
 def _rsqrt(node, tangents):
-    args = node.args
     # x^(-1/2) -> -1/2 x^(-3/2) = -1/2 rsqrt(x)^3
     return t_scale(tangents[0], -0.5 * node * node * node)
 
 
 def _tanh(node, tangents):
-    args = node.args
     return t_scale(tangents[0], 1.0 - node * node)
 
 
 def _sigmoid(node, tangents):
-    args = node.args
     return t_scale(tangents[0], node * (1.0 - node))
 
 
@@ -222,13 +217,11 @@ def _abs(node, tangents):
 
 
 def _sin(node, tangents):
-    args = node.args
-    return t_scale(tangents[0], call("cos", args[0]))
+    return t_scale(tangents[0], call("cos", node.args[0]))
 
 
 def _cos(node, tangents):
-    args = node.args
-    return t_neg(t_scale(tangents[0], call("sin", args[0])))
+    return t_neg(t_scale(tangents[0], call("sin", node.args[0])))
 
 
 def _erf(node, tangents):
