@@ -51,6 +51,7 @@ class Stage:
         self.parallel_set = False
         self.vectorize_axes = []
         self.ordered = False
+        self.attached = True
 
     # -- helpers ------------------------------------------------------------
     @property
@@ -186,18 +187,33 @@ class Schedule:
                 raise ScheduleError(f"create_schedule: outputs must be Tensors, got {t!r}")
         self.ops = topo_order(self.outputs)
         self.stages = {}
+        self._detached = {}
         for op in self.ops:
             st = Stage(op)
             st._schedule = self
             self.stages[id(op)] = st
 
     def __getitem__(self, tensor):
-        op = tensor.op if isinstance(tensor, Tensor) else tensor
+        """The Stage of ``tensor``. A Tensor the outputs do not compute (e.g. an
+        adjoint the simplifier inlined into its consumer) gets a *detached* stage
+        (``stage.attached`` is False) whose decisions have no effect.
+
+        Raises ScheduleError when ``tensor`` is not a Tensor."""
+        from texpr.tensor import Operation
+        if isinstance(tensor, Operation):
+            op = tensor
+        elif isinstance(tensor, Tensor):
+            op = tensor.op
+        else:
+            raise ScheduleError(f"schedule: s[...] takes a Tensor, got {tensor!r}")
         st = self.stages.get(id(op))
         if st is None:
-            name = getattr(op, "name", repr(tensor))
-            raise ScheduleError(f"schedule: tensor {name} is not part of this schedule's graph "
-                                f"(outputs: {', '.join(t.name for t in self.outputs)})")
+            st = self._detached.get(id(op))
+            if st is None:
+                st = Stage(op)
+                st._schedule = self
+                st.attached = False
+                self._detached[id(op)] = (st)
         return st
 
     def __repr__(self):
