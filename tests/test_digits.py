@@ -1,0 +1,83 @@
+"""The digits training example: loss goes down, gradients are right, the program runs."""
+
+import io
+
+import numpy as np
+import pytest
+
+import texpr as te
+from texpr.examples import digits
+from texpr.testing import numeric_gradient
+
+
+def test_bundled_data_and_stratified_split():
+    images, labels = digits.load_digits()
+    assert images.shape == (1797, 8, 8) and labels.shape == (1797,)
+    assert images.min() == 0.0 and images.max() == 1.0
+    x_tr, x_te, y_tr, y_te = digits.split(images, labels, seed=0)
+    assert len(x_te) == 360 and len(x_tr) == 1437
+    # stratified: every class keeps its share within one sample
+    for c in range(10):
+        share = (labels == c).mean()
+        assert abs((y_te == c).sum() - share * len(y_te)) <= 1
+
+
+def test_full_model_gradient_matches_finite_differences():
+    model = digits.Model(batch=2, dtype="float64")
+    rng = np.random.default_rng(0)
+    params = model.init_weights(rng)
+    feed = {model.x: rng.uniform(0, 1, size=(2, 1, 8, 8)), model.labels: np.array([3, 7]),
+            model.mask: np.array([1.0, 1.0])}
+    feed.update({model.weights[n]: v for n, v in params.items()})
+    wrt = [model.weights["conv1.w"], model.weights["dense.b"]]
+    grads = te.evaluate(te.differentiate(model.loss, wrt).result, feed)
+    for w, g in zip(wrt, grads):
+        fd = numeric_gradient(model.loss, w, feed)
+        np.testing.assert_allclose(g, fd, rtol=1e-6, atol=1e-8)
+
+
+def test_masked_padding_does_not_change_the_loss():
+    model = digits.Model(batch=3, dtype="float64")
+    rng = np.random.default_rng(1)
+    params = model.init_weights(rng)
+    x = rng.uniform(0, 1, size=(3, 1, 8, 8))
+    feed = {model.x: x, model.labels: np.array([1, 2, 2]), model.mask: np.array([1.0, 1.0, 0.0])}
+    feed.update({model.weights[n]: v for n, v in params.items()})
+    masked = te.evaluate(model.loss, feed)
+    x2 = x.copy()
+    x2[2] = rng.uniform(0, 1, size=(1, 8, 8))  # the padded sample does not matter
+    feed[model.x] = x2
+    assert te.evaluate(model.loss, feed) == pytest.approx(float(masked), rel=1e-12)
+
+
+def test_two_sgd_steps_decrease_the_loss():
+    import codegen
+
+    model = digits.Model(batch=8)
+    names = list(model.weights)
+    wts = [model.weights[n] for n in names]
+    grads = te.differentiate(model.loss, wts).result
+    step = codegen.build([model.loss] + list(grads), [model.x, model.labels, model.mask] + wts)
+    images, labels = digits.load_digits()
+    x = images[:8, None].astype("float32")
+    y = labels[:8]
+    params = model.init_weights(np.random.default_rng(0))
+    losses = []
+    for _ in range(3):
+        loss, *g = step(x, y, np.ones(8, "float32"), *[params[n] for n in names])
+        losses.append(float(loss))
+        for n, gn in zip(names, g):
+            params[n] = params[n] - 0.1 * gn
+    assert losses[2] < losses[1] < losses[0]
+
+
+def test_program_end_to_end(tmp_path):
+    out = io.StringIO()
+    plot = tmp_path / "curve.png"
+    args = digits.parse_args(["--epochs", "1", "--limit", "300", "--plot", str(plot)])
+    history = digits.train(args, out=out)
+    text = out.getvalue()
+    assert "test accuracy: " in text
+    assert "dconv1.w" in text and "iterations" in text
+    assert plot.exists() and plot.stat().st_size > 1000
+    assert 0.0 <= history["final_accuracy"] <= 1.0
