@@ -111,6 +111,8 @@ def _solve(axis, raxes, where):
             if res is None:
                 continue
             pa, proj, score = res
+            if score[0] > 1:  # a piecewise value: the domain is a union; keep the axis
+                continue
             if best is None or score < best[0]:
                 best = (score, r, pa, proj)
         if best is None:

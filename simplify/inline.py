@@ -14,6 +14,10 @@ elementwise re-indexing stages that read them (tail accesses).
   ``C[i] = sum(P.source[f(i), k] * g(i), where=c(i) && P.where[f(i), k])``.
   The flatten / reshape / transpose / padding stage after a gradient reduction
   then costs nothing (the reduction visits at most the points ``P`` visited).
+  An adjoint sum ``C[i] = P1[i] + P2[i]`` of two such reductions (a tensor
+  read by two consumers) becomes ONE reduction over the disjoint union of their
+  domains (an extra axis ``t`` tells the parts apart), so the sum costs the
+  parts' points and nothing more.
 """
 
 from texpr import expr as E
@@ -21,7 +25,7 @@ from texpr.expr import Load, iter_var
 from texpr.tensor import ComputeOp, topo_order
 from texpr.visitor import loads, post_order, substitute, transform
 
-from .domain import access_is_injective
+from .domain import Domain, access_is_injective
 from .graph import accesses, is_elementwise, is_sum_stage, rebuild, remap_loads
 from .materialize import should_inline
 from .terms import all_expr, guarded_terms
@@ -65,45 +69,94 @@ def _inline_loads(e, bodies):
     return transform(e, fn)
 
 
+def _tail_part(orig, cs, value, accs, tmap):
+    """One guarded term ``select(cs, P[f] * rest, 0)`` of a tail stage, as
+    ``(source, where, axes, combiner)`` of a reduction over ``P``'s (fresh) axes,
+    or None when it is not such a term."""
+    for ld in loads(value):
+        p = ld.tensor
+        if not is_sum_stage(p.op) or len(accs.get(id(p.op), ())) != 1:
+            continue
+        rest = _factor_out(value, ld)
+        if rest is None:
+            continue
+        where_c = all_expr(cs)
+        if not access_is_injective(orig.axis, where_c, ld.args):
+            continue
+        newp = tmap.get(id(p), p)
+        red = newp.op.body[0]
+        fresh = {a: iter_var(a.dom[0], a.dom[1], a.name, "reduce") for a in red.axes}
+        mapping = dict(zip(newp.op.axis, (remap_loads(i, tmap) for i in ld.args)))
+        mapping.update(fresh)
+        src = substitute(red.source[0], mapping)
+        pwhere = substitute(red.where, mapping)
+        source = src if rest is True else E.mul(src, remap_loads(rest, tmap))
+        if source.dtype != orig.dtypes[0]:
+            source = E.cast(source, orig.dtypes[0])
+        where = E.logical_and(remap_loads(where_c, tmap), pwhere)
+        return source, where, tuple(fresh[a] for a in red.axes), red.combiner
+    return None
+
+
+def _fuse_parts(axis, parts):
+    """One reduction over the disjoint union of the parts' domains: a new axis ``t``
+    says which part a point belongs to; the parts' axes share positions (an axis a
+    part does not have is pinned to its lower bound). None unless every part's
+    condition is quasi-affine (the union must stay visible to ISL)."""
+    for _src, where, axes, _c in parts:
+        if Domain(tuple(axis) + axes, where).residual is not None:
+            return None
+    n = max(len(axes) for _s, _w, axes, _c in parts)
+    bounds = []
+    for i in range(n):
+        doms = [axes[i].dom for _s, _w, axes, _c in parts if i < len(axes)]
+        bounds.append((min(d[0] for d in doms), max(d[1] for d in doms)))
+    ks = tuple(iter_var(lo, hi, f"k{i}", "reduce") for i, (lo, hi) in enumerate(bounds))
+    t = iter_var(0, len(parts), "t", "reduce")
+    where, source = None, None
+    for tc in reversed(range(len(parts))):
+        src, w, axes, _c = parts[tc]
+        mapping = dict(zip(axes, ks))
+        conds = [t == tc, substitute(w, mapping)]
+        for i, k in enumerate(ks):
+            if i < len(axes):
+                lo, hi = axes[i].dom
+                if (lo, hi) != bounds[i]:
+                    conds += [k >= lo, k < hi]
+            else:
+                conds.append(k == bounds[i][0])
+        part_where = all_expr(conds)
+        where = part_where if where is None else E.logical_or(part_where, where)
+        src = substitute(src, mapping)
+        source = src if source is None else E.select(t == tc, src, source)
+    return E.make_reduce(parts[0][3], (source,), (t,) + ks, where, 0)
+
+
 def inline_tail_accesses(tensors):
-    """Fold a sum-reduction into the elementwise stage that re-indexes it (see the
-    module docstring)."""
+    """Fold sum-reductions into the elementwise stage that re-indexes (or adds) them
+    (see the module docstring)."""
     accs = accesses(tensors)
 
     def fn(op, orig, tmap):
         if not is_elementwise(orig):
             return None
         terms = guarded_terms(orig.body[0])
-        if len(terms) != 1:
+        if not terms:
             return None
-        cs, value = terms[0]
-        for ld in loads(value):
-            p = ld.tensor
-            if not is_sum_stage(p.op):
-                continue
-            if len(accs.get(id(p.op), ())) != 1:
-                continue
-            rest = _factor_out(value, ld)
-            if rest is None:
-                continue
-            where_c = all_expr(cs)
-            if not access_is_injective(orig.axis, where_c, ld.args):
-                continue
-            newp = tmap.get(id(p), p)
-            red = newp.op.body[0]
-            fresh = {a: iter_var(a.dom[0], a.dom[1], a.name, "reduce") for a in red.axes}
-            mapping = dict(zip(newp.op.axis, (remap_loads(i, tmap) for i in ld.args)))
-            mapping.update(fresh)
-            src = substitute(red.source[0], mapping)
-            pwhere = substitute(red.where, mapping)
-            source = src if rest is True else E.mul(src, remap_loads(rest, tmap))
-            if source.dtype != orig.dtypes[0]:
-                source = E.cast(source, orig.dtypes[0])
-            where = E.logical_and(remap_loads(where_c, tmap), pwhere)
-            body = E.make_reduce(red.combiner, (source,), tuple(fresh[a] for a in red.axes),
-                                 where, 0)
-            return ComputeOp(op.name, op.axis, (body,), op.tag, op.attrs).output(0)
-        return None
+        parts = []
+        for cs, value in terms:
+            part = _tail_part(orig, cs, value, accs, tmap)
+            if part is None:
+                return None
+            parts.append(part)
+        if len(parts) == 1:
+            source, where, axes, comb = parts[0]
+            body = E.make_reduce(comb, (source,), axes, where, 0)
+        else:
+            body = _fuse_parts(op.axis, parts)
+            if body is None:
+                return None
+        return ComputeOp(op.name, op.axis, (body,), op.tag, op.attrs).output(0)
 
     return rebuild(tensors, fn)
 

@@ -217,3 +217,20 @@ def test_bugs_empty_domains():
     Y = te.compute((0,), lambda i: X[3 + 2 * i], name="none")
     g = te.differentiate(Y, [X], head=te.placeholder((0,), "H"))
     np.testing.assert_array_equal(te.evaluate(g[0], {}), np.zeros(5))
+
+
+def test_two_consumers_fuse_into_one_reduction():
+    # X read by two convolutions: dX is the sum of two reductions, fused into one
+    # reduction over the disjoint union of their domains (no extra pass over X)
+    X = te.placeholder((2, 3, 8, 8), "X")
+    W1 = te.placeholder((4, 3, 3, 3), "W1")
+    W2 = te.placeholder((4, 3, 2, 2), "W2")
+    Y1 = te.nn.conv2d(X, W1, padding=1)
+    Y2 = te.nn.conv2d(X, W2, stride=2)
+    Z = te.compute(Y1.shape, lambda n, c, h, w: Y1[n, c, h, w] + Y2[n, c, h // 2, w // 2],
+                   name="Z")
+    pairs1 = 2 * 4 * 3 * (8 * 3 - 2) ** 2
+    pairs2 = 2 * 4 * 3 * (4 * 2) ** 2
+    up = 2 * 4 * 8 * 8  # the adjoint of Y2: each head element read once
+    grads, (c,) = check(Z, [X], allow=pairs1 + pairs2 + up)
+    assert c == pairs1 + pairs2 + up
