@@ -155,20 +155,23 @@ def canonical_index(e):
     """A canonical (expanded, collected) form of an integer index expression, or
     ``e`` itself when it does not cross the bridge or would not get smaller."""
     symbols = {}
-    s = to_sympy(e, symbols)
-    if s is None:
-        return e
     try:
+        s = to_sympy(e, symbols)
+        if s is None:
+            return e
         out = from_sympy(sympy.expand(s), symbols)
-    except (TypeError, ValueError):
-        return None
+    except Exception:  # noqa: BLE001 - sympy raises many kinds; the form is optional
+        return e
     return out if out is not None else e
 
 
 def proves_equal(a, b):
     """Whether SymPy proves the integer expressions ``a`` and ``b`` equal everywhere."""
     symbols = {}
-    sa, sb = to_sympy(a, symbols), to_sympy(b, symbols)
-    if sa is None or sb is None:
+    try:
+        sa, sb = to_sympy(a, symbols), to_sympy(b, symbols)
+        if sa is None or sb is None:
+            return False
+        return bool(sympy.simplify(sa - sb) == 0)
+    except Exception:  # noqa: BLE001 - not proved
         return False
-    return sympy.simplify(sa - sb) == 0

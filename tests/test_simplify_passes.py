@@ -267,3 +267,54 @@ def test_small_cnn_symbolic_speed_and_values():
     feed[L] = np.array([1, 0, 3, 9])
     for a, b in zip(te.evaluate(list(raw), feed), te.evaluate(list(grads), feed)):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+
+
+@st.composite
+def stage2d(draw):
+    """A random 2-D stage with up to two reduction axes: conv-like strided,
+    dilated, padded (guarded) reads, divisions and moduli, triangular domains."""
+    n0, n1 = draw(st.integers(2, 6)), draw(st.integers(2, 6))
+    m0, m1 = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    k0, k1 = draw(st.integers(1, 3)), draw(st.integers(0, 3))
+    X = te.placeholder((n0, n1), "X")
+    s0, d0 = draw(st.integers(1, 3)), draw(st.integers(1, 2))
+    p0 = draw(st.integers(0, 2))
+    div = draw(st.integers(1, 3))
+    tri = draw(st.booleans())
+    seed_ = draw(st.integers(0, 2**16))
+
+    def body(i, j):
+        r = te.reduce_axis(k0, "r")
+        q = te.reduce_axis(k1, "q") if k1 else None
+        e0 = i * s0 + r * d0 - p0
+        e1 = (j + q) // div if q is not None else j % n1
+        inb = te.all(e0 >= 0, e0 < n0, e1 >= 0, e1 < n1)
+        src = te.if_then_else(inb, X[e0, e1], 0.0)
+        axes = [r] + ([q] if q is not None else [])
+        where = (r <= i) if tri else None
+        return te.sum(src * 1.5, axis=axes, where=where)
+
+    return te.compute((m0, m1), body, name="Y"), X, seed_
+
+
+@seed(1129)
+@settings(max_examples=60, deadline=None, derandomize=True, print_blob=True,
+          suppress_health_check=list(HealthCheck))
+@given(stage2d())
+def test_fuzz_2d_stages(case):
+    Y, X, seed_ = case
+    H = te.placeholder(Y.shape, "H")
+    raw = list(te.differentiate(Y, [X], head=H, simplify=False))
+    note(te.graph_str(raw))
+    tensors = raw
+    for p in PIPELINE:
+        before = tensors
+        tensors = p(tensors)
+        verify_equal(before, tensors, p.__name__, seed=seed_)
+    final = simplify.simplify(raw)
+    note(te.graph_str(final))
+    verify_equal(raw, final, "simplify", seed=seed_)
+    # work-optimal: the gradient visits the (input, reduction point) pairs -- the
+    # forward's in-bounds reads, counted by evaluating it on ones -- or writes X once
+    pairs = int(round(float(te.evaluate(Y, {X: np.ones(X.shape, "float32")}).sum()) / 1.5))
+    assert simplify.iteration_count(final) <= max(pairs, X.size), te.graph_str(final)
