@@ -22,7 +22,7 @@ elementwise re-indexing stages that read them (tail accesses).
 
 from texpr import expr as E
 from texpr.expr import Load, iter_var
-from texpr.tensor import ComputeOp, topo_order
+from texpr.tensor import ComputeOp, ScatterAddOp, topo_order
 from texpr.visitor import loads, post_order, substitute, transform
 
 from .domain import Domain, access_is_injective
@@ -47,6 +47,12 @@ def inline_elementwise(tensors):
             body = tuple(_inline_loads(b, bodies) for b in op.body)
             if any(x is not y for x, y in zip(body, op.body)):
                 new = ComputeOp(op.name, op.axis, body, op.tag, op.attrs)
+        elif isinstance(op, ScatterAddOp):
+            parts = tuple(_inline_loads(x, bodies) for x in op.indices + (op.value, op.where))
+            if any(x is not y for x, y in zip(parts, op.indices + (op.value, op.where))):
+                n = len(op.indices)
+                new = ScatterAddOp(op.name, op.shape, op.dtypes[0], op.axis, parts[:n],
+                                   parts[n], parts[n + 1], op.init)
         if id(orig) in inline_ids:
             bodies[id(new.output(0))] = (new.axis, new.body[0])
         return None if new is op else new.outputs

@@ -234,3 +234,17 @@ def test_two_consumers_fuse_into_one_reduction():
     up = 2 * 4 * 8 * 8  # the adjoint of Y2: each head element read once
     grads, (c,) = check(Z, [X], allow=pairs1 + pairs2 + up)
     assert c == pairs1 + pairs2 + up
+
+
+def test_through_a_scatter_add_stage():
+    X = te.placeholder((5,), "X")
+    I = te.placeholder((3,), "I", dtype="int64")
+    A = te.placeholder((3,), "A")
+    E = te.compute((3,), lambda k: A[k] * 2.0, name="E")
+    S = te.scatter_add((5,), "float32", (3,), lambda k: I[k], lambda k: E[k])
+    Y = te.compute((5,), lambda i: S[i] * X[i], name="Y")
+    grads, counts = check(Y, [A, X], allow=5, feed_extra={I: np.array([0, 4, 4])})
+    assert counts == [3, 5]
+    # the cheap producer is inlined into the scatter-add itself
+    assert [op.name for op in simplify.materialized_stages(simplify.simplify([Y]))] == \
+        [S.op.name, "Y"]
