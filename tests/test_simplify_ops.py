@@ -243,8 +243,8 @@ def test_through_a_scatter_add_stage():
     E = te.compute((3,), lambda k: A[k] * 2.0, name="E")
     S = te.scatter_add((5,), "float32", (3,), lambda k: I[k], lambda k: E[k])
     Y = te.compute((5,), lambda i: S[i] * X[i], name="Y")
-    grads, counts = check(Y, [A, X], allow=5, feed_extra={I: np.array([0, 4, 4])})
-    assert counts == [3, 5]
+    grads, counts = check(Y, [A, X], allow=8, feed_extra={I: np.array([0, 4, 4])})
+    assert counts == [3, 5 + 3]  # dX needs the scatter-add (3 points) itself
     # the cheap producer is inlined into the scatter-add itself
     assert [op.name for op in simplify.materialized_stages(simplify.simplify([Y]))] == \
         [S.op.name, "Y"]
