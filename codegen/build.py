@@ -63,13 +63,12 @@ class Kernel:
             if a.dtype.name != t.dtype:
                 raise FeedError(f"kernel: input {t.name} expects dtype {t.dtype}, got "
                                 f"{a.dtype.name} (convert it with .astype('{t.dtype}'))")
-            a = np.ascontiguousarray(a)
-            args.append(a.reshape(1) if a.ndim == 0 else a)
+            args.append(np.ascontiguousarray(a).reshape(-1))
         by_id = {}
         for b, a in zip(self._bufs, args):
             by_id[id(b.tensor)] = a
         for b in self._bufs[len(args):]:
-            arr = np.empty(b.shape, dtype=b.dtype)
+            arr = np.empty(b.size, dtype=b.dtype)
             by_id[id(b.tensor)] = arr
             args.append(arr)
         err = np.zeros(1, dtype=np.int64)
@@ -149,7 +148,7 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
             inl.discard(id(op.init.op))
             mat.add(id(op.init.op))
     program = lower(schedule, inputs, mat, inl, parallel=parallel)
-    specs = [(b.dtype, len(b.shape)) for b in program.buffers] + [("int64", 1)]
+    specs = [(b.dtype, 1) for b in program.buffers] + [("int64", 1)]
     compiled = _compile.compile_source(program.source, specs,
                                        describe="stages " + ", ".join(program.stages))
     return Kernel(program, compiled, inputs, outs)

@@ -46,6 +46,8 @@ from .schedule import inline_expand
 
 #: output tile (elements) below the reduction loops in buffer mode
 BUFFER_TILE = 4096
+#: partial sums in the innermost loop of a sum reduction (a power of two)
+UNROLL = 8
 
 
 class BufferInfo:
@@ -55,6 +57,7 @@ class BufferInfo:
     def __init__(self, name, tensor, role):
         self.name, self.tensor, self.role = name, tensor, role
         self.shape = tuple(tensor.shape) if tensor.shape else (1,)
+        self.size = int(np.prod(self.shape, dtype=np.int64))
         self.dtype = tensor.dtype
 
 
@@ -372,7 +375,20 @@ class ExprEmitter:
                 f"shape {t.shape}; guard the load with te.if_then_else if the index can leave "
                 "the tensor")
             idx = [f"_ck({s}, {n}, err, {code})" for s, n in zip(idx, t.shape)]
-        return f"{buf.name}[{', '.join(idx)}]"
+        return element(buf, idx)
+
+
+def element(buf, idx):
+    """``buf[idx]`` for a buffer passed flat (1-D): the row-major offset with the
+    (static) extents as constants, as an unsigned index (in bounds by construction
+    or by check), so that numba emits no negative-index wrap-around and LLVM sees
+    unit strides."""
+    if not idx:
+        return f"{buf.name}[0]"
+    lin = idx[0]
+    for s, n in zip(idx[1:], buf.shape[1:]):
+        lin = f"({lin}) * {n} + {s}"
+    return f"{buf.name}[np.uint64({lin})]"
 
 
 # ---- the source writer -------------------------------------------------------------------
@@ -421,6 +437,7 @@ class _StageLowering:
         self.inlined, self.errors, self.parallel_on, self.w = inlined, errors, parallel_on, w
         self.names = {}
         self.uses_prange = False
+        self.unroll = None
 
     def run(self, depth):
         op = self.op
@@ -472,11 +489,9 @@ class _StageLowering:
         if scalar_mode:
             sp_order, rd_order = order[:n_sp], order[n_sp:]
             zeros_r = [0] * len(rd_order)
-            zeros_s = [0] * 0
             sched_i = [self._val(a) for a in sp_order] + [0] + zeros_r
             sched_u = [self._val(a) for a in sp_order] + [1] + [self._val(a) for a in rd_order]
             sched_f = [self._val(a) for a in sp_order] + [2] + zeros_r
-            del zeros_s
             sts = [LA.Statement(f"I{self.k}", spatial, sp_box, sched_i),
                    LA.Statement(f"U{self.k}", full, dom, sched_u),
                    LA.Statement(f"F{self.k}", spatial, sp_box, sched_f)]
@@ -490,6 +505,8 @@ class _StageLowering:
                     w(d, f"{self._store(o)} = {a}")
 
             stmts = {"I": init, "U": lambda d: combine(d, acc), "F": fin}
+            if comb.kind == "sum" and ncomp == 1 and dt.is_float(comb.dtypes[0]):
+                self.unroll = (combine, acc[0], comb.dtypes[0])
             pos = {id(a): p for p, a in enumerate(sp_order)}
             pos.update({id(a): n_sp + 1 + p for p, a in enumerate(rd_order)})
             return self._emit_nest(depth, sts, len(order) + 1, stmts, {pos[id(a)] for a in par})
@@ -512,7 +529,7 @@ class _StageLowering:
     def _store(self, buf):
         if not self.op.axis:
             return f"{buf.name}[0]"
-        return f"{buf.name}[{', '.join(self.names[id(a)] for a in self.op.axis)}]"
+        return element(buf, [self.names[id(a)] for a in self.op.axis])
 
     def _order(self, body, spatial, reduce_):
         st = self.stage
@@ -598,6 +615,10 @@ class _StageLowering:
                     s = node.stride
                     w(depth, f"for {v}_t in prange(({hi} - {lo} + {s - 1}) // {s}):")
                     w(depth + 1, f"{v} = {lo} + {v}_t * {s}")
+            elif (self.unroll is not None and node.stride == 1 and isinstance(node.body, LA.Stmt)
+                  and node.body.name.startswith("U")):
+                self._emit_unrolled_sum(node, v, lo, hi, depth, stmt_vars)
+                return
             else:
                 step = f", {node.stride}" if node.stride != 1 else ""
                 w(depth, f"for {v} in range({lo}, {hi}{step}):")
@@ -614,12 +635,46 @@ class _StageLowering:
                 w(depth, f"{self.names[id(v)]} = {em(a)}")
             stmt_code[kind](depth)
 
+    def _emit_unrolled_sum(self, node, v, lo, hi, depth, stmt_vars):
+        """The innermost loop of a sum, with UNROLL independent partial sums (the
+        dependency chain of one accumulator no longer bounds the speed, and the
+        lanes vectorise without reassociation by the compiler), then the
+        remainder, then the partial sums added to the accumulator in a fixed tree."""
+        w = self.w
+        combine, acc, dtype = self.unroll
+        u_n = UNROLL
+        w(depth, f"{v}_lo = {lo}")
+        w(depth, f"{v}_hi = {hi}")
+        w(depth, f"{v}_m = {v}_lo + max({v}_hi - {v}_lo, 0) // {u_n} * {u_n}")
+        parts = [f"{acc}_p{u}" for u in range(u_n)]
+        for p in parts:
+            w(depth, f"{p} = {const_str(0, dtype)}")
+        w(depth, f"for {v} in range({v}_lo, {v}_m, {u_n}):")
+        em = self._emitter()
+        stmt = node.body
+        for u, p in enumerate(parts):
+            lane = f"{v}_u{u}"
+            w(depth + 1, f"{lane} = {v} + {u}")
+            saved = self.names[id(node.var)]
+            self.names[id(node.var)] = lane
+            for var, a in zip(stmt_vars[stmt.name], stmt.args):
+                w(depth + 1, f"{self.names[id(var)]} = {em(a)}")
+            self.names[id(node.var)] = saved
+            combine(depth + 1, [p])
+        w(depth, f"for {v} in range({v}_m, {v}_hi):")
+        for var, a in zip(stmt_vars[stmt.name], stmt.args):
+            w(depth + 1, f"{self.names[id(var)]} = {em(a)}")
+        combine(depth + 1, [acc])
+        while len(parts) > 1:
+            parts = [f"({parts[i]} + {parts[i + 1]})" for i in range(0, len(parts), 2)]
+        w(depth, f"{acc} += {parts[0]}")
+
     def _scatter(self, depth):
         op, w = self.op, self.w
         out = self.buffers[id(op.output(0))]
         if op.init is not None:
             src = self.buffers[id(op.init)]
-            w(depth, f"{out.name}.ravel()[:] = {src.name}.ravel()")
+            w(depth, f"{out.name}[:] = {src.name}")
         else:
             w(depth, f"{out.name}.fill({const_str(0, out.dtype)})")
         axes = list(op.axis)
@@ -644,7 +699,7 @@ class _StageLowering:
                 w(d, f"if {em(resid)}:")
                 d += 1
             if fake is None:
-                w(d, f"{out.name}[0] += {em.cast(op.value, out.dtype)}")
+                w(d, f"{element(out, [])} += {em.cast(op.value, out.dtype)}")
                 return
             idx = [em(i) for i in op.indices]
             tgt = []
@@ -661,7 +716,7 @@ class _StageLowering:
                         f"scatter-add {op.name}: index {k} `{expr_str(op.indices[k])}` leaves "
                         f"the shape {op.shape}")
                     tgt.append(f"_ck({s}, {n}, err, {len(self.errors)})")
-            w(d, f"{out.name}[{', '.join(tgt)}] += {em.cast(op.value, out.dtype)}")
+            w(d, f"{element(out, tgt)} += {em.cast(op.value, out.dtype)}")
 
         st = [LA.Statement(f"U{self.k}", axes, dom, [self.stage.axis_value(a) for a in order])]
         self._emit_nest(depth, st, len(order), {"U": upd}, set())
