@@ -12,7 +12,7 @@
 """
 
 from texpr import expr as E
-from texpr.expr import IterVar, Load, Reduce, iter_var
+from texpr.expr import Reduce, iter_var
 from texpr.tensor import ComputeOp, ScatterAddOp
 from texpr.visitor import free_vars, post_order, substitute
 

@@ -9,7 +9,7 @@ producers, and lets the pass replace any stage.
 """
 
 from texpr import expr as E
-from texpr.expr import IterVar, Load, Reduce, iter_var
+from texpr.expr import Load, Reduce, iter_var
 from texpr.tensor import ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, topo_order
 from texpr.visitor import post_order, substitute, transform
 
@@ -131,21 +131,3 @@ def fresh_stage(name, axis, body, tag="", attrs=None):
     new_axis = tuple(mapping[a] for a in axis)
     new_body = tuple(substitute(b, mapping) for b in body)
     return ComputeOp(name, new_axis, new_body, tag, attrs)
-
-
-def sum_body(source, axes, where, combiner):
-    """A sum body over ``axes`` (a Reduce), or the elementwise ``select(where, source, 0)``
-    when no axis is left."""
-    if not axes:
-        if isinstance(where, E.Const):
-            return source if where.value else E.const(0, source.dtype)
-        return E.select(where, source, E.const(0, source.dtype))
-    return E.make_reduce(combiner, (source,), tuple(axes), where, 0)
-
-
-def node_count(e):
-    return len(post_order(e))
-
-
-def is_iter_axis(v):
-    return isinstance(v, IterVar)

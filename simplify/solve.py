@@ -13,7 +13,6 @@
 """
 
 from texpr import expr as E
-from texpr.expr import Reduce
 from texpr.tensor import ComputeOp
 from texpr.visitor import substitute
 

@@ -2,7 +2,6 @@
 environment switches, explain, the materialisation rule, the bridges, errors,
 and the symbolic speed of a small CNN."""
 
-import os
 import time
 
 import numpy as np
@@ -15,7 +14,7 @@ from texpr.errors import TexprError
 
 import simplify
 from simplify import PIPELINE, SimplifyError, run_passes, verify_equal
-from simplify.materialize import materialized_stages, should_inline
+from simplify.materialize import materialized_stages
 from test_simplify_suite import feed_for
 
 # ---- fuzzing: random quasi-affine domains and index maps ---------------------------
