@@ -153,13 +153,16 @@ def simplify(tensors):
 
 
 def explain(tensor):
-    """The pipeline's record for one tensor: the iteration count before and after
-    each pass, and the final printed definition (every stage it needs).
+    """The pipeline's record for one tensor: for every pass of every round, the
+    iteration count before and after it (``=`` when the pass changed nothing),
+    then the final printed definition (every stage the tensor needs).
 
     Args:
         tensor: a Tensor (e.g. a raw adjoint).
     Returns:
         str.
+    Raises:
+        TexprError: ``tensor`` is not a Tensor.
     """
     if not isinstance(tensor, Tensor):
         raise TexprError(f"explain: expected a Tensor, got {type(tensor).__name__}")
@@ -167,15 +170,22 @@ def explain(tensor):
     tensors = [tensor]
     fp = _fingerprint(tensors)
     for rnd in range(MAX_ROUNDS):
+        record_lines = []
+
         def record(p, before, after):
-            if after is before or all(a is b for a, b in zip(after, before)):
+            if all(a is b for a, b in zip(after, before)):
+                record_lines.append(f"  round {rnd + 1} {p.__name__:24s} =")
                 return
-            lines.append(f"  round {rnd + 1} {p.__name__:24s} "
-                         f"{iteration_count(before):>16,} -> {iteration_count(after):>16,}")
+            record_lines.append(f"  round {rnd + 1} {p.__name__:24s} "
+                                f"{iteration_count(before):>18,} -> "
+                                f"{iteration_count(after):>18,}")
+
         tensors = run_passes(tensors, record=record)
         new_fp = _fingerprint(tensors)
         if new_fp == fp:
+            lines.append(f"  round {rnd + 1}: no pass changed the graph")
             break
+        lines.extend(record_lines)
         fp = new_fp
     lines.append(f"final: iteration count {iteration_count(tensors):,}")
     lines.append(graph_str(tensors))
