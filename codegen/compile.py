@@ -19,11 +19,18 @@ import tempfile
 import time
 import warnings
 
-import numba
-import numpy as np
-from numba.core import types
+# numba's OpenMP workers spin while waiting by default; on a machine whose cores
+# are shared (with other processes, or with torch's/JAX's thread pools in the same
+# process) a spinning worker that loses its core stalls every parallel loop by a
+# time slice (measured: 10-50x slower kernels). Waiting passively costs little
+# on an idle machine. A user's own setting wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from texpr.errors import TexprError
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+from numba.core import types  # noqa: E402
+
+from texpr.errors import TexprError  # noqa: E402
 
 __all__ = ["CompileError", "cache_dir", "compile_source", "clear_memory_cache"]
 

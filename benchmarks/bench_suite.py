@@ -1,0 +1,229 @@
+"""Value-and-grad of the SUITE.md cases: texpr kernels vs JAX (jit, CPU) vs PyTorch (CPU
+autograd), side by side in one process.
+
+For each case: the forward output plus the gradients of ``sum(out * H)`` w.r.t.
+every listed float input (``H`` a fixed random head). texpr runs one compiled
+kernel (``codegen.build`` of ``[out] + te.differentiate(out, inputs, head=H)``);
+JAX runs ``jax.jit`` of ``jax.vjp``; PyTorch runs the forward and
+``torch.autograd.grad``. Reported: median milliseconds over ``--repeat`` runs,
+the ratios texpr/JAX and texpr/torch, the largest difference from torch
+(relative to the largest magnitude), and texpr's build time: *cold* (an
+empty cache directory, numba compiles) and *warm* (a second process with the
+same cache directory loads the machine code). Then conv2d_s1's forward and
+both gradients as separate kernels, in ms and GFLOP/s.
+
+    python benchmarks/bench_suite.py                 # every case, suite sizes
+    python benchmarks/bench_suite.py --cases dense,conv2d_s1 --repeat 20
+    python benchmarks/bench_suite.py --scale 0.25    # smaller batches
+
+Timings drift between runs and machines: compare ratios from one run only.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import codegen  # noqa: E402
+import texpr as te  # noqa: E402
+from cases import make_cases, random_inputs  # noqa: E402
+
+
+def _median_ms(fn, repeat):
+    fn()
+    ts = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return float(np.median(ts)) * 1e3
+
+
+def texpr_value_and_grad(case, arrays, head):
+    """(kernel, build seconds, run closure) of one case."""
+    phs = [te.placeholder(shape, name, dtype) for name, shape, dtype, _ in case.inputs]
+    out = case.texpr(*phs)
+    h = te.placeholder(out.shape, "H", "float32")
+    wrt = [p for p, (_, _, _, d) in zip(phs, case.inputs) if d]
+    grads = list(te.differentiate(out, wrt, head=h).result)
+    t = time.perf_counter()
+    kernel = codegen.build([out] + grads, phs + [h])
+    seconds = time.perf_counter() - t
+    args = list(arrays) + [head]
+    return kernel, seconds, lambda: kernel(*args)
+
+
+def jax_value_and_grad(case, arrays, head):
+    import jax
+    import jax.numpy as jnp
+
+    diff = [k for k, (_, _, _, d) in enumerate(case.inputs) if d]
+
+    def vg(args, h):
+        def f(*d):
+            full = list(args)
+            for k, v in zip(diff, d):
+                full[k] = v
+            return case.jax(*full)
+        out, vjp = jax.vjp(f, *[args[k] for k in diff])
+        return out, vjp(h)
+
+    fn = jax.jit(vg)
+    args = [jnp.asarray(a) for a in arrays]
+    h = jnp.asarray(head)
+
+    def run():
+        out, grads = fn(args, h)
+        jax.block_until_ready((out, grads))
+        return out, grads
+    return run
+
+
+def torch_value_and_grad(case, arrays, head):
+    import torch
+
+    ts = []
+    for a, (_, _, _, d) in zip(arrays, case.inputs):
+        t = torch.from_numpy(a.copy())
+        if d:
+            t.requires_grad_(True)
+        ts.append(t)
+    h = torch.from_numpy(head.copy())
+    diff = [t for t, (_, _, _, d) in zip(ts, case.inputs) if d]
+
+    def run():
+        out = case.torch(*ts)
+        grads = torch.autograd.grad(out, diff, h)
+        return out, grads
+    return run
+
+
+def _rel_diff(got, ref):
+    ref = np.asarray(ref, dtype=np.float64)
+    scale = max(float(np.abs(ref).max()), 1e-30)
+    return float(np.abs(np.asarray(got, dtype=np.float64).reshape(ref.shape) - ref).max()) / scale
+
+
+def bench_case(case, repeat, use_jax, use_torch):
+    arrays = random_inputs(case)
+    row = {"case": case.name}
+    kernel, build_s, run = texpr_value_and_grad(case, arrays, None) if False else (None, 0, None)
+    # the head has the output's shape: build the texpr graph once to learn it
+    phs = [te.placeholder(shape, name, dtype) for name, shape, dtype, _ in case.inputs]
+    out_shape = case.texpr(*phs).shape
+    head = np.random.default_rng(1).standard_normal(out_shape).astype("float32")
+    kernel, build_s, run = texpr_value_and_grad(case, arrays, head)
+    row["build_s"] = build_s
+    row["texpr_ms"] = _median_ms(run, repeat)
+    got = run()
+    if use_torch:
+        trun = torch_value_and_grad(case, arrays, head)
+        row["torch_ms"] = _median_ms(trun, repeat)
+        tout, tgrads = trun()
+        refs = [tout.detach().numpy()] + [g.numpy() for g in tgrads]
+        row["max_rel_diff_vs_torch"] = max(_rel_diff(g, r) for g, r in zip(got, refs))
+    if use_jax:
+        jrun = jax_value_and_grad(case, arrays, head)
+        row["jax_ms"] = _median_ms(jrun, repeat)
+    return row
+
+
+def conv_detail(repeat, scale):
+    """conv2d_s1: forward, dX and dW as separate kernels: ms and GFLOP/s."""
+    case = make_cases(scale)["conv2d_s1"]
+    x, w = random_inputs(case)
+    X = te.placeholder(x.shape, "X", "float32")
+    W = te.placeholder(w.shape, "W", "float32")
+    Y = case.texpr(X, W)
+    H = te.placeholder(Y.shape, "H", "float32")
+    h = np.random.default_rng(1).standard_normal(Y.shape).astype("float32")
+    dX, dW = te.differentiate(Y, [X, W], head=H).result
+    rows = []
+    for name, out, ins, args in (("forward", Y, [X, W], (x, w)), ("dX", dX, [W, H], (w, h)),
+                                 ("dW", dW, [X, H], (x, h))):
+        t = time.perf_counter()
+        k = codegen.build([out], ins)
+        b = time.perf_counter() - t
+        ms = _median_ms(lambda: k(*args), repeat)
+        rows.append({"kernel": name, "ms": ms, "gflops": case.flop / ms / 1e6, "build_s": b})
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--scale", type=float, default=1.0, help="batch scale (1 = SUITE sizes)")
+    ap.add_argument("--no-jax", action="store_true")
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--cache-dir", default="", help="TEXPR_CACHE_DIR (default: a fresh one: cold)")
+    ap.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--json", default="", help="also write the results to this file")
+    args = ap.parse_args(argv)
+
+    cache = args.cache_dir or tempfile.mkdtemp(prefix="texpr_bench_")
+    os.environ["TEXPR_CACHE_DIR"] = cache
+    cases = make_cases(args.scale)
+    names = [n for n in args.cases.split(",") if n] or list(cases)
+
+    if args.build_only:  # the warm-cache process: build every kernel, print build times
+        out = {}
+        for n in names:
+            arrays = random_inputs(cases[n])
+            phs = [te.placeholder(s, nm, d) for nm, s, d, _ in cases[n].inputs]
+            head = np.zeros(cases[n].texpr(*phs).shape, "float32")
+            _, b, _ = texpr_value_and_grad(cases[n], arrays, head)
+            out[n] = b
+        print(json.dumps(out))
+        return
+
+    rows = []
+    print(f"{'case':22s} {'texpr ms':>9s} {'jax ms':>8s} {'torch ms':>9s} {'/jax':>7s} "
+          f"{'/torch':>7s} {'cold s':>7s} {'diff':>8s}", flush=True)
+    for n in names:
+        r = bench_case(cases[n], args.repeat, not args.no_jax, not args.no_torch)
+        rows.append(r)
+        j, t = r.get("jax_ms"), r.get("torch_ms")
+        print(f"{n:22s} {r['texpr_ms']:9.2f} {j if j is not None else float('nan'):8.2f} "
+              f"{t if t is not None else float('nan'):9.2f} "
+              f"{r['texpr_ms'] / j if j else float('nan'):7.2f} "
+              f"{r['texpr_ms'] / t if t else float('nan'):7.2f} {r['build_s']:7.2f} "
+              f"{r.get('max_rel_diff_vs_torch', float('nan')):8.1e}", flush=True)
+    # warm: a second process with the same cache directory
+    env = dict(os.environ, TEXPR_CACHE_DIR=cache)
+    cmd = [sys.executable, os.path.abspath(__file__), "--build-only", "--cases", ",".join(names),
+           "--scale", str(args.scale), "--cache-dir", cache]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    warm = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {}
+    cold_total = sum(r["build_s"] for r in rows)
+    print(f"\nbuild (compile) time, all cases: cold {cold_total:.1f} s, "
+          f"warm (second process) {sum(warm.values()):.1f} s")
+    for r in rows:
+        r["warm_build_s"] = warm.get(r["case"])
+    ratios_j = [r["texpr_ms"] / r["jax_ms"] for r in rows if r.get("jax_ms")]
+    ratios_t = [r["texpr_ms"] / r["torch_ms"] for r in rows if r.get("torch_ms")]
+    if ratios_j:
+        print(f"geometric mean texpr/jax {np.exp(np.mean(np.log(ratios_j))):.2f}")
+    if ratios_t:
+        print(f"geometric mean texpr/torch {np.exp(np.mean(np.log(ratios_t))):.2f}")
+    detail = []
+    if "conv2d_s1" in names:
+        print("\nconv2d_s1 kernels (float32):")
+        detail = conv_detail(args.repeat, args.scale)
+        for d in detail:
+            print(f"  {d['kernel']:8s} {d['ms']:8.2f} ms  {d['gflops']:6.1f} GFLOP/s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "conv2d_s1": detail, "cache_dir": cache}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
