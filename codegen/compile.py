@@ -103,9 +103,16 @@ def compile_source(source, arg_specs, describe=""):
         spec.loader.exec_module(mod)
         fn = mod.kernel
         sig = tuple(_array_type(dt, nd) for dt, nd in arg_specs)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            fn.compile(sig)
+        # numba leaves LLVM's SLP vectoriser off; the unrolled partial sums of the
+        # generated reductions need it (restored after: other numba users keep theirs)
+        slp = numba.config.SLP_VECTORIZE
+        numba.config.SLP_VECTORIZE = 1
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fn.compile(sig)
+        finally:
+            numba.config.SLP_VECTORIZE = slp
     except TexprError:
         raise
     except Exception as exc:  # noqa: BLE001 - numba raises many kinds
