@@ -387,3 +387,18 @@ def canonical_quasi_affine(e, vars):
         return pwaff_to_expr(pa.gist(ctx), space, context=ctx)
     except isl.Error:
         return None
+
+
+__all__ += ["project_onto_first", "is_subset"]
+
+
+def project_onto_first(s, n):
+    """The projection of ``s`` onto its first ``n`` set dimensions (the others are
+    existentially quantified: "there is a point of ``s`` above")."""
+    total = s.dim(isl.dim_type.set)
+    return s.project_out(isl.dim_type.set, n, total - n)
+
+
+def is_subset(a, b):
+    """Whether the set ``a`` is contained in ``b`` (same space)."""
+    return a.is_subset(b)

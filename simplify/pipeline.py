@@ -31,12 +31,14 @@ from .cleanup import algebraic_cleanup, eliminate_common_stages
 from .inline import inline_elementwise, inline_tail_accesses
 from .lift import lift_conditions, split_sums
 from .materialize import iteration_count
+from .propagate import propagate_zero_conditions
 from .scatter import gathers_to_scatters
 from .solve import solve_equalities, tighten_domains
 
 #: the passes, in order (a name may appear twice: it runs twice per round)
 PIPELINE = (
     inline_elementwise,        # identity head, Jacobian indicators, cheap producers
+    propagate_zero_conditions,  # a producer's zero region guards its loads in sums
     lift_conditions,           # select(c, v, 0) in a sum's summand -> where=c
     split_sums,                # sum(a + b) with different conditions -> sum(a) + sum(b)
     solve_equalities,          # reduction axes fixed by equalities disappear

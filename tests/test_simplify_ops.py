@@ -248,3 +248,17 @@ def test_through_a_scatter_add_stage():
     # the cheap producer is inlined into the scatter-add itself
     assert [op.name for op in simplify.materialized_stages(simplify.simplify([Y]))] == \
         [S.op.name, "Y"]
+
+
+def test_zero_regions_propagate_through_reductions():
+    # conv1 (3x3, pad 1) then conv2 (1x1, stride 2): the adjoint of conv1's output is
+    # zero on odd rows/columns, so conv1's weight gradient only visits even ones
+    X = te.placeholder((2, 3, 8, 8), "X")
+    W1 = te.placeholder((4, 3, 3, 3), "W1")
+    W2 = te.placeholder((5, 4, 1, 1), "W2")
+    Y2 = te.nn.conv2d(te.nn.conv2d(X, W1, padding=1), W2, stride=2)
+    per_dim = sum(1 for oh in range(0, 8, 2) for kh in range(3) if 0 <= oh + kh - 1 < 8)
+    dW1_pairs = 2 * 4 * 3 * per_dim ** 2
+    dY1_points = 2 * 4 * 4 * 4 * 5  # the 1x1 stride-2 adjoint: nonzero rows only
+    _g, (c,) = check(Y2, [W1], allow=dW1_pairs + dY1_points)
+    assert c == dW1_pairs + dY1_points
