@@ -7,8 +7,10 @@
   (:func:`simplify.sympy_bridge.canonical_index`: ``0 - r + (h + r) // 3`` ->
   ``(h + r) // 3 - r``), when smaller than the original.
 * :func:`eliminate_common_stages` -- stages with the same definition (same
-  body up to renaming of their own axes, same inputs) are merged. Within one
-  expression, interning already makes equal subexpressions one node.
+  body up to renaming of their own axes, same inputs) are merged, and a
+  ``max``/``min`` stage reads the value component of its argmax stage when
+  the gradient computes that anyway. Within one expression, interning already
+  makes equal subexpressions one node.
 """
 
 from texpr import expr as E
@@ -104,19 +106,64 @@ def stage_key(op):
     return None
 
 
-def eliminate_common_stages(tensors):
-    """Merge stages with identical definitions."""
-    seen = {}
+def _canonical_reduce(op, value_index=0):
+    """(source, where) of a reduction stage with its axes renamed canonically."""
+    red = op.body[0]
+    mapping = {a: _canon_var(d, a, "spatial") for d, a in enumerate(op.axis)}
+    mapping.update({a: _canon_var(d, a, "reduce") for d, a in enumerate(red.axes)})
+    return (substitute(red.source[value_index], mapping), substitute(red.where, mapping))
 
-    def fn(op, _orig, _tmap):
+
+def _extreme_key(op):
+    """A key shared by a ``max``/``min`` stage and the argmax/argmin stage over the
+    same source (whose value component is that maximum), else None."""
+    if not isinstance(op, ComputeOp) or not isinstance(op.body[0], Reduce):
+        return None
+    comb = op.body[0].combiner
+    if op.num_outputs == 1 and comb.kind in ("max", "min"):
+        kind = comb.kind
+    elif op.tag == "argmax" and op.num_outputs == 2 and comb.name in ("argmax", "argmin"):
+        kind = comb.name[3:]
+    else:
+        return None
+    src, where = _canonical_reduce(op)
+    return (kind, op.shape, op.dtypes[0], id(src), id(where)), (src, where)
+
+
+def eliminate_common_stages(tensors):
+    """Merge stages with identical definitions; a ``max``/``min`` stage whose
+    argmax stage is computed anyway reads its value component instead (one pass
+    over the windows, not two)."""
+    from texpr.tensor import PlaceholderOp, topo_order
+
+    from .graph import _remapped
+
+    ops = [op for op in topo_order(tensors) if not isinstance(op, PlaceholderOp)]
+    args = {}
+    for op in ops:
+        k = _extreme_key(op)
+        if k is not None and op.num_outputs == 2:
+            args.setdefault(k[0], (op, k[1]))
+    seen = {}
+    built = {}  # id(orig argmax op) -> its rebuilt op
+
+    def fn(op, orig, tmap):
+        if id(orig) in built:
+            return built[id(orig)].outputs
+        k = _extreme_key(orig)
+        if k is not None and orig.num_outputs == 1 and k[0] in args:
+            arg = args[k[0]][0]
+            new_arg = _remapped(arg, tmap)
+            built[id(arg)] = new_arg
+            return new_arg.output(0)
         key = stage_key(op)
         if key is None:
             return None
-        k = key[:-1]
-        hit = seen.get(k)
+        kk = key[:-1]
+        hit = seen.get(kk)
         if hit is not None and hit[0] is not op:
             return hit[0].outputs
-        seen[k] = (op, key)  # the key's expressions stay alive while their ids are used
+        seen[kk] = (op, key)  # the key's expressions stay alive while their ids are used
         return None
 
     return rebuild(tensors, fn)

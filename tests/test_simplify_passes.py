@@ -326,3 +326,16 @@ def test_fuzz_2d_stages(case):
     windows = simplify.stage_count(Y.op) if reducer == "max" else 0
     assert simplify.iteration_count(final) <= max(pairs, X.size) + windows, \
         te.graph_str(final)
+
+
+def test_max_stage_reads_its_argmax_stage():
+    X = te.placeholder((2, 3, 8, 8), "X")
+    W = te.placeholder((4, 3, 3, 3), "W")
+    P = te.nn.max_pool2d(X, 2)
+    Y = te.nn.conv2d(P, W)
+    H = te.placeholder(Y.shape, "H")
+    raw = list(te.differentiate(Y, [X, W], head=H, simplify=False))
+    grads = simplify.simplify(raw)
+    names = [op.name for op in materialized_stages(grads)]
+    assert P.op.name not in names and any(n.endswith("_argmax") for n in names)
+    verify_equal(raw, grads, "simplify")
