@@ -26,6 +26,7 @@ from texpr.tensor import ComputeOp, ScatterAddOp, topo_order
 from texpr.visitor import loads, post_order, substitute, transform
 
 from .domain import Domain, access_is_injective
+from .isl_bridge import isl
 from .graph import accesses, is_elementwise, is_sum_stage, rebuild, remap_loads
 from .materialize import should_inline
 from .terms import all_expr, guarded_terms
@@ -159,7 +160,10 @@ def inline_tail_accesses(tensors):
             source, where, axes, comb = parts[0]
             body = E.make_reduce(comb, (source,), axes, where, 0)
         else:
-            body = _fuse_parts(op.axis, parts)
+            try:
+                body = _fuse_parts(op.axis, parts)
+            except isl.Error:
+                body = None
             if body is None:
                 return None
         return ComputeOp(op.name, op.axis, (body,), op.tag, op.attrs).output(0)
