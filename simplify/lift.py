@@ -41,6 +41,8 @@ def lift_conditions(tensors):
             return _zero_stage(op)
         common_ids = set.intersection(*({id(c) for c in cs} for cs, _v in terms))
         common = [c for c in terms[0][0] if id(c) in common_ids]
+        if not common:  # nothing to lift: keep the summand as it was written
+            return None
         rest = [(tuple(c for c in cs if id(c) not in common_ids), v) for cs, v in terms]
         source = rebuild_sum(rest, red.dtype)
         where = all_expr(conj(conjuncts(red.where) + tuple(common)))
