@@ -44,10 +44,17 @@ from texpr.tensor import ComputeOp, PlaceholderOp, ScatterAddOp
 
 from .schedule import inline_expand
 
+__all__ = ["lower", "Program", "BufferInfo", "default_order", "ExprEmitter", "const_str",
+           "element", "lift_zero_guards"]
+
 #: output tile (elements) below the reduction loops in buffer mode
 BUFFER_TILE = 4096
 #: partial sums in the innermost loop of a sum reduction (a power of two)
 UNROLL = 8
+#: points of the innermost spatial axis blocked together in a sum (register blocking)
+JAM = 4
+#: larger summands are not unrolled (compile time grows with the copies)
+UNROLL_MAX_NODES = 64
 
 
 class BufferInfo:
@@ -176,6 +183,24 @@ def lift_zero_guards(red, space):
     where = E.all_of([red.where] + conds)
     src = E.cast(src, red.dtype) if src.dtype != red.dtype else src
     return E.make_reduce(red.combiner, (src,), red.axes, where, 0)
+
+
+def _lane(name, lane):
+    return name if lane is None else f"{name}_l{lane}"
+
+
+def _jam_axis(sp_order, red):
+    """The innermost spatial axis, if register blocking pays and is exact: the
+    reduction's domain does not depend on it, and some load of the summand does
+    not either (it is then shared by the blocked points)."""
+    if not sp_order:
+        return None
+    a = sp_order[-1]
+    if a.extent < 2 * JAM or _mentions(red.where, a):
+        return None
+    if not any(not _mentions(ld, a) for ld in _loads(red.source)):
+        return None
+    return a
 
 
 # ---- bounds checks --------------------------------------------------------------------
@@ -438,6 +463,7 @@ class _StageLowering:
         self.names = {}
         self.uses_prange = False
         self.unroll = None
+        self.jam_dim = None
 
     def run(self, depth):
         op = self.op
@@ -488,28 +514,63 @@ class _StageLowering:
         combine = self._combine_lines(comb, red, em, resid)
         if scalar_mode:
             sp_order, rd_order = order[:n_sp], order[n_sp:]
+            from texpr.visitor import post_order
+            small = len(post_order(red.source[0])) <= UNROLL_MAX_NODES
+            if comb.kind == "sum" and ncomp == 1 and dt.is_float(comb.dtypes[0]) and small:
+                u_n = UNROLL if comb.dtypes[0] == "float32" else UNROLL // 2
+                self.unroll = (combine, acc[0], comb.dtypes[0], u_n)
+            jam = None
+            if self.unroll is not None and not self.stage.ordered and rd_order:
+                jam = _jam_axis(sp_order, red)
+
+            def init(d, lane=None):
+                for a, c in zip(acc, comb.identity):
+                    w(d, f"{_lane(a, lane)} = {const_str(c.value, c.dtype)}")
+
+            def fin(d, lane=None):
+                for o, a in zip(outs, acc):
+                    w(d, f"{self._store(o)} = {_lane(a, lane)}")
+
+            stmts = {"I": init, "U": lambda d, lane=None: combine(d, [_lane(acc[0], lane)]
+                                                                  + acc[1:]), "F": fin}
+            pos = {id(a): p for p, a in enumerate(sp_order)}
+            pos.update({id(a): n_sp + 1 + p for p, a in enumerate(rd_order)})
+            par_dims = {pos[id(a)] for a in par}
             zeros_r = [0] * len(rd_order)
+            rest_sp, rest_dom = sp_box, dom
+            if jam is not None:
+                # register blocking: JAM consecutive points of the innermost spatial
+                # axis share the reduction loops (one accumulator each), over the
+                # full tiles; the last partial tile runs unblocked below
+                n_full = jam.extent // JAM * JAM
+                in_sp = to_set(jam < n_full, sp_space)[0]
+                in_full = to_set(jam < n_full, space)[0]
+                lane_of = {id(jam): jam % JAM}
+
+                def sv(a):
+                    return jam // JAM if a is jam else self._val(a)
+
+                lane = [jam % JAM]
+                sts = [LA.Statement(f"I{self.k}", spatial, sp_box.intersect(in_sp),
+                                    [sv(a) for a in sp_order] + [0] + zeros_r + lane),
+                       LA.Statement(f"U{self.k}", full, dom.intersect(in_full),
+                                    [sv(a) for a in sp_order] + [1]
+                                    + [self._val(a) for a in rd_order] + lane),
+                       LA.Statement(f"F{self.k}", spatial, sp_box.intersect(in_sp),
+                                    [sv(a) for a in sp_order] + [2] + zeros_r + lane)]
+                self.jam_dim = len(order) + 1
+                self._emit_nest(depth, sts, len(order) + 2, stmts, par_dims)
+                self.jam_dim = None
+                del lane_of
+                rest_sp = sp_box.intersect(in_sp.complement())
+                rest_dom = dom.intersect(in_full.complement())
             sched_i = [self._val(a) for a in sp_order] + [0] + zeros_r
             sched_u = [self._val(a) for a in sp_order] + [1] + [self._val(a) for a in rd_order]
             sched_f = [self._val(a) for a in sp_order] + [2] + zeros_r
-            sts = [LA.Statement(f"I{self.k}", spatial, sp_box, sched_i),
-                   LA.Statement(f"U{self.k}", full, dom, sched_u),
-                   LA.Statement(f"F{self.k}", spatial, sp_box, sched_f)]
-
-            def init(d):
-                for a, c in zip(acc, comb.identity):
-                    w(d, f"{a} = {const_str(c.value, c.dtype)}")
-
-            def fin(d):
-                for o, a in zip(outs, acc):
-                    w(d, f"{self._store(o)} = {a}")
-
-            stmts = {"I": init, "U": lambda d: combine(d, acc), "F": fin}
-            if comb.kind == "sum" and ncomp == 1 and dt.is_float(comb.dtypes[0]):
-                self.unroll = (combine, acc[0], comb.dtypes[0])
-            pos = {id(a): p for p, a in enumerate(sp_order)}
-            pos.update({id(a): n_sp + 1 + p for p, a in enumerate(rd_order)})
-            return self._emit_nest(depth, sts, len(order) + 1, stmts, {pos[id(a)] for a in par})
+            sts = [LA.Statement(f"I{self.k}", spatial, rest_sp, sched_i),
+                   LA.Statement(f"U{self.k}", full, rest_dom, sched_u),
+                   LA.Statement(f"F{self.k}", spatial, rest_sp, sched_f)]
+            return self._emit_nest(depth, sts, len(order) + 1, stmts, par_dims)
         # buffer mode
         for o, c in zip(outs, comb.identity):
             w(depth, f"{o.name}.fill({const_str(c.value, c.dtype)})")
@@ -600,6 +661,11 @@ class _StageLowering:
         if isinstance(node, LA.Block):
             for c in node.body:
                 self._emit_tree(c, depth, par_vars, stmt_vars, stmt_code)
+        elif isinstance(node, LA.For) and self._is_lane_loop(node):
+            for lane in range(JAM):
+                self.names[id(node.var)] = str(lane)
+                self._emit_stmt(node.body, depth, stmt_vars, stmt_code, lane)
+            self.names[id(node.var)] = node.var.name
         elif isinstance(node, LA.For):
             v = self.names[id(node.var)]
             lo, hi = em(node.lo), em(node.hi)
@@ -615,8 +681,11 @@ class _StageLowering:
                     s = node.stride
                     w(depth, f"for {v}_t in prange(({hi} - {lo} + {s - 1}) // {s}):")
                     w(depth + 1, f"{v} = {lo} + {v}_t * {s}")
-            elif (self.unroll is not None and node.stride == 1 and isinstance(node.body, LA.Stmt)
-                  and node.body.name.startswith("U")):
+            elif (self.unroll is not None and node.stride == 1 and (
+                    (isinstance(node.body, LA.Stmt) and node.body.name.startswith("U"))
+                    or (isinstance(node.body, LA.For) and self._is_lane_loop(node.body)
+                        and isinstance(node.body.body, LA.Stmt)
+                        and node.body.body.name.startswith("U")))):
                 self._emit_unrolled_sum(node, v, lo, hi, depth, stmt_vars)
                 return
             else:
@@ -630,44 +699,77 @@ class _StageLowering:
                 w(depth, "else:")
                 self._emit_tree(node.orelse, depth + 1, par_vars, stmt_vars, stmt_code)
         else:
-            kind = node.name.rstrip("0123456789")
-            for v, a in zip(stmt_vars[node.name], node.args):
-                w(depth, f"{self.names[id(v)]} = {em(a)}")
+            self._emit_stmt(node, depth, stmt_vars, stmt_code)
+
+    def _is_lane_loop(self, node):
+        if self.jam_dim is None or node.var.name != f"c{self.k}_{self.jam_dim}":
+            return False
+        if not (isinstance(node.lo, E.Const) and node.lo.value == 0
+                and isinstance(node.hi, E.Const) and node.hi.value == JAM and node.stride == 1):
+            raise TexprError(f"stage {self.op.name}: internal: a register-blocked loop with "
+                             f"bounds {expr_str(node.lo)}..{expr_str(node.hi)}")
+        return True
+
+    def _emit_stmt(self, node, depth, stmt_vars, stmt_code, lane=None):
+        if not isinstance(node, LA.Stmt):
+            raise TexprError(f"stage {self.op.name}: internal: a register-blocked loop "
+                             "around more than one statement")
+        em = self._emitter()
+        kind = node.name.rstrip("0123456789")
+        for v, a in zip(stmt_vars[node.name], node.args):
+            self.w(depth, f"{self.names[id(v)]} = {em(a)}")
+        if lane is None:
             stmt_code[kind](depth)
+        else:
+            stmt_code[kind](depth, lane)
 
     def _emit_unrolled_sum(self, node, v, lo, hi, depth, stmt_vars):
-        """The innermost loop of a sum, with UNROLL independent partial sums (the
-        dependency chain of one accumulator no longer bounds the speed, and the
-        lanes vectorise without reassociation by the compiler), then the
-        remainder, then the partial sums added to the accumulator in a fixed tree."""
+        """The innermost loop of a sum, with ``u_n`` independent partial sums per
+        accumulator (the dependency chain of one accumulator no longer bounds the
+        speed, and the copies vectorise without the compiler reassociating
+        anything), then the remainder, then the partial sums added to the
+        accumulator in a fixed tree. With register blocking, each lane of the
+        blocked spatial axis has its own accumulator and partial sums."""
         w = self.w
-        combine, acc, dtype = self.unroll
-        u_n = UNROLL
+        combine, acc, dtype, u_n = self.unroll
+        lane_loop = node.body if isinstance(node.body, LA.For) else None
+        stmt = lane_loop.body if lane_loop is not None else node.body
+        lanes = list(range(JAM)) if lane_loop is not None else [None]
         w(depth, f"{v}_lo = {lo}")
         w(depth, f"{v}_hi = {hi}")
         w(depth, f"{v}_m = {v}_lo + max({v}_hi - {v}_lo, 0) // {u_n} * {u_n}")
-        parts = [f"{acc}_p{u}" for u in range(u_n)]
-        for p in parts:
-            w(depth, f"{p} = {const_str(0, dtype)}")
-        w(depth, f"for {v} in range({v}_lo, {v}_m, {u_n}):")
+        parts = {ln: [f"{_lane(acc, ln)}_p{u}" for u in range(u_n)] for ln in lanes}
+        for ln in lanes:
+            for p in parts[ln]:
+                w(depth, f"{p} = {const_str(0, dtype)}")
         em = self._emitter()
-        stmt = node.body
-        for u, p in enumerate(parts):
-            lane = f"{v}_u{u}"
-            w(depth + 1, f"{lane} = {v} + {u}")
-            saved = self.names[id(node.var)]
-            self.names[id(node.var)] = lane
+
+        def body(d, ln, target):
+            if lane_loop is not None:
+                self.names[id(lane_loop.var)] = str(ln)
             for var, a in zip(stmt_vars[stmt.name], stmt.args):
-                w(depth + 1, f"{self.names[id(var)]} = {em(a)}")
-            self.names[id(node.var)] = saved
-            combine(depth + 1, [p])
+                w(d, f"{self.names[id(var)]} = {em(a)}")
+            combine(d, [target])
+
+        w(depth, f"for {v} in range({v}_lo, {v}_m, {u_n}):")
+        saved = self.names[id(node.var)]
+        for u in range(u_n):
+            lane_var = f"{v}_u{u}"
+            w(depth + 1, f"{lane_var} = {v} + {u}")
+            self.names[id(node.var)] = lane_var
+            for ln in lanes:
+                body(depth + 1, ln, parts[ln][u])
+        self.names[id(node.var)] = saved
         w(depth, f"for {v} in range({v}_m, {v}_hi):")
-        for var, a in zip(stmt_vars[stmt.name], stmt.args):
-            w(depth + 1, f"{self.names[id(var)]} = {em(a)}")
-        combine(depth + 1, [acc])
-        while len(parts) > 1:
-            parts = [f"({parts[i]} + {parts[i + 1]})" for i in range(0, len(parts), 2)]
-        w(depth, f"{acc} += {parts[0]}")
+        for ln in lanes:
+            body(depth + 1, ln, _lane(acc, ln))
+        for ln in lanes:
+            ps = parts[ln]
+            while len(ps) > 1:
+                ps = [f"({ps[i]} + {ps[i + 1]})" for i in range(0, len(ps), 2)]
+            w(depth, f"{_lane(acc, ln)} += {ps[0]}")
+        if lane_loop is not None:
+            self.names[id(lane_loop.var)] = lane_loop.var.name
 
     def _scatter(self, depth):
         op, w = self.op, self.w
@@ -691,14 +793,12 @@ class _StageLowering:
             ck.walk(e, dom, resid is not None)
         em.checks = ck.need
         order = list(self.stage.leaf_axes) if self.stage.ordered else axes
-        # the scatter's own indices are checked against the output's shape
-        fake = E.load(op.output(0), op.indices) if op.indices else None
 
         def upd(d):
             if resid is not None:
                 w(d, f"if {em(resid)}:")
                 d += 1
-            if fake is None:
+            if not op.indices:
                 w(d, f"{element(out, [])} += {em.cast(op.value, out.dtype)}")
                 return
             idx = [em(i) for i in op.indices]
@@ -773,5 +873,3 @@ def lower(schedule, inputs, materialized, inlined, parallel=True):
     return Program(src, order, errors, names, uses_prange)
 
 
-__all__ = ["lower", "Program", "BufferInfo", "default_order", "ExprEmitter", "const_str"]
-_ = np

@@ -162,12 +162,18 @@ def reduction_case():
                           name="positive_sum")
     a1, a2 = te.reduce_axis(n, "a1"), te.reduce_axis(kk, "a2")
     total = te.compute((), lambda: te.sum(X[a1, a2], axis=[a1, a2]), name="total")
-    outs = [relu, amax_v, amax_i, cumsum, mx, mn, pr, empty, shifted, positive, total]
+    V = te.placeholder((10, kk), "V", "float64")
+    k2 = te.reduce_axis(kk, "k2")
+    # 10 columns: two register-blocked tiles of 4, then a partial tile of 2
+    blocked = te.compute((n, 10), lambda i, j: te.sum(X[i, k2] * V[j, k2], axis=k2),
+                         name="blocked")
+    outs = [relu, amax_v, amax_i, cumsum, mx, mn, pr, empty, shifted, positive, total, blocked]
     rng = np.random.default_rng(1)
     x = rng.uniform(-1, 1, (n, kk))
     x[0, 3] = x[0, 5] = 5.0  # a tie: the first index wins with >=
-    feed = {X: x, W: rng.uniform(-1, 1, (m, kk)), b: rng.uniform(-1, 1, (m,))}
-    inputs = [X, W, b]
+    feed = {X: x, W: rng.uniform(-1, 1, (m, kk)), b: rng.uniform(-1, 1, (m,)),
+            V: rng.uniform(-1, 1, (10, kk))}
+    inputs = [X, W, b, V]
     return codegen.build(outs, inputs), outs, feed, inputs
 
 
@@ -183,6 +189,7 @@ def test_default_schedule_inlines_elementwise_and_materialises_reductions(reduct
     assert "mm" in kernel.stages and "biased" not in kernel.stages and "relu" in kernel.stages
     assert "amax" in kernel.stages
     assert "prange" in kernel.source
+    assert "_l3_p3" in kernel.source  # blocked: 4 columns x 4 partial sums (float64)
     # the triangular cumsum gets an exact bound, not a test
     src = kernel.source
     block = src[src.index("stage cumsum"):src.index("stage rowmax")]
