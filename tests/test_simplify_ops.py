@@ -262,3 +262,21 @@ def test_zero_regions_propagate_through_reductions():
     dY1_points = 2 * 4 * 4 * 4 * 5  # the 1x1 stride-2 adjoint: nonzero rows only
     _g, (c,) = check(Y2, [W1], allow=dW1_pairs + dY1_points)
     assert c == dW1_pairs + dY1_points
+
+
+@pytest.mark.parametrize("name", ["conv2d_s2", "conv2d_transpose_s2", "cumsum", "maxpool2"])
+def test_simplified_gradients_differentiate_again(name):
+    # a simplified graph (tightened axes, solved indices, argmax stages) is ordinary IR:
+    # its own gradient simplifies back to the forward's work
+    from test_simplify_cases import suite
+
+    Y, inputs, _ = suite(small=True)[name]
+    H = te.placeholder(Y.shape, "H")
+    g = te.differentiate(Y, inputs, head=H)[0]
+    V = te.placeholder(g.shape, "V")
+    gg = te.differentiate(g, [H], head=V)[0]
+    raw = te.differentiate(g, [H], head=V, simplify=False)[0]
+    feed = feed_for([gg, raw])
+    np.testing.assert_allclose(te.evaluate(gg, feed), te.evaluate(raw, feed), rtol=1e-4,
+                               atol=1e-4)
+    assert simplify.iteration_count([gg]) * 50 < simplify.iteration_count([raw])
