@@ -4,11 +4,30 @@ Public API:
 
 * :func:`simplify` -- the pass pipeline on a whole graph (``te.differentiate``
   calls it; codegen runs it again before lowering: it is idempotent).
-* :func:`iteration_count` -- exact number of points visited by a graph.
+* :func:`iteration_count` -- exact number of points visited by a graph
+  (barvinok's symbolic ``card``: no enumeration, milliseconds at 10^8 points).
 * :func:`materialized_stages` -- which stages get buffers (the rule codegen's
-  default schedule uses too).
+  default schedule uses too; see :mod:`simplify.materialize`).
 * :func:`explain` -- the per-pass record of one tensor.
-* :data:`PIPELINE` -- the ordered pass list.
+* :data:`PIPELINE` -- the ordered pass list (:mod:`simplify.pipeline`).
+
+Modules, one job each:
+
+==================  =========================================================
+``isl_bridge``      the only islpy importer: IR <-> PwAff/Set, counting, solving
+``sympy_bridge``    the only sympy importer: canonical index arithmetic
+``graph``           rebuilding a Tensor graph stage by stage
+``terms``           an expression as a sum of guarded terms (nonzeroness)
+``domain``          iteration domains: solve equalities, tighten boxes, count
+``materialize``     the inline/materialise rule and the iteration count
+``inline``          inline elementwise producers; fold reductions into tails
+``propagate``       a producer's zero region guards its loads in sums
+``lift``            conditions into ``where=``; split sums over ``+``
+``solve``           eliminate reduction axes; tighten reduction boxes
+``scatter``         data-dependent gathers -> scatter-add stages
+``cleanup``         ISL/SymPy index forms; merge identical stages
+``pipeline``        the ordered list, the fixpoint, the env switches, explain
+==================  =========================================================
 """
 
 from .materialize import is_cheap, iteration_count, materialized_stages, should_inline, stage_count

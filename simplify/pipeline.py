@@ -37,17 +37,17 @@ from .solve import solve_equalities, tighten_domains
 
 #: the passes, in order (a name may appear twice: it runs twice per round)
 PIPELINE = (
-    inline_elementwise,        # identity head, Jacobian indicators, cheap producers
+    inline_elementwise,         # identity head, Jacobian indicators, cheap producers
     propagate_zero_conditions,  # a producer's zero region guards its loads in sums
-    lift_conditions,           # select(c, v, 0) in a sum's summand -> where=c
-    split_sums,                # sum(a + b) with different conditions -> sum(a) + sum(b)
-    solve_equalities,          # reduction axes fixed by equalities disappear
-    tighten_domains,           # reduction boxes shrink to the projection; gist where
-    gathers_to_scatters,       # data-dependent index equalities -> scatter-add
-    inline_elementwise,        # stages that became elementwise go into their consumers
-    inline_tail_accesses,      # reshape/flatten after a reduction: fold the reduction in
-    algebraic_cleanup,         # sympy canonical forms of index arithmetic
-    eliminate_common_stages,   # identical stages merged
+    lift_conditions,            # select(c, v, 0) in a sum's summand -> where=c
+    split_sums,                 # sum(a + b) with different conditions -> sum(a) + sum(b)
+    solve_equalities,           # reduction axes fixed by equalities disappear
+    tighten_domains,            # reduction boxes shrink to the projection; gist where
+    gathers_to_scatters,        # data-dependent index equalities -> scatter-add
+    inline_elementwise,         # stages that became elementwise go into their consumers
+    inline_tail_accesses,       # reshape/flatten/adjoint sum after reductions: fold them in
+    algebraic_cleanup,          # ISL / sympy canonical forms of index arithmetic
+    eliminate_common_stages,    # identical stages merged; max reads its argmax stage
 )
 
 MAX_ROUNDS = 4
