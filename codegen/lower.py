@@ -516,11 +516,12 @@ class _StageLowering:
             sp_order, rd_order = order[:n_sp], order[n_sp:]
             from texpr.visitor import post_order
             small = len(post_order(red.source[0])) <= UNROLL_MAX_NODES
-            if comb.kind == "sum" and ncomp == 1 and dt.is_float(comb.dtypes[0]) and small:
-                u_n = UNROLL if comb.dtypes[0] == "float32" else UNROLL // 2
+            sum_ok = comb.kind == "sum" and ncomp == 1 and dt.is_float(comb.dtypes[0]) and small
+            u_n = UNROLL if comb.dtypes[0] == "float32" else UNROLL // 2
+            if sum_ok and rd_order and rd_order[-1].extent >= 2 * u_n:
                 self.unroll = (combine, acc[0], comb.dtypes[0], u_n)
             jam = None
-            if self.unroll is not None and not self.stage.ordered and rd_order:
+            if sum_ok and not self.stage.ordered and rd_order:
                 jam = _jam_axis(sp_order, red)
 
             def init(d, lane=None):
