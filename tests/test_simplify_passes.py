@@ -29,7 +29,7 @@ def index_expr(draw, vars):
     b = draw(st.integers(-1, 2))
     c = draw(st.integers(-2, 3))
     e = a * v + b * w + c if (a or b) else v + c
-    kind = draw(st.sampled_from(["plain", "div", "mod", "clamp", "divmod"]))
+    kind = draw(st.sampled_from(["plain", "div", "mod", "clamp", "divmod", "gather"]))
     d = draw(st.integers(2, 3))
     if kind == "div":
         e = e // d
@@ -39,7 +39,13 @@ def index_expr(draw, vars):
         e = (e // d) * 2 + e % d
     elif kind == "clamp":
         e = te.max(te.min(e, draw(st.integers(1, 5))), 0)
+    elif kind == "gather":  # a data-dependent index (the fed index list is all zeros)
+        e = GATHER_INDEX[v % 4] + c
     return e
+
+
+#: the int tensor the fuzzed gathers read their indices from
+GATHER_INDEX = te.placeholder((4,), "I", dtype="int64")
 
 
 @st.composite
