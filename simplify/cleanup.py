@@ -56,9 +56,17 @@ def _clean_expr(e, memo):
     return top(e)
 
 
+#: index expression -> its clean form, across calls (interned nodes recur between
+#: rounds and gradients); entries keep their node alive, so the cache is bounded
+_MEMO = {}
+_MEMO_LIMIT = 100_000
+
+
 def algebraic_cleanup(tensors):
-    """Canonical forms of integer index arithmetic (SymPy)."""
-    memo = {}
+    """Canonical forms of integer index arithmetic (ISL and SymPy)."""
+    if len(_MEMO) > _MEMO_LIMIT:
+        _MEMO.clear()
+    memo = _MEMO
 
     def fn(op, _orig, _tmap):
         if isinstance(op, ComputeOp):
