@@ -53,6 +53,9 @@ BUFFER_TILE = 4096
 UNROLL = 8
 #: points of the innermost spatial axis blocked together in a sum (register blocking)
 JAM = 4
+#: a reduction loop this short, innermost among the reductions in buffer mode, is
+#: unrolled inside the spatial loops
+MAX_LANES = 4
 #: larger summands are not unrolled (compile time grows with the copies)
 UNROLL_MAX_NODES = 64
 
@@ -464,6 +467,7 @@ class _StageLowering:
         self.uses_prange = False
         self.unroll = None
         self.jam_dim = None
+        self.lanes = None  # (loop dimension, count) of an unrolled reduction loop
 
     def run(self, depth):
         op = self.op
@@ -576,10 +580,39 @@ class _StageLowering:
         for o, c in zip(outs, comb.identity):
             w(depth, f"{o.name}.fill({const_str(c.value, c.dtype)})")
         targets = [self._store(o) for o in outs]
-        sts = [LA.Statement(f"U{self.k}", full, dom, [self._val(a) for a in order])]
+        stmts = {"U": lambda d, lane=None: combine(d, targets)}
+        rest = dom
+        temps = [f"t{self.k}_{c}" for c in range(ncomp)]
+        lane_stmts = {
+            "U": lambda d, lane=None: combine(d, temps),
+            "load": lambda d: [w(d, f"{t} = {g}") for t, g in zip(temps, targets)],
+            "store": lambda d: [w(d, f"{g} = {t}") for t, g in zip(temps, targets)]}
+        lane_axis = None
+        if not self.stage.ordered and order[-1].kind == "spatial":
+            rd = [a for a in order if a.kind == "reduce"]
+            if rd and rd[-1].extent <= MAX_LANES and rd[-1].dom[0] == 0 \
+                    and any(_mentions(ld, rd[-1]) for ld in _loads(red.source)):
+                lane_axis = rd[-1]
+        if lane_axis is not None:
+            # the short innermost reduction loop moves inside the spatial loops and
+            # is unrolled (each output element is loaded and stored once for all its
+            # lanes) where every lane is in the domain; the rest runs as it is
+            k_ax = next(i for i, a in enumerate(full) if a is lane_axis)
+            bad = box.subtract(dom).project_out(isl.dim_type.set, k_ax, 1)
+            bad = bad.insert_dims(isl.dim_type.set, k_ax, 1).intersect(box)
+            main = dom.subtract(bad)
+            rest = dom.intersect(bad)
+            lane_order = [a for a in order if a is not lane_axis] + [lane_axis]
+            pos = {id(a): p for p, a in enumerate(lane_order)}
+            self.lanes = (len(order) - 1, lane_axis.extent)
+            self._emit_nest(depth, [LA.Statement(f"U{self.k}", full, main,
+                                                 [self._val(a) for a in lane_order])],
+                            len(order), lane_stmts, {pos[id(a)] for a in par})
+            self.lanes = None
         pos = {id(a): p for p, a in enumerate(order)}
-        return self._emit_nest(depth, sts, len(order), {"U": lambda d: combine(d, targets)},
-                               {pos[id(a)] for a in par})
+        return self._emit_nest(depth, [LA.Statement(f"U{self.k}", full, rest,
+                                                    [self._val(a) for a in order])],
+                               len(order), stmts, {pos[id(a)] for a in par})
 
     # -- pieces --------------------------------------------------------------
     def _emitter(self):
@@ -663,9 +696,17 @@ class _StageLowering:
             for c in node.body:
                 self._emit_tree(c, depth, par_vars, stmt_vars, stmt_code)
         elif isinstance(node, LA.For) and self._is_lane_loop(node):
-            for lane in range(JAM):
+            lanes = range(JAM if self.lanes is None else self.lanes[1])
+            if self.lanes is not None:
+                # buffer mode: the output element is read once into a scalar, takes
+                # every lane in order, and is written back once
+                self.names[id(node.var)] = "0"
+                self._emit_stmt(node.body, depth, stmt_vars, {"U": stmt_code["load"]})
+            for lane in lanes:
                 self.names[id(node.var)] = str(lane)
                 self._emit_stmt(node.body, depth, stmt_vars, stmt_code, lane)
+            if self.lanes is not None:
+                stmt_code["store"](depth)
             self.names[id(node.var)] = node.var.name
         elif isinstance(node, LA.For):
             v = self.names[id(node.var)]
@@ -703,6 +744,11 @@ class _StageLowering:
             self._emit_stmt(node, depth, stmt_vars, stmt_code)
 
     def _is_lane_loop(self, node):
+        if self.lanes is not None:
+            dim, n = self.lanes
+            return (node.var.name == f"c{self.k}_{dim}" and isinstance(node.lo, E.Const)
+                    and node.lo.value == 0 and isinstance(node.hi, E.Const)
+                    and node.hi.value == n and node.stride == 1)
         if self.jam_dim is None or node.var.name != f"c{self.k}_{self.jam_dim}":
             return False
         if not (isinstance(node.lo, E.Const) and node.lo.value == 0
