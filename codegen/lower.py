@@ -29,7 +29,23 @@ except for reductions, where the axis giving the most unit-stride accesses goes
 innermost: a reduction axis (scalar mode) or a spatial axis (buffer mode, with
 the reduction loops moved outside the spatial loops whose output tile is small
 so that the innermost loop has independent iterations and vectorises without
-reassociating floating-point sums). The outermost spatial loop runs in parallel.
+reassociating floating-point sums). The outermost spatial loop runs in parallel
+(``prange``; never a loop that accumulates into shared locations).
+
+Code shape (all exact: no reassociation the user did not ask for beyond a
+sum's order of terms, which the evaluator does not fix either):
+
+* buffers are passed flat; an element is ``buf[np.uint64(row-major offset)]``
+  with the static extents as constants (no negative-index wrap-around code,
+  unit strides visible to LLVM);
+* the innermost loop of a floating-point sum (scalar mode) is unrolled into
+  ``UNROLL`` partial sums, added to the accumulator in a fixed tree;
+* register blocking: in scalar mode, ``JAM`` consecutive points of the innermost
+  spatial axis share the reduction loops (when the domain does not depend on
+  that axis and some load is shared), each with its own accumulator;
+* in buffer mode a short innermost reduction loop (``<= MAX_LANES``) is unrolled
+  inside the spatial loops where all its values are in the domain, so each
+  output element is loaded and stored once for all of them.
 """
 
 import numpy as np
