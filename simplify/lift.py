@@ -86,10 +86,11 @@ def split_sums(tensors):
             return None
         if split < unsplit:
             tensors_ = []
-            for k, ((cs, v), w) in enumerate(zip(terms, parts)):
-                body = E.make_reduce(red.combiner, (v if v.dtype == red.dtype else E.cast(v, red.dtype),),
-                                     raxes, w, 0)
-                tensors_.append(fresh_stage(f"{op.name}_t{k}", axis, body, tag="split_sum").output(0))
+            for k, ((_cs, v), w) in enumerate(zip(terms, parts)):
+                v = v if v.dtype == red.dtype else E.cast(v, red.dtype)
+                body = E.make_reduce(red.combiner, (v,), raxes, w, 0)
+                stage = fresh_stage(f"{op.name}_t{k}", axis, body, tag="split_sum")
+                tensors_.append(stage.output(0))
             total = None
             for t in tensors_:
                 ld = t[axis]
