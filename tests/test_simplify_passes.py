@@ -268,6 +268,8 @@ def test_small_cnn_symbolic_speed_and_values():
     raw = te.differentiate(loss, [W1, b1, W2, W3], simplify=False)
     raw_counts = [simplify.iteration_count([g]) for g in raw]
     assert all(c * 50 < r for c, r in zip(counts, raw_counts)), (counts, raw_counts)
+    again = simplify.simplify(list(grads))
+    assert te.graph_str(again, canonical=True) == te.graph_str(list(grads), canonical=True)
     feed = feed_for([loss] + list(grads) + list(raw))
     feed[L] = np.array([1, 0, 3, 9])
     for a, b in zip(te.evaluate(list(raw), feed), te.evaluate(list(grads), feed)):
