@@ -24,7 +24,7 @@ import numpy as np
 from texpr.examples import digits
 
 quick = os.environ.get("TEXPR_NOTEBOOK_QUICK") == "1"
-args = digits.parse_args(["--epochs", "1" if quick else "15"] + (["--limit", "400"] if quick else []))
+args = digits.parse_args(["--epochs", "1" if quick else "20"] + (["--limit", "400"] if quick else []))
 history = digits.train(args)
 
 # %%

@@ -127,9 +127,10 @@ def _pad(idx, batch):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="texpr-digits", description=__doc__.splitlines()[0])
-    p.add_argument("--epochs", type=int, default=15, help="training epochs (default 15)")
+    p.add_argument("--epochs", type=int, default=20, help="training epochs (default 20)")
     p.add_argument("--batch-size", type=int, default=64, help="mini-batch size (default 64)")
-    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
+    p.add_argument("--lr", type=float, default=0.1,
+                   help="initial SGD learning rate, cosine-decayed over the epochs (default 0.1)")
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
     p.add_argument("--seed", type=int, default=0, help="split, init and shuffling seed")
     p.add_argument("--plot", metavar="PATH", help="save a PNG of train loss and test accuracy")
@@ -177,6 +178,8 @@ def train(args, out=sys.stdout):
 
     history = {"loss": [], "test_accuracy": []}
     for epoch in range(args.epochs):
+        # cosine learning-rate decay: large steps first, a settled model at the end
+        lr = 0.5 * args.lr * (1 + np.cos(np.pi * epoch / max(args.epochs, 1)))
         total, seen = 0.0, 0
         bar = tqdm(list(_batches(len(x_tr), B, rng)), desc=f"epoch {epoch + 1}/{args.epochs}",
                    file=out, leave=True, disable=None)
@@ -186,7 +189,7 @@ def train(args, out=sys.stdout):
                             *[params[n] for n in names])
             for n, gn in zip(names, g):
                 velocity[n] = args.momentum * velocity[n] + gn
-                params[n] = (params[n] - args.lr * velocity[n]).astype(dtype)
+                params[n] = (params[n] - lr * velocity[n]).astype(dtype)
             k = int(mask.sum())
             total += float(loss) * k
             seen += k
