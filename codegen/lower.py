@@ -50,7 +50,7 @@ sum's order of terms, which the evaluator does not fix either):
 
 import numpy as np
 
-from simplify.isl_bridge import VarSpace, box_set, isl, to_pwaff, to_set
+from simplify.isl_bridge import VarSpace, box_set, card, isl, to_pwaff, to_set
 from simplify import loop_ast as LA
 from texpr import dtypes as dt
 from texpr import expr as E
@@ -131,6 +131,30 @@ def _loads(exprs):
     return [n for n in post_order(exprs) if isinstance(n, E.Load)]
 
 
+def _average_trips(exprs, spatial, reduce_):
+    """id(axis) -> the average trip count of a loop over it inside all the other
+    loops of the stage's domain (points / points of the projection): the extent,
+    unless the reduction's ``where`` ties the axis to others (e.g. a spatial axis
+    ``2*r - 1 <= h <= 2*r + 1`` runs 3 times per value of ``r``)."""
+    axes = list(spatial) + list(reduce_)
+    red = next((e for e in exprs if isinstance(e, E.Reduce)), None)
+    out = {id(a): float(a.extent) for a in axes}
+    if red is None or (isinstance(red.where, E.Const) and red.where.value is True):
+        return out
+    try:
+        space = VarSpace(axes)
+        dom = box_set(space).intersect(to_set(red.where, space)[0])
+        total = card(dom)
+        if total == 0:
+            return out
+        for k, a in enumerate(axes):
+            proj = card(dom.project_out(isl.dim_type.set, k, 1))
+            out[id(a)] = total / max(proj, 1)
+    except TexprError:
+        pass
+    return out
+
+
 def default_order(op, exprs, spatial, reduce_):
     """The default leaf order (see the module docstring); returns a list of axes."""
     if not reduce_:
@@ -153,11 +177,13 @@ def default_order(op, exprs, spatial, reduce_):
     if spatial:
         score[id(spatial[-1])] = score.get(id(spatial[-1]), 0) + 2  # the store
 
+    trip = _average_trips(exprs, spatial, reduce_)
+
     def key(ax):
         is_sp = ax.kind == "spatial"
-        return (score[id(ax)], min(ax.extent, 16), is_sp)
+        return (score[id(ax)], min(trip[id(ax)], 16), is_sp)
 
-    cands = [a for a in list(spatial) + list(reduce_) if a.extent >= 4] or list(reduce_)
+    cands = [a for a in list(spatial) + list(reduce_) if trip[id(a)] >= 4] or list(reduce_)
     best = max(cands, key=key)
     if best.kind == "reduce":
         rest = [a for a in reduce_ if a is not best]
