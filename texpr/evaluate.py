@@ -26,7 +26,8 @@ from .errors import FeedError, OutOfBoundsError, TexprError
 from .expr import (Add, And, Call, Cast, Const, Div, EQ, FloorDiv, FloorMod, GE, GT, LE, LT,
                    Load, Max, Min, Mul, NE, Not, Or, Reduce, Select, Sub, Var)
 from .printer import expr_str
-from .tensor import ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, topo_order
+from .tensor import (ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, check_input_array,
+                     topo_order)
 
 #: elements of one chunk's index grid (stage points times reduction points)
 CHUNK_ELEMENTS = 1 << 23
@@ -276,19 +277,7 @@ def _check_feed(op, feed_by_id):
     if id(t) not in feed_by_id:
         raise FeedError(f"evaluate: no value fed for placeholder {t.name} "
                         f"(shape {t.shape}, {t.dtype})")
-    value = feed_by_id[id(t)]
-    if not isinstance(value, np.ndarray):
-        try:
-            value = np.asarray(value, dtype=t.dtype)
-        except (TypeError, ValueError) as exc:
-            raise FeedError(f"evaluate: the value fed for {t.name} is not an array: {exc}") from None
-    if value.shape != t.shape:
-        raise FeedError(f"evaluate: placeholder {t.name} expects shape {t.shape}, "
-                        f"got an array of shape {value.shape}")
-    if value.dtype.name != t.dtype:
-        raise FeedError(f"evaluate: placeholder {t.name} expects dtype {t.dtype}, got "
-                        f"{value.dtype.name} (convert it with .astype('{t.dtype}'))")
-    return value
+    return check_input_array(t, feed_by_id[id(t)], "evaluate", convert=True)
 
 
 def evaluate(outputs, feed):

@@ -122,25 +122,23 @@ def prod(expr, axis, where=None):
     return _PROD(expr, axis, where)
 
 
+def _elementwise_or_reduce(name, reducer, elementwise, a, b, axis, where):
+    if axis is None:
+        if b is None:
+            raise TexprError(f"te.{name} needs axis= (a reduction) or two expressions")
+        return elementwise(a, b)
+    if b is not None:
+        raise TexprError(f"te.{name}: give either two expressions or one and axis=")
+    return reducer(a, axis, where)
+
+
 def max(a, b=None, axis=None, where=None):  # noqa: A001
     """With ``axis``: the maximum of ``a`` over it (``-inf``/int min if empty).
     Without: the elementwise maximum of the two expressions ``a`` and ``b``."""
-    if axis is None:
-        if b is None:
-            raise TexprError("te.max needs axis= (a reduction) or two expressions")
-        return maximum(a, b)
-    if b is not None:
-        raise TexprError("te.max: give either two expressions or one and axis=")
-    return _MAX(a, axis, where)
+    return _elementwise_or_reduce("max", _MAX, maximum, a, b, axis, where)
 
 
 def min(a, b=None, axis=None, where=None):  # noqa: A001
     """With ``axis``: the minimum of ``a`` over it (``+inf``/int max if empty).
     Without: the elementwise minimum of the two expressions ``a`` and ``b``."""
-    if axis is None:
-        if b is None:
-            raise TexprError("te.min needs axis= (a reduction) or two expressions")
-        return minimum(a, b)
-    if b is not None:
-        raise TexprError("te.min: give either two expressions or one and axis=")
-    return _MIN(a, axis, where)
+    return _elementwise_or_reduce("min", _MIN, minimum, a, b, axis, where)

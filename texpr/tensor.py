@@ -14,7 +14,7 @@ import itertools
 import numpy as np
 
 from . import dtypes as dt
-from .errors import AxisError, ShapeError, TexprError
+from .errors import AxisError, FeedError, ShapeError, TexprError
 from .expr import Expr, IterVar, Reduce, as_expr, iter_var, load
 from .visitor import post_order, substitute
 
@@ -420,3 +420,27 @@ def topo_order(outputs):
             if id(t.op) not in seen:
                 stack.append((t.op, False))
     return order
+
+
+def check_input_array(tensor, value, who, convert=False):
+    """Check a value given for placeholder ``tensor``: shape and dtype exactly as declared.
+
+    With ``convert``, non-arrays (lists, scalars) are converted to the declared
+    dtype first. Returns the array. Raises ``FeedError`` naming ``who`` (the
+    caller: "evaluate", "kernel"), the tensor, and the expected shape/dtype.
+    """
+    if not isinstance(value, np.ndarray):
+        if not convert:
+            raise FeedError(f"{who}: the value for {tensor.name} must be a numpy array, got "
+                            f"{type(value).__name__}")
+        try:
+            value = np.asarray(value, dtype=tensor.dtype)
+        except (TypeError, ValueError) as exc:
+            raise FeedError(f"{who}: the value fed for {tensor.name} is not an array: {exc}") from None
+    if value.shape != tensor.shape:
+        raise FeedError(f"{who}: placeholder {tensor.name} expects shape {tensor.shape}, "
+                        f"got an array of shape {value.shape}")
+    if value.dtype.name != tensor.dtype:
+        raise FeedError(f"{who}: placeholder {tensor.name} expects dtype {tensor.dtype}, got "
+                        f"{value.dtype.name} (convert it with .astype('{tensor.dtype}'))")
+    return value

@@ -33,20 +33,7 @@ def numeric_gradient(loss, wrt, feed, eps=1e-6):
     """
     if loss.shape != ():
         raise TexprError(f"numeric_gradient: loss {loss.name} must be a scalar, got shape {loss.shape}")
-    base = np.array(feed[wrt], dtype=np.float64, copy=True)
-    grad = np.zeros(base.shape, dtype=np.float64)
-    f = dict(feed)
-    for idx in np.ndindex(*base.shape):
-        plus = base.copy()
-        plus[idx] += eps
-        minus = base.copy()
-        minus[idx] -= eps
-        f[wrt] = plus.astype(feed[wrt].dtype)
-        hi = float(evaluate(loss, f))
-        f[wrt] = minus.astype(feed[wrt].dtype)
-        lo = float(evaluate(loss, f))
-        grad[idx] = (hi - lo) / (2 * eps)
-    return grad
+    return numeric_jacobian(loss, wrt, feed, eps)
 
 
 def numeric_jacobian(output, wrt, feed, eps=1e-6):
