@@ -3,6 +3,7 @@
 import numpy as np
 
 from texpr.errors import FeedError, OutOfBoundsError, ScheduleError, TexprError
+from texpr.printer import tensor_str
 from texpr.tensor import PlaceholderOp, ScatterAddOp, Tensor
 
 from . import compile as _compile
@@ -149,6 +150,8 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
             mat.add(id(op.init.op))
     program = lower(schedule, inputs, mat, inl, parallel=parallel)
     specs = [(b.dtype, 1) for b in program.buffers] + [("int64", 1)]
-    compiled = _compile.compile_source(program.source, specs,
-                                       describe="stages " + ", ".join(program.stages))
+    defs = [tensor_str(op.output(0)) for op in schedule.ops if id(op) in mat]
+    describe = "the stages\n  " + "\n  ".join(d if len(d) < 400 else d[:400] + " ..."
+                                              for d in defs)
+    compiled = _compile.compile_source(program.source, specs, describe=describe)
     return Kernel(program, compiled, inputs, outs)
