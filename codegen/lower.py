@@ -72,6 +72,8 @@ JAM = 4
 #: a reduction loop this short, innermost among the reductions in buffer mode, is
 #: unrolled inside the spatial loops
 MAX_LANES = 4
+#: at most this many residue splits of one stage's domain (each doubles its code, about)
+MAX_RESIDUE_SPLITS = 2
 #: larger summands are not unrolled (compile time grows with the copies)
 UNROLL_MAX_NODES = 64
 
@@ -228,6 +230,32 @@ def lift_zero_guards(red, space):
     where = E.all_of([red.where] + conds)
     src = E.cast(src, red.dtype) if src.dtype != red.dtype else src
     return E.make_reduce(red.combiner, (src,), red.axes, where, 0)
+
+
+def _free(e):
+    from texpr.visitor import free_vars
+    return free_vars(e) if isinstance(e, E.Expr) else []
+
+
+def _residue_candidates(where, space, dom):
+    """The ``(e, m)`` of the ``e % m`` and ``e // m`` in ``where`` (constant
+    ``m >= 2``, ``e`` quasi-affine over the stage's axes) whose residues in the
+    domain are more than one class and fewer than ``m``: conditions a single
+    stride cannot express."""
+    from texpr.visitor import post_order
+    out = []
+    for n in post_order(where):
+        if not (isinstance(n, (E.FloorMod, E.FloorDiv)) and isinstance(n.b, E.Const)
+                and isinstance(n.b.value, int) and n.b.value >= 2):
+            continue
+        if to_pwaff(n.a, space) is None or any(n.a is e for e, _ in out):
+            continue
+        m = n.b.value
+        k = sum(1 for r in range(m)
+                if not dom.intersect(to_set(E.floormod(n.a, m) == r, space)[0]).is_empty())
+        if 1 < k < m:
+            out.append((n.a, m))
+    return out[:MAX_RESIDUE_SPLITS]
 
 
 def _lane(name, lane):
@@ -510,6 +538,7 @@ class _StageLowering:
         self.unroll = None
         self.jam_dim = None
         self.lanes = None  # (loop dimension, count) of an unrolled reduction loop
+        self.residues = []  # [(e, m)]: split the domains on the residues of e % m
 
     def run(self, depth):
         op = self.op
@@ -546,6 +575,7 @@ class _StageLowering:
         red = lift_zero_guards(red, space)
         wset, resid = to_set(red.where, space)
         dom = box.intersect(wset)
+        self.residues = _residue_candidates(red.where, space, dom)
         em = self._emitter()
         ck = _BoundsChecker(op.name, space, box)
         ck.walk(red.where, box, False)
@@ -719,7 +749,64 @@ class _StageLowering:
                     w(depth, f"{t} = {n}")
         return emit
 
+    def _split_residues(self, cand, statements, ndims, par_dims):
+        """Split the statements on the residue classes of a ``(e % m)`` of the
+        ``where`` that keeps more than one and fewer than ``m`` classes (e.g.
+        ``(h + 1) % 3 <= 1``): each class gets loops of its own, in which isl turns
+        the condition into a stride instead of a test in every iteration. The
+        classes run one after the other, at the loop level where ``e``'s last
+        variable is scheduled. Returns ``(statements, ndims, par_dims)``."""
+        e, m = cand
+        evars = [v for v in _free(e)]
+        owner = next((st for st in statements if all(any(v is x for x in st.vars)
+                                                     for v in evars)), None)
+        if owner is None:
+            return statements, ndims, par_dims
+        # the schedule position where all of e's variables are fixed
+        t = None
+        for idx in range(len(owner.schedule)):
+            seen = [x for sch in owner.schedule[:idx + 1] for x in _free(sch)]
+            if all(any(v is x for x in seen) for v in evars):
+                t = idx
+                break
+        if t is None:
+            return statements, ndims, par_dims
+        out = []
+        for st in statements:
+            if not all(any(v is x for x in st.vars) for v in evars):
+                out.append(LA.Statement(st.name, st.vars, st.domain,
+                                        st.schedule[:t] + (0,) + st.schedule[t:]))
+                continue
+            space = VarSpace(st.vars)
+            classes = []
+            for r in range(m):
+                piece = st.domain.intersect(to_set(E.floormod(e, m) == r, space)[0])
+                if not piece.is_empty():
+                    classes.append(piece)
+            if len(classes) in (0, 1, m):
+                return statements, ndims, par_dims
+            for i, piece in enumerate(classes):
+                out.append(LA.Statement(f"{st.name}r{i}", st.vars, piece,
+                                        st.schedule[:t] + (i,) + st.schedule[t:]))
+        return out, ndims + 1, {d + (d >= t) for d in par_dims}, t
+
     def _emit_nest(self, depth, statements, ndims, stmt_code, par_dims):
+        saved = self.jam_dim, self.lanes
+        try:
+            for cand in self.residues:
+                split = self._split_residues(cand, statements, ndims, par_dims)
+                if len(split) != 4:
+                    continue
+                statements, ndims, par_dims, t = split
+                if self.jam_dim is not None:
+                    self.jam_dim += self.jam_dim >= t
+                if self.lanes is not None:
+                    self.lanes = (self.lanes[0] + (self.lanes[0] >= t), self.lanes[1])
+            return self._emit_nest_now(depth, statements, ndims, stmt_code, par_dims)
+        finally:
+            self.jam_dim, self.lanes = saved
+
+    def _emit_nest_now(self, depth, statements, ndims, stmt_code, par_dims):
         loop_vars = [E.var(f"c{self.k}_{d}") for d in range(ndims)]
         for v in loop_vars:
             self.names[id(v)] = v.name
@@ -804,7 +891,7 @@ class _StageLowering:
             raise TexprError(f"stage {self.op.name}: internal: a register-blocked loop "
                              "around more than one statement")
         em = self._emitter()
-        kind = node.name.rstrip("0123456789")
+        kind = node.name[0]
         for v, a in zip(stmt_vars[node.name], node.args):
             self.w(depth, f"{self.names[id(v)]} = {em(a)}")
         if lane is None:

@@ -19,6 +19,7 @@ import pytest
 
 import codegen
 import texpr as te
+from test_codegen_grad import innermost_loop_bodies
 from test_simplify_cases import gradients, suite, sweep_cases
 from texpr.testing import random_feed
 from texpr.tensor import PlaceholderOp, topo_order
@@ -84,3 +85,10 @@ def test_suite_value_and_raw_gradients(raw_suite):
 
 def test_conv_sweep_value_and_gradients(sweep):
     _check(*sweep)
+
+
+def test_conv_sweep_has_no_modulo_test_inside_innermost_loops(sweep):
+    # stride 3 leaves 2 of 3 residues of an input row: one strided loop per residue class
+    for body in innermost_loop_bodies(sweep[3].source):
+        for ln in body:
+            assert not (ln.lstrip().startswith("if ") and "%" in ln), ln
