@@ -115,7 +115,6 @@ def _rel_diff(got, ref):
 def bench_case(case, repeat, use_jax, use_torch):
     arrays = random_inputs(case)
     row = {"case": case.name}
-    kernel, build_s, run = texpr_value_and_grad(case, arrays, None) if False else (None, 0, None)
     # the head has the output's shape: build the texpr graph once to learn it
     phs = [te.placeholder(shape, name, dtype) for name, shape, dtype, _ in case.inputs]
     out_shape = case.texpr(*phs).shape

@@ -62,7 +62,6 @@ def make_cases(scale=1.0):
     def b(n):
         return max(1, int(round(n * scale)))
 
-    import_np = np
     cases = {}
 
     def jnp():
@@ -80,7 +79,7 @@ def make_cases(scale=1.0):
 
     def mp_j(X):
         from jax import lax
-        return lax.reduce_window(X, -import_np.inf, lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
+        return lax.reduce_window(X, -np.inf, lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
 
     def mp_t(X):
         import torch.nn.functional as F
@@ -137,7 +136,8 @@ def make_cases(scale=1.0):
         return torch.tril(s)
 
     cases["causal_scores"] = Case(
-        "causal_scores", [("Q", (b(8), 128, 64), "float32", True), ("K", (b(8), 128, 64), "float32", True)],
+        "causal_scores",
+        [("Q", (b(8), 128, 64), "float32", True), ("K", (b(8), 128, 64), "float32", True)],
         _causal_texpr, cau_j, cau_t)
 
     def up_j(X):
@@ -163,7 +163,8 @@ def make_cases(scale=1.0):
     cases["pixel_shuffle2"] = Case("pixel_shuffle2", [("X", (b(32), 64, 14, 14), "float32", True)],
                                    lambda X: nn.pixel_shuffle(X, 2), ps_j, ps_t)
     cases["flatten_dense"] = Case(
-        "flatten_dense", [("X", (b(32), 16, 7, 7), "float32", True), ("W", (10, 784), "float32", True)],
+        "flatten_dense",
+        [("X", (b(32), 16, 7, 7), "float32", True), ("W", (10, 784), "float32", True)],
         lambda X, W: nn.dense(nn.flatten(X), W), lambda X, W: X.reshape(X.shape[0], -1) @ W.T,
         lambda X, W: X.reshape(X.shape[0], -1) @ W.T)
     cases["transpose_sum"] = Case(
@@ -195,7 +196,8 @@ def make_cases(scale=1.0):
         return F.cross_entropy(Z, L, reduction="sum")
 
     cases["softmax_xent"] = Case(
-        "softmax_xent", [("Z", (b(256), 10), "float32", True), ("labels", (b(256),), "int64", False)],
+        "softmax_xent",
+        [("Z", (b(256), 10), "float32", True), ("labels", (b(256),), "int64", False)],
         _xent_texpr, xe_j, xe_t)
     n1 = b(32)
     cases["conv2d_s1"].flop = 2 * n1 * 32 * 28 * 28 * 16 * 9

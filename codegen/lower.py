@@ -45,7 +45,11 @@ sum's order of terms, which the evaluator does not fix either):
   that axis and some load is shared), each with its own accumulator;
 * in buffer mode a short innermost reduction loop (``<= MAX_LANES``) is unrolled
   inside the spatial loops where all its values are in the domain, so each
-  output element is loaded and stored once for all of them.
+  output element is loaded and stored once for all of them;
+* a ``where`` condition ``e % m`` (or ``e // m``) that keeps several but not all
+  residue classes of ``e`` (e.g. ``(h + 1) % 3 <= 1``: stride 3, two taps) splits
+  the domain into one piece per class, each a strided loop, instead of a test in
+  every iteration.
 """
 
 import numpy as np
@@ -56,7 +60,7 @@ from texpr import dtypes as dt
 from texpr import expr as E
 from texpr.errors import OutOfBoundsError, TexprError
 from texpr.printer import expr_str, tensor_str
-from texpr.tensor import ComputeOp, PlaceholderOp, ScatterAddOp
+from texpr.tensor import PlaceholderOp, ScatterAddOp
 
 from .schedule import inline_expand
 
@@ -622,7 +626,6 @@ class _StageLowering:
                 n_full = jam.extent // JAM * JAM
                 in_sp = to_set(jam < n_full, sp_space)[0]
                 in_full = to_set(jam < n_full, space)[0]
-                lane_of = {id(jam): jam % JAM}
 
                 def sv(a):
                     return jam // JAM if a is jam else self._val(a)
@@ -638,7 +641,6 @@ class _StageLowering:
                 self.jam_dim = len(order) + 1
                 self._emit_nest(depth, sts, len(order) + 2, stmts, par_dims)
                 self.jam_dim = None
-                del lane_of
                 rest_sp = sp_box.intersect(in_sp.complement())
                 rest_dom = dom.intersect(in_full.complement())
             sched_i = [self._val(a) for a in sp_order] + [0] + zeros_r
