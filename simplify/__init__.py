@@ -9,6 +9,9 @@ Public API:
 * :func:`materialized_stages` -- which stages get buffers (the rule codegen's
   default schedule uses too; see :mod:`simplify.materialize`).
 * :func:`explain` -- the per-pass record of one tensor.
+* :func:`is_support_stage` -- whether a stage is an elementwise stage iterating
+  over its nonzero region only (an identity, injective scatter-add: a consumer
+  such as codegen may run its loops in parallel; see :mod:`simplify.support`).
 * :data:`PIPELINE` -- the ordered pass list (:mod:`simplify.pipeline`).
 
 Modules, one job each:
@@ -25,6 +28,7 @@ Modules, one job each:
 ``lift``            conditions into ``where=``; split sums over ``+``
 ``solve``           eliminate reduction axes; tighten reduction boxes
 ``scatter``         data-dependent gathers -> scatter-add stages
+``support``         a stage zero outside an affine region iterates over it only
 ``cleanup``         ISL/SymPy index forms; merge identical stages
 ``pipeline``        the ordered list, the fixpoint, the env switches, explain
 ==================  =========================================================
@@ -32,7 +36,8 @@ Modules, one job each:
 
 from .materialize import is_cheap, iteration_count, materialized_stages, should_inline, stage_count
 from .pipeline import PIPELINE, SimplifyError, explain, run_passes, simplify, verify_equal
+from .support import is_support_stage
 
 __all__ = ["simplify", "iteration_count", "materialized_stages", "explain", "PIPELINE",
            "SimplifyError", "run_passes", "verify_equal", "stage_count", "should_inline",
-           "is_cheap"]
+           "is_cheap", "is_support_stage"]

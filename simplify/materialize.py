@@ -24,7 +24,9 @@ default schedule):
 The iteration count of a graph is the sum over its materialised stages of the
 points of their iteration domains: the spatial box for an elementwise stage,
 ``spatial box x reduce box`` cut by the affine part of ``where`` for a
-reduction, the domain (cut by ``where``) for a scatter-add. An inlined stage
+reduction, the domain (cut by ``where``) for a scatter-add (so an elementwise
+stage zero outside an affine region, written as a support stage by
+:mod:`simplify.support`, counts that region's points). An inlined stage
 is counted inside its consumers (their points). Counting uses barvinok's
 symbolic ``card``, so 10^8-point domains cost milliseconds.
 """

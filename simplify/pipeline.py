@@ -34,6 +34,7 @@ from .materialize import iteration_count
 from .propagate import propagate_zero_conditions
 from .scatter import gathers_to_scatters
 from .solve import solve_equalities, tighten_domains
+from .support import restrict_to_support
 
 #: the passes, in order (a name may appear twice: it runs twice per round)
 PIPELINE = (
@@ -48,6 +49,7 @@ PIPELINE = (
     inline_tail_accesses,       # reshape/flatten/adjoint sum after reductions: fold them in
     algebraic_cleanup,          # ISL / sympy canonical forms of index arithmetic
     eliminate_common_stages,    # identical stages merged; max reads its argmax stage
+    restrict_to_support,        # an output zero outside an affine region iterates over it only
 )
 
 MAX_ROUNDS = 4

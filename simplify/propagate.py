@@ -10,6 +10,9 @@ it, so that :func:`simplify.lift.lift_conditions` moves the condition into the
 consumer's domain: the next layer's weight gradient then visits only the
 points where the adjoint can be nonzero. Only the affine part of the
 producer's condition is used (a data-dependent guard cannot be projected).
+A support stage (:mod:`simplify.support`: an elementwise stage written as an
+identity scatter-add over its nonzero region) is zero outside its ``where``,
+and its loads are guarded the same way.
 """
 
 from texpr import expr as E
@@ -20,19 +23,23 @@ from .domain import Domain
 from .graph import is_sum_stage, rebuild
 from .isl_bridge import (DomainError, VarSpace, box_set, is_subset, isl, project_onto_first,
                          set_to_expr, to_set)
+from .support import is_support_stage
 
 
 def _support(op, cache):
-    """The condition (over ``op.axis``) outside which the sum stage ``op`` is zero,
-    or None when it may be nonzero everywhere."""
+    """The condition (over ``op.axis``) outside which the sum stage (or support
+    stage) ``op`` is zero, or None when it may be nonzero everywhere."""
     hit = cache.get(id(op))
     if hit is not None:
         return hit[1]
     cond = None
     try:
-        red = op.body[0]
-        dom = Domain(op.axis + red.axes, red.where)
-        proj = project_onto_first(dom.set, len(op.axis))
+        if is_support_stage(op):
+            proj = Domain(op.axis, op.where).set
+        else:
+            red = op.body[0]
+            dom = Domain(op.axis + red.axes, red.where)
+            proj = project_onto_first(dom.set, len(op.axis))
         space = VarSpace(op.axis)
         box = box_set(space)
         if not is_subset(box, proj):
@@ -44,7 +51,8 @@ def _support(op, cache):
 
 
 def propagate_zero_conditions(tensors):
-    """Guard the loads of structurally-zero-somewhere sum stages inside sums."""
+    """Guard the loads of structurally-zero-somewhere sum stages (and support
+    stages) inside sums."""
     cache = {}
 
     def fn(op, _orig, _tmap):
@@ -57,7 +65,8 @@ def propagate_zero_conditions(tensors):
 
         def wrap(node):
             nonlocal dom
-            if not isinstance(node, Load) or not is_sum_stage(node.tensor.op):
+            if not isinstance(node, Load) or not (is_sum_stage(node.tensor.op)
+                                                  or is_support_stage(node.tensor.op)):
                 return None
             cond = _support(node.tensor.op, cache)
             if cond is None:

@@ -7,14 +7,16 @@ data-dependent gathers (scatter-adds), and the BUGS.md cases.
 Ideal counts are computed independently: the number of structurally nonzero
 entries of the Jacobian (the raw adjoint with the identity head, evaluated on
 random data), and for a gradient written elementwise over the input at least
-the input's size (every entry of the gradient is written, zeros included).
+the input's size (an upper bound: a gradient zero outside a quasi-affine region
+of its own axes iterates over that region only, see
+test_zero_regions_of_the_output_are_not_iterated).
 """
 
 import numpy as np
 import pytest
 
 import texpr as te
-from texpr.tensor import ScatterAddOp, topo_order
+from texpr.tensor import PlaceholderOp, ScatterAddOp, topo_order
 
 import simplify
 from test_simplify_cases import conv_case, conv_transpose_case, pool_case
@@ -115,13 +117,14 @@ def test_conv2d_transpose(s, p):
 
 @pytest.mark.parametrize("k,s", [(3, 1), (2, 2), (2, 3), (3, 2)])
 def test_pooling_strides(k, s):
-    # stride > window leaves input rows unread: the gradient still writes them (zeros)
+    # stride > window (or a last row no window reaches) leaves input rows unread: the
+    # gradient is zero there and iterates over the covered rows only (simplify.support)
     Y, inputs, (ideal,) = pool_case("avg", 2, 2, 9, 9, k, s)
-    _g, (c,) = check(Y, inputs)
-    assert c == max(ideal, inputs[0].size)
-    Y, inputs, (ideal,) = pool_case("max", 2, 2, 9, 9, k, s)
-    windows = 2 * 2 * Y.shape[2] * Y.shape[3] * k * k
-    _g, (c,) = check(Y, inputs, allow=max(ideal, inputs[0].size + windows))
+    _g, (c,) = check(Y, inputs, allow=ideal)
+    assert c == ideal
+    Y, inputs, (ideal,) = pool_case("max", 2, 2, 9, 9, k, s)  # pairs + window points
+    _g, (c,) = check(Y, inputs, allow=ideal)
+    assert c == ideal
 
 
 def test_cumsum_variants_and_causal_mask():
@@ -135,7 +138,7 @@ def test_cumsum_variants_and_causal_mask():
     A = te.placeholder((5, 5), "A")
     M = te.compute((5, 5), lambda i, j: te.if_then_else(j <= i, A[i, j], 0.0), name="mask")
     _g, (c,) = check(M, [A])
-    assert c == 25
+    assert c == 15  # the lower triangle: the zeros above the diagonal are a memset
 
 
 def test_gathers_become_scatters():
@@ -280,3 +283,129 @@ def test_simplified_gradients_differentiate_again(name):
     np.testing.assert_allclose(te.evaluate(gg, feed), te.evaluate(raw, feed), rtol=1e-4,
                                atol=1e-4)
     assert simplify.iteration_count([gg]) * 10 < simplify.iteration_count([raw])
+
+
+# ---- stages zero outside a quasi-affine region iterate over that region only ----------
+
+def _support_cases():
+    """(name, output, input, pool): operators whose input gradient is zero outside a
+    quasi-affine region of its own axes (rows no window or stride reaches); ``pool``
+    is the max pooling's ``(kind, k, s, p)`` or None. Ideals (:func:`_ideal`) are
+    counted independently: the nonzero entries of the raw Jacobian (random data),
+    for max pooling the (input, window) pairs plus one pass over the window points
+    (the argmax)."""
+    cases = []
+    X = te.placeholder((1, 2, 10, 10), "X")
+    W = te.placeholder((1, 2, 1, 1), "W")
+    cases.append(("conv1x1_s2", te.nn.conv2d(X, W, stride=2), X, None))
+    Wd = te.placeholder((2, 1, 1, 1), "Wd")
+    cases.append(("depthwise1x1_s2", te.nn.conv2d(X, Wd, stride=2, groups=2), X, None))
+    for k, s, p in [(2, 3, 0), (2, 3, 1), (1, 2, 0)]:
+        P = te.placeholder((1, 2, 7, 7), "P")
+        cases.append((f"maxpool_k{k}s{s}p{p}", te.nn.max_pool2d(P, k, s, p), P,
+                      ("max", k, s, p)))
+        for cip in (True, False):
+            cases.append((f"avgpool_k{k}s{s}p{p}_{'incl' if cip else 'excl'}",
+                          te.nn.avg_pool2d(P, k, s, p, count_include_pad=cip), P, None))
+    x = te.placeholder((12,), "x")
+    # a strided subsample: its gradient is an upsampling with gaps
+    cases.append(("subsample3", te.compute((4,), lambda i: x[3 * i + 1] * 2.0, name="sub"),
+                  x, None))
+    return cases
+
+
+def _ideal(Y, x, feed, pool):
+    if pool is None:
+        return jacobian_nnz(Y, x, feed)
+    _kind, k, s, p = pool
+    # the (input, window) pairs are the avg pooling's Jacobian entries
+    pairs = jacobian_nnz(te.nn.avg_pool2d(x, k, s, p), x, feed)
+    return pairs + int(np.prod(Y.shape)) * k * k
+
+
+def _raw_and_simplified(Y, x):
+    H = te.placeholder(Y.shape, "H")
+    raw = te.differentiate(Y, [x], head=H, simplify=False)[0]
+    return raw, simplify.simplify([raw])[0]
+
+
+@pytest.mark.parametrize("case", _support_cases(), ids=lambda c: c[0])
+def test_zero_regions_of_the_output_are_not_iterated(case):
+    from simplify.support import is_support_stage
+
+    _name, Y, x, pool = case
+    raw, g = _raw_and_simplified(Y, x)
+    feed = feed_for([Y, raw, g])
+    ideal = _ideal(Y, x, feed, pool)
+    assert simplify.iteration_count([g]) == ideal, te.graph_str(g)
+    assert is_support_stage(g.op)
+    assert simplify.stage_count(g.op) < x.size  # the zeros are not iterated over
+    a, b = te.evaluate(raw, feed), te.evaluate(g, feed)
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+    # a fixpoint, and the same stages for codegen
+    again = simplify.simplify([g])
+    assert te.graph_str(again, canonical=True) == te.graph_str([g], canonical=True)
+    assert [op.name for op in simplify.materialized_stages([g])] == \
+        [op.name for op in simplify.materialized_stages(again)]
+
+
+def test_upsampling_with_gaps_iterates_over_its_points():
+    # a forward stage zero outside j % 3 == 1, j < 10: 3 points of 12
+    X = te.placeholder((4,), "X")
+    U = te.compute((12,), lambda j: te.if_then_else(te.all(j % 3 == 1, j < 10),
+                                                    X[(j - 1) // 3] * 3.0, 0.0), name="up")
+    (u,) = simplify.simplify([U])
+    assert simplify.iteration_count([U]) == 12 and simplify.iteration_count([u]) == 3
+    feed = {X: np.arange(1, 5, dtype="float32")}
+    np.testing.assert_array_equal(te.evaluate(u, feed), te.evaluate(U, feed))
+    want = np.zeros(12, "float32")
+    want[[1, 4, 7]] = [3, 6, 9]
+    np.testing.assert_array_equal(te.evaluate(u, feed), want)
+
+
+def test_support_stage_through_codegen():
+    codegen = pytest.importorskip("codegen")
+    P = te.placeholder((2, 3, 8, 8), "P")
+    for Y in (te.nn.max_pool2d(P, 2, 3, 1), te.nn.conv2d(P, te.placeholder((3, 1, 1, 1), "Wd"),
+                                                          stride=2, groups=3)):
+        raw, g = _raw_and_simplified(Y, P)
+        feed = feed_for([Y, raw, g])
+        inputs = [op.output(0) for op in topo_order([g]) if isinstance(op, PlaceholderOp)]
+        kern = codegen.build(g, inputs)
+        (got,) = kern(*[feed[t] for t in inputs])
+        want = te.evaluate(raw, feed)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(te.evaluate(g, feed), want, rtol=1e-5, atol=1e-5)
+
+
+def test_support_stage_guards_its_loads_in_sums():
+    # dX = select(h % 2 == 0, H[h // 2] * exp(X[h]), 0) is not cheap and is re-read by
+    # the conv's weight gradient: it stays a stage (5 points, not 10), and the weight
+    # gradient's sum only visits the even rows (15 points, not 30)
+    X0 = te.placeholder((12,), "X0")
+    W0 = te.placeholder((3,), "W0")
+    k = te.reduce_axis(3, "k")
+    X = te.compute((10,), lambda h: te.sum(X0[h + k] * W0[k], axis=k), name="X")
+    Y = te.compute((5,), lambda i: te.exp(X[2 * i]), name="Y")
+    H = te.placeholder((5,), "H")
+    raw = te.differentiate(Y, [W0], head=H, simplify=False)
+    (g,) = simplify.simplify(list(raw))
+    counts = {op.name: simplify.stage_count(op) for op in simplify.materialized_stages([g])}
+    assert sorted(counts.values()) == [5, 15, 30], counts
+    feed = feed_for([g] + list(raw))
+    np.testing.assert_allclose(te.evaluate(g, feed), te.evaluate(raw[0], feed), rtol=1e-4,
+                               atol=1e-4)
+
+
+def test_support_stage_differentiates_again():
+    P = te.placeholder((1, 2, 7, 7), "P")
+    Y = te.nn.avg_pool2d(P, 2, 3)
+    H = te.placeholder(Y.shape, "H")
+    g = te.differentiate(Y, [P], head=H)[0]
+    V = te.placeholder(g.shape, "V")
+    gg = te.differentiate(g, [H], head=V)[0]
+    raw = te.differentiate(g, [H], head=V, simplify=False)[0]
+    feed = feed_for([gg, raw])
+    np.testing.assert_allclose(te.evaluate(gg, feed), te.evaluate(raw, feed), rtol=1e-5,
+                               atol=1e-5)
+    assert simplify.iteration_count([gg]) <= 2 * 2 * 2 * 4  # each head element: its window
