@@ -30,7 +30,8 @@ innermost: a reduction axis (scalar mode) or a spatial axis (buffer mode, with
 the reduction loops moved outside the spatial loops whose output tile is small
 so that the innermost loop has independent iterations and vectorises without
 reassociating floating-point sums). The outermost spatial loop runs in parallel
-(``prange``; never a loop that accumulates into shared locations).
+(``prange``; never a loop that accumulates into shared locations), unless the
+stage visits fewer than ``PARALLEL_MIN_POINTS`` points.
 
 Code shape (all exact: no reassociation the user did not ask for beyond a
 sum's order of terms, which the evaluator does not fix either):
@@ -69,6 +70,9 @@ __all__ = ["lower", "Program", "BufferInfo", "default_order", "ExprEmitter", "co
 
 #: output tile (elements) below the reduction loops in buffer mode
 BUFFER_TILE = 4096
+#: stages visiting fewer points run sequentially by default (waking the worker
+#: threads costs more than the loop)
+PARALLEL_MIN_POINTS = 1 << 16
 #: partial sums in the innermost loop of a sum reduction (a power of two)
 UNROLL = 8
 #: points of the innermost spatial axis blocked together in a sum (register blocking)
@@ -234,6 +238,14 @@ def lift_zero_guards(red, space):
     where = E.all_of([red.where] + conds)
     src = E.cast(src, red.dtype) if src.dtype != red.dtype else src
     return E.make_reduce(red.combiner, (src,), red.axes, where, 0)
+
+
+def _points(s):
+    """Points of a domain (barvinok), or a huge number when they cannot be counted."""
+    try:
+        return card(s)
+    except TexprError:
+        return 1 << 62
 
 
 def _free(e):
@@ -563,6 +575,8 @@ class _StageLowering:
         sp_space = VarSpace(spatial)
         sp_box = box_set(sp_space)
         if red is None:
+            if not self.stage.parallel_set and int(np.prod(op.shape)) < PARALLEL_MIN_POINTS:
+                par = []
             em = self._emitter()
             ck = _BoundsChecker(op.name, sp_space, sp_box)
             ck.walk(body[0], sp_box, False)
@@ -580,6 +594,8 @@ class _StageLowering:
         wset, resid = to_set(red.where, space)
         dom = box.intersect(wset)
         self.residues = _residue_candidates(red.where, space, dom)
+        if not self.stage.parallel_set and par and _points(dom) < PARALLEL_MIN_POINTS:
+            par = []
         em = self._emitter()
         ck = _BoundsChecker(op.name, space, box)
         ck.walk(red.where, box, False)
