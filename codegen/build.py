@@ -4,7 +4,7 @@ import numpy as np
 
 from texpr.errors import FeedError, OutOfBoundsError, ScheduleError, TexprError
 from texpr.printer import tensor_str
-from texpr.tensor import PlaceholderOp, ScatterAddOp, Tensor
+from texpr.tensor import PlaceholderOp, ScatterAddOp, Tensor, check_input_array
 
 from . import compile as _compile
 from .lower import lower
@@ -55,15 +55,7 @@ class Kernel:
                             f"({', '.join(t.name for t in self.inputs)}), got {len(arrays)}")
         args = []
         for t, a in zip(self.inputs, arrays):
-            if not isinstance(a, np.ndarray):
-                raise FeedError(f"kernel: the value for {t.name} must be a numpy array, got "
-                                f"{type(a).__name__}")
-            if a.shape != t.shape:
-                raise FeedError(f"kernel: input {t.name} expects shape {t.shape}, got an array "
-                                f"of shape {a.shape}")
-            if a.dtype.name != t.dtype:
-                raise FeedError(f"kernel: input {t.name} expects dtype {t.dtype}, got "
-                                f"{a.dtype.name} (convert it with .astype('{t.dtype}'))")
+            a = check_input_array(t, a, "kernel")
             args.append(np.ascontiguousarray(a).reshape(-1))
         by_id = {}
         for b, a in zip(self._bufs, args):
