@@ -5,7 +5,8 @@ For each case: the forward output plus the gradients of ``sum(out * H)`` w.r.t.
 every listed float input (``H`` a fixed random head). texpr runs one compiled
 kernel (``codegen.build`` of ``[out] + te.differentiate(out, inputs, head=H)``);
 JAX runs ``jax.jit`` of ``jax.vjp``; PyTorch runs the forward and
-``torch.autograd.grad``. Reported: median milliseconds over ``--repeat`` runs,
+``torch.autograd.grad``. The frameworks alternate run by run. Reported: median
+milliseconds over ``--repeat`` runs,
 the ratios texpr/JAX and texpr/torch, the largest difference from torch
 (relative to the largest magnitude), and texpr's build time: *cold* (an
 empty cache directory, numba compiles) and *warm* (a second process with the
@@ -121,17 +122,28 @@ def bench_case(case, repeat, use_jax, use_torch):
     head = np.random.default_rng(1).standard_normal(out_shape).astype("float32")
     kernel, build_s, run = texpr_value_and_grad(case, arrays, head)
     row["build_s"] = build_s
-    row["texpr_ms"] = _median_ms(run, repeat)
+    runs = {"texpr": run}
     got = run()
     if use_torch:
         trun = torch_value_and_grad(case, arrays, head)
-        row["torch_ms"] = _median_ms(trun, repeat)
         tout, tgrads = trun()
         refs = [tout.detach().numpy()] + [g.numpy() for g in tgrads]
         row["max_rel_diff_vs_torch"] = max(_rel_diff(g, r) for g, r in zip(got, refs))
+        runs["torch"] = trun
     if use_jax:
-        jrun = jax_value_and_grad(case, arrays, head)
-        row["jax_ms"] = _median_ms(jrun, repeat)
+        runs["jax"] = jax_value_and_grad(case, arrays, head)
+    # rounds alternate the frameworks, so that the load of a shared machine (and
+    # the other frameworks' worker threads) weighs on all of them alike
+    times = {k: [] for k in runs}
+    for f in runs.values():
+        f()
+    for _ in range(repeat):
+        for k, f in runs.items():
+            t = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t)
+    for k, ts in times.items():
+        row[f"{k}_ms"] = float(np.median(ts)) * 1e3
     return row
 
 
