@@ -14,7 +14,9 @@ For every materialised stage, in producer-before-consumer order:
      output is filled with the identity, then ``U[s, r]``: ``out[s] = combine(out[s], ..)``;
    * scatter-add: the output is initialised (zeros or a copy of ``init``), then
      ``U[p]`` over its domain (intersected with the affine part of ``where``):
-     ``out[indices] += value``;
+     ``out[indices] += value``; a support stage (identity indices: the simplifier's
+     elementwise stage restricted to its support) is ``out[p] = value`` with its
+     outermost loop parallel like an elementwise stage;
 3. the schedule of each statement is the value of every leaf loop of the stage
    (splits are ``floor(v/f)`` and ``v mod f``), so isl's AST generator
    (:func:`simplify.loop_ast.generate`) gives the loops with exact bounds and
@@ -680,7 +682,8 @@ class _StageLowering:
         lane_axis = None
         if not self.stage.ordered and order[-1].kind == "spatial":
             rd = [a for a in order if a.kind == "reduce"]
-            if rd and rd[-1].extent <= MAX_LANES and rd[-1].dom[0] == 0 \
+            # (a loop of one value is no loop: isl substitutes it away)
+            if rd and 2 <= rd[-1].extent <= MAX_LANES and rd[-1].dom[0] == 0 \
                     and any(_mentions(ld, rd[-1]) for ld in _loads(red.source)):
                 lane_axis = rd[-1]
         if lane_axis is not None:
@@ -966,7 +969,14 @@ class _StageLowering:
             self.names[id(lane_loop.var)] = lane_loop.var.name
 
     def _scatter(self, depth):
+        """A scatter-add stage: the output initialised (zeros or a copy of ``init``),
+        then ``out[indices] += value`` over the domain. A *support stage*
+        (:func:`simplify.is_support_stage`: identity indices, each element written
+        at most once) is an elementwise stage over its support: ``out[axes] =
+        value``, no index checks, and its outermost loop may run in parallel."""
+        from simplify.support import is_support_stage
         op, w = self.op, self.w
+        support = is_support_stage(op)
         out = self.buffers[id(op.output(0))]
         if op.init is not None:
             src = self.buffers[id(op.init)]
@@ -980,18 +990,30 @@ class _StageLowering:
         box = box_set(space)
         wset, resid = to_set(op.where, space)
         dom = box.intersect(wset)
+        self.residues = _residue_candidates(op.where, space, dom)
         em = self._emitter()
         ck = _BoundsChecker(op.name, space, box)
         ck.walk(op.where, box, False)
-        for e in list(op.indices) + [op.value]:
+        for e in ([] if support else list(op.indices)) + [op.value]:
             ck.walk(e, dom, resid is not None)
         em.checks = ck.need
         order = list(self.stage.leaf_axes) if self.stage.ordered else axes
+        par_dims = set()
+        if support and self.parallel_on:
+            st = self.stage
+            if st.parallel_set:
+                par = [a for a in st.parallel_axes if any(a is b for b in order)]
+            else:
+                par = order[:1] if _points(dom) >= PARALLEL_MIN_POINTS else []
+            par_dims = {k for k, a in enumerate(order) if any(a is b for b in par)}
 
         def upd(d):
             if resid is not None:
                 w(d, f"if {em(resid)}:")
                 d += 1
+            if support:
+                w(d, f"{self._store(out)} = {em.cast(op.value, out.dtype)}")
+                return
             if not op.indices:
                 w(d, f"{element(out, [])} += {em.cast(op.value, out.dtype)}")
                 return
@@ -1013,7 +1035,7 @@ class _StageLowering:
             w(d, f"{element(out, tgt)} += {em.cast(op.value, out.dtype)}")
 
         st = [LA.Statement(f"U{self.k}", axes, dom, [self.stage.axis_value(a) for a in order])]
-        self._emit_nest(depth, st, len(order), {"U": upd}, set())
+        self._emit_nest(depth, st, len(order), {"U": upd}, par_dims)
 
 
 def lower(schedule, inputs, materialized, inlined, parallel=True):

@@ -24,6 +24,7 @@ reduction, a scatter or an output, an axis of another stage, parallelising a
 reduction axis or a scatter, a non-positive split factor, ...).
 """
 
+from simplify.support import is_support_stage
 from texpr.errors import ScheduleError
 from texpr.expr import IterVar, Load, Reduce, iter_var
 from texpr.printer import expr_str
@@ -100,9 +101,12 @@ class Stage:
         return self
 
     def parallel(self, axis):
-        """Run the loop over ``axis`` (a spatial leaf axis) in parallel (numba ``prange``)."""
+        """Run the loop over ``axis`` (a spatial leaf axis) in parallel (numba ``prange``).
+
+        A scatter-add stage cannot, except a support stage
+        (:func:`simplify.is_support_stage`), whose points write distinct elements."""
         self._check_leaf(axis, "parallel")
-        if isinstance(self.op, ScatterAddOp):
+        if isinstance(self.op, ScatterAddOp) and not is_support_stage(self.op):
             raise ScheduleError(f"stage {self.name}: a scatter-add stage accumulates into shared "
                                 "locations and cannot run in parallel")
         if axis.kind == "reduce":
