@@ -48,7 +48,10 @@ sum's order of terms, which the evaluator does not fix either):
   that axis and some load is shared), each with its own accumulator;
 * in buffer mode a short innermost reduction loop (``<= MAX_LANES``) is unrolled
   inside the spatial loops where all its values are in the domain, so each
-  output element is loaded and stored once for all of them;
+  output element is loaded and stored once for all of them; a long one with
+  constant bounds is unrolled by groups of ``SPLIT_LANES`` values the same way
+  (dense's dX and dW: 1.6-2.3 ms -> 1.0 ms); the longest such reduction goes
+  innermost (conv2d: 16 input channels, not 3 kernel columns: 8.5 -> 8.0 ms);
 * a ``where`` condition ``e % m`` (or ``e // m``) that keeps several but not all
   residue classes of ``e`` (e.g. ``(h + 1) % 3 <= 1``: stride 3, two taps) splits
   the domain into one piece per class, each a strided loop, instead of a test in
@@ -82,6 +85,9 @@ JAM = 4
 #: a reduction loop this short, innermost among the reductions in buffer mode, is
 #: unrolled inside the spatial loops
 MAX_LANES = 4
+#: a longer innermost reduction loop in buffer mode (constant bounds) is unrolled
+#: by groups of this many values inside the spatial loops
+SPLIT_LANES = 16
 #: at most this many residue splits of one stage's domain (each doubles its code, about)
 MAX_RESIDUE_SPLITS = 2
 #: larger summands are not unrolled (compile time grows with the copies)
@@ -136,6 +142,11 @@ def _coef(e, v):
 def _mentions(e, v):
     from texpr.visitor import post_order
     return any(n is v for n in post_order(e))
+
+
+def _nodes(e):
+    from texpr.visitor import post_order
+    return post_order(e)
 
 
 def _loads(exprs):
@@ -207,7 +218,26 @@ def default_order(op, exprs, spatial, reduce_):
     while sp and len(sp) > 1 and tile * sp[-1].extent <= BUFFER_TILE:
         tile *= sp[-1].extent
         inner.insert(0, sp.pop())
-    return sp + list(reduce_) + inner
+    return sp + _split_last(exprs, reduce_) + inner
+
+
+def _split_last(exprs, reduce_):
+    """The reduction loops of a buffer-mode stage, outermost first: in definition
+    order, except that the longest one (``>= SPLIT_LANES``) whose bounds are
+    constant (the ``where`` does not mention it) and that a load reads goes
+    innermost, where its values are unrolled by groups (one load and store of
+    the output element per group: conv2d's input channels rather than its
+    3 kernel columns)."""
+    red = next((e for e in exprs if isinstance(e, E.Reduce)), None)
+    if red is None or len(reduce_) < 2:
+        return list(reduce_)
+    loads = _loads(red.source)
+    ok = [a for a in reduce_ if a.extent >= SPLIT_LANES and a.dom[0] == 0
+          and not _mentions(red.where, a) and any(_mentions(ld, a) for ld in loads)]
+    if not ok:
+        return list(reduce_)
+    best = max(ok, key=lambda a: a.extent)
+    return [a for a in reduce_ if a is not best] + [best]
 
 
 def lift_zero_guards(red, space):
@@ -679,13 +709,32 @@ class _StageLowering:
             "U": lambda d, lane=None: combine(d, temps),
             "load": lambda d: [w(d, f"{t} = {g}") for t, g in zip(temps, targets)],
             "store": lambda d: [w(d, f"{g} = {t}") for t, g in zip(temps, targets)]}
-        lane_axis = None
+        lane_axis = split_axis = None
         if not self.stage.ordered and order[-1].kind == "spatial":
             rd = [a for a in order if a.kind == "reduce"]
+            used = rd and any(_mentions(ld, rd[-1]) for ld in _loads(red.source))
             # (a loop of one value is no loop: isl substitutes it away)
-            if rd and 2 <= rd[-1].extent <= MAX_LANES and rd[-1].dom[0] == 0 \
-                    and any(_mentions(ld, rd[-1]) for ld in _loads(red.source)):
+            if used and 2 <= rd[-1].extent <= MAX_LANES and rd[-1].dom[0] == 0:
                 lane_axis = rd[-1]
+            elif used and rd[-1].extent >= SPLIT_LANES and rd[-1].dom[0] == 0 \
+                    and not _mentions(red.where, rd[-1]) \
+                    and sum(len(_nodes(x)) for x in red.source) <= UNROLL_MAX_NODES:
+                split_axis = rd[-1]
+        if split_axis is not None:
+            # a long innermost reduction loop whose bounds are constant: its groups
+            # of SPLIT_LANES consecutive values are unrolled inside the spatial
+            # loops (the output element is loaded and stored once per group; the
+            # terms are added in the same order), the last partial group runs below
+            r, f = split_axis, SPLIT_LANES
+            n_full = r.extent // f * f
+            main = dom.intersect(to_set(r < n_full, space)[0])
+            rest = dom.intersect(to_set(r >= n_full, space)[0])
+            sched = [r // f if a is r else self._val(a) for a in order] + [r % f]
+            pos = {id(a): p for p, a in enumerate(order)}
+            self.lanes = (len(order), f)
+            self._emit_nest(depth, [LA.Statement(f"U{self.k}", full, main, sched)],
+                            len(order) + 1, lane_stmts, {pos[id(a)] for a in par})
+            self.lanes = None
         if lane_axis is not None:
             # the short innermost reduction loop moves inside the spatial loops and
             # is unrolled (each output element is loaded and stored once for all its
