@@ -169,6 +169,28 @@ def test_custom_argmax_tuple_reducer_value_gradient():
     check_gradients(loss, [x], feed)
 
 
+@pytest.mark.parametrize("simplify", [False, True])
+def test_custom_selecting_reducers_give_ties_to_the_first_winner(simplify):
+    """A max written with comm_reducer (scalar or as a (value, index) tuple) follows the
+    built-in max's tie rule: the first winner in row-major order gets the whole adjoint."""
+    mymax = te.comm_reducer(lambda a, b: te.max(a, b), lambda d: te.const(-np.inf, d), name="mymax")
+    argmax = te.comm_reducer(
+        lambda x, y: (te.if_then_else(x[0] >= y[0], x[0], y[0]),
+                      te.if_then_else(x[0] >= y[0], x[1], y[1])),
+        lambda vd, idd: (te.const(-np.inf, vd), te.const(-1, idd)), name="argmax")
+    x = ph((3, 4), "X")
+    k = te.reduce_axis(4, "k")
+    r = te.reduce_axis(3, "r")
+    y1 = te.compute((3,), lambda i: mymax(x[i, k], axis=k), name="Y1")
+    y2, _ = te.compute((3,), lambda i: argmax((x[i, k], k), axis=k), name="Y2")
+    xv = np.array([[1, 3, 3, 0], [5, 1, 2, 5], [0, 0, 0, 0.0]])
+    expected = [[0, 1, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0]]
+    for y in (y1, y2):
+        loss = te.compute((), lambda: te.sum(y[r], axis=r), name="L")
+        (g,) = te.evaluate(te.differentiate(loss, [x], simplify=simplify).result, {x: xv})
+        np.testing.assert_array_equal(g, expected)
+
+
 # ---- index maps ---------------------------------------------------------------------
 
 

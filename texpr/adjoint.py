@@ -31,8 +31,9 @@ is ONE compute stage (tag ``"adjoint_contribution"``, ``attrs`` ``{"out",
 * Non-sum reducers keep this shape with their extra factors:
   ``max``/``min``: ``select(flat(k') == argidx[i'], H[p, i'] * D, 0)`` with
   ``argidx`` an argmax stage (tag ``"argmax"``);
-  ``prod``/custom: ``H[p, i'] * sum_c df(rest[i', k'], x)/dx_c * D_c`` with
-  ``rest`` a rest stage (tag ``"reduction_rest"``).
+  ``prod``/custom: ``H[p, i'] * sum_c dY/dx_c * D_c`` through
+  ``Y = (before (+) x) (+) after``, ``before``/``after`` the reductions over the
+  points before and after ``k'`` (tag ``"reduction_rest"``).
 * Scatter-add stages ``out[idx(q)] += value(q)``: the same form with ``H[p, idx(q')]``
   summed over the domain ``q'``; the ``init`` tensor receives ``H`` itself.
 * ``head=None`` means the identity head: an inlineable compute (tag

@@ -98,12 +98,16 @@ def derivative(expr, tensor, index):
 # ---- the reduction rules ---------------------------------------------------------
 
 
+def _flat(offsets, extents):
+    flat = const(0, dt.INDEX_DTYPE)
+    for o, n in zip(offsets, extents):
+        flat = flat * n + o
+    return flat
+
+
 def flat_index(axes):
     """Row-major flat position of the point ``axes`` (IterVars) in their box (int64)."""
-    flat = const(0, dt.INDEX_DTYPE)
-    for a in axes:
-        flat = flat * a.extent + (a - a.dom[0] if a.dom[0] else a)
-    return flat
+    return _flat([a - a.dom[0] if a.dom[0] else a for a in axes], [a.extent for a in axes])
 
 
 def _arg_reducer(kind):
@@ -160,11 +164,18 @@ def arg_stage(out, cache=None):
     return result
 
 
-def rest_stage(out, cache=None):
-    """The *rest* stage of a ``prod`` or custom reduction stage ``out``: for every
-    output point ``i`` and reduction point ``m``, the reduction over all points but
-    ``m``. Returns a tuple of Tensors (one per component of the reducer) of shape
-    ``out.shape + extents of the reduction axes`` (indexed by ``m - lo``)."""
+def rest_stages(out, cache=None):
+    """The *before* and *after* stages of a ``prod`` or custom reduction stage
+    ``out``: for every output point ``i`` and reduction point ``m``, the reduction
+    over the points before ``m`` (row-major flat order) and over those after it.
+
+    Returns ``(before, after)``, each a tuple of Tensors (one per component of
+    the reducer) of shape ``out.shape + extents of the reduction axes`` (indexed
+    by ``m - lo``). Splitting the rest of the domain at ``m`` gives ties a
+    definite winner: ``Y = (before_m (+) x_m) (+) after_m``, so a selecting
+    reducer (a max written with ``comm_reducer``) sends the whole adjoint to the
+    first point that wins, as the built-in ``max`` does.
+    """
     op = out.op
     key = ("rest", id(op))
     if cache is not None and key in cache:
@@ -172,16 +183,18 @@ def rest_stage(out, cache=None):
     red = op.body[0]
     axis = _spatial_copy(op)
     m_axis = tuple(iter_var(0, a.extent, "m_" + a.name, "spatial") for a in red.axes)
-    raxes = _reduce_copy(red.axes)
-    mapping = dict(zip(op.axis + red.axes, axis + raxes))
-    srcs = tuple(substitute(s, mapping) for s in red.source)
-    other = any_of([r != (m + a.dom[0] if a.dom[0] else m)
-                    for r, m, a in zip(raxes, m_axis, red.axes)])
-    where = substitute(red.where, mapping) & other
-    body = tuple(make_reduce(red.combiner, srcs, raxes, where, v) for v in range(len(srcs)))
-    stage = ComputeOp(f"{op.name}_rest", axis + m_axis, body, tag="reduction_rest",
-                      attrs={"of": op.name})
-    result = stage.outputs
+    parts = []
+    for side, cmp in (("before", lambda f, g: f < g), ("after", lambda f, g: f > g)):
+        raxes = _reduce_copy(red.axes)
+        mapping = dict(zip(op.axis + red.axes, axis + raxes))
+        srcs = tuple(substitute(s, mapping) for s in red.source)
+        m_flat = _flat(m_axis, [a.extent for a in red.axes])
+        where = substitute(red.where, mapping) & cmp(flat_index(raxes), m_flat)
+        body = tuple(make_reduce(red.combiner, srcs, raxes, where, v) for v in range(len(srcs)))
+        stage = ComputeOp(f"{op.name}_{side}", axis + m_axis, body, tag="reduction_rest",
+                          attrs={"of": op.name, "side": side})
+        parts.append(stage.outputs)
+    result = tuple(parts)
     if cache is not None:
         cache[key] = result
     return result
@@ -202,26 +215,44 @@ def _rule_argextreme(out, red, ctx):
 
 
 def _rule_generic(out, red, ctx):
-    """``dY_v / dx_m = sum_c df_v(rest_m, x_m) / dx_c * dx_c / dA[j]``."""
+    """Chain rule through ``Y = (B_m (+) x_m) (+) A_m`` (``B``/``A`` the reductions
+    before/after the point ``m``, see :func:`rest_stages`)::
+
+        dY_v/dx_c = sum_c' d(+)_v(u, A)/du_c' * d(+)_c'(B, x)/dx_c,   u = B (+) x
+
+    No division (a zero factor of ``prod`` is fine) and ties of a selecting
+    reducer go to the first winner.
+    """
     comb = red.combiner
     v = out.value_index
     if not any(d is not None for d in ctx.d_sources):
         return None
-    rest = rest_stage(out, ctx.cache)
+    before, after = rest_stages(out, ctx.cache)
     m_index = ctx.i_axes + tuple(k - a.dom[0] if a.dom[0] else k
                                  for k, a in zip(ctx.k_axes, red.axes))
-    binding = {}
-    for c in range(len(comb.lhs)):
-        binding[comb.lhs[c]] = rest[c][m_index]
-        binding[comb.rhs[c]] = ctx.sources[c]
+    n = len(comb.lhs)
+    bind_inner = {}
+    for c in range(n):
+        bind_inner[comb.lhs[c]] = before[c][m_index]
+        bind_inner[comb.rhs[c]] = ctx.sources[c]
+    u = [substitute(comb.result[c], bind_inner) for c in range(n)]
+    bind_outer = {}
+    for c in range(n):
+        bind_outer[comb.lhs[c]] = u[c]
+        bind_outer[comb.rhs[c]] = after[c][m_index]
     total = None
     for c, d in enumerate(ctx.d_sources):
         if d is None:
             continue
-        f = jvp(comb.result[v], {comb.rhs[c]: const(1, comb.rhs[c].dtype)})
-        if f is None:
-            continue
-        total = t_add(total, substitute(f, binding) * d)
+        chain = None
+        for c2 in range(n):
+            outer = jvp(comb.result[v], {comb.lhs[c2]: const(1, comb.lhs[c2].dtype)})
+            inner = jvp(comb.result[c2], {comb.rhs[c]: const(1, comb.rhs[c].dtype)})
+            if outer is None or inner is None:
+                continue
+            chain = t_add(chain, substitute(outer, bind_outer) * substitute(inner, bind_inner))
+        if chain is not None:
+            total = t_add(total, chain * d)
     return None if total is None else ctx.head_load * total
 
 
