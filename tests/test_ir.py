@@ -207,3 +207,16 @@ def test_errors_are_one_hierarchy():
                 te.NotDifferentiableError, te.ScheduleError):
         assert issubclass(cls, te.TexprError)
     assert issubclass(te.OutOfBoundsError, IndexError)
+
+
+def test_lambda_arity_must_match_the_shape():
+    X = te.placeholder((3, 4), name="X")
+    with pytest.raises(te.ShapeError, match="2 dimension"):
+        te.compute((3, 4), lambda i: X[i, 0], name="Arity")
+
+
+def test_reduction_axis_listed_twice():
+    X = te.placeholder((4, 5), name="X")
+    k = te.reduce_axis(5, "k")
+    with pytest.raises(te.AxisError, match="twice"):
+        te.compute((4,), lambda i: te.sum(X[i, k], axis=[k, k]))

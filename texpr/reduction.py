@@ -80,6 +80,9 @@ class CommReducer:
                     f"{self.name}: axis= takes reduction axes made by te.reduce_axis, got {a!r}")
         if not axes:
             raise AxisError(f"{self.name}: axis= is empty")
+        if len({id(a) for a in axes}) != len(axes):
+            raise AxisError(f"{self.name}: axis= lists a reduction axis twice: "
+                            f"{[a.name for a in axes]}")
         if self.kind != "custom":
             for s in sources:
                 if dt.is_bool(s.dtype):

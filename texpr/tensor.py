@@ -355,6 +355,13 @@ def compute(shape, fcompute, name=None, tag="", attrs=None):
         raise TexprError(f"compute {name}: fcompute must be callable, got {fcompute!r}")
     names = _axis_names(fcompute, len(shape))
     axis = tuple(iter_var(0, n, nm, "spatial") for n, nm in zip(shape, names))
+    try:
+        inspect.signature(fcompute).bind(*axis)
+    except TypeError:
+        raise ShapeError(f"compute {name}: shape {shape} has {len(shape)} dimension(s) but "
+                         f"fcompute does not take {len(shape)} index argument(s)") from None
+    except ValueError:  # no signature (a builtin): let the call decide
+        pass
     result = fcompute(*axis)
     multi = isinstance(result, (tuple, list))
     outs = list(result) if multi else [result]

@@ -137,7 +137,17 @@ def parse_args(argv=None):
     p.add_argument("--float64", action="store_true", help="train in float64")
     p.add_argument("--limit", type=int, default=int(os.environ.get("TEXPR_DIGITS_LIMIT", 0)),
                    help="use only the first N images (quick runs; env TEXPR_DIGITS_LIMIT)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.epochs < 0:
+        p.error(f"--epochs must be >= 0, got {args.epochs}")
+    if args.batch_size < 1:
+        p.error(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.lr <= 0:
+        p.error(f"--lr must be > 0, got {args.lr}")
+    if args.limit and args.limit < 100:
+        p.error(f"--limit must be 0 (all images) or at least 100 (a stratified split needs "
+                f"every class in both parts), got {args.limit}")
+    return args
 
 
 def train(args, out=sys.stdout):
@@ -156,6 +166,9 @@ def train(args, out=sys.stdout):
     rng = np.random.default_rng(args.seed)
 
     B = args.batch_size
+    print("building the model and its gradients, compiling the kernels with Numba "
+          "(cached on disk: only the first run with these settings compiles) ...",
+          file=out, flush=True)
     model = Model(B, dtype)
     names = list(model.weights)
     wts = [model.weights[n] for n in names]
@@ -181,9 +194,10 @@ def train(args, out=sys.stdout):
         # cosine learning-rate decay: large steps first, a settled model at the end
         lr = 0.5 * args.lr * (1 + np.cos(np.pi * epoch / max(args.epochs, 1)))
         total, seen = 0.0, 0
-        bar = tqdm(list(_batches(len(x_tr), B, rng)), desc=f"epoch {epoch + 1}/{args.epochs}",
-                   file=out, leave=True, disable=None)
-        for idx in bar:
+        batches = list(_batches(len(x_tr), B, rng))
+        bar = tqdm(total=len(batches), desc=f"epoch {epoch + 1}/{args.epochs}", file=out,
+                   leave=True, disable=None)
+        for idx in batches:
             idx, mask = _pad(idx, B)
             loss, *g = step(x_tr[idx], y_tr[idx], mask.astype(dtype),
                             *[params[n] for n in names])
@@ -193,7 +207,8 @@ def train(args, out=sys.stdout):
             k = int(mask.sum())
             total += float(loss) * k
             seen += k
-            bar.set_postfix(loss=f"{total / seen:.4f}")
+            bar.set_postfix(loss=f"{total / seen:.4f}", refresh=False)
+            bar.update(1)
         acc = evaluate_accuracy(x_te, y_te)
         bar.set_postfix(loss=f"{total / seen:.4f}", test_acc=f"{100 * acc:.1f}%")
         bar.close()
@@ -206,9 +221,9 @@ def train(args, out=sys.stdout):
           f"training {t_end - t_built:.1f} s)", file=out)
 
     raw = te.differentiate(model.loss, wts, simplify=False).result
-    print("\ngradient         iterations (raw)   iterations (simplified)", file=out)
+    print(f"\n{'gradient':<12} {'iterations (raw)':>18} {'iterations (simplified)':>25}", file=out)
     for name, before, after in iteration_table(model, raw, grads):
-        print(f"d{name:<15} {before:>18,} {after:>25,}", file=out)
+        print(f"{'d' + name:<12} {before:>18,} {after:>25,}", file=out)
 
     if args.plot:
         plot(history, args.plot)
