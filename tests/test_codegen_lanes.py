@@ -1,0 +1,51 @@
+"""Buffer-mode reductions whose innermost reduction loop is long: its values are
+unrolled by groups of ``SPLIT_LANES`` inside the spatial loops (the output
+element is loaded and stored once per group), where the whole group is in the
+domain; the partial groups (a constant bound's remainder, or the groups a
+``where`` such as cumsum's ``k <= j`` cuts) run as plain loops. Checked against
+the evaluator at sizes that leave remainders, and on the source's shape.
+"""
+
+import re
+
+import numpy as np
+import pytest
+
+import codegen
+import texpr as te
+from codegen.lower import SPLIT_LANES
+
+nn = te.nn
+RTOL = ATOL = 1e-11
+
+
+@pytest.fixture(scope="module")
+def case():
+    rng = np.random.default_rng(7)
+    X = te.placeholder((18, 37), "X", "float64")
+    W = te.placeholder((20, 37), "W", "float64")
+    C = te.placeholder((3, 2 * SPLIT_LANES + 5), "C", "float64")
+    outs, inputs = [], [X, W, C]
+    for out, wrt in ((nn.dense(X, W), [X, W]), (nn.cumsum(C, axis=1), [C])):
+        h = te.placeholder(out.shape, f"H_{out.name}", "float64")
+        outs += [out] + list(te.differentiate(out, wrt, head=h).result)
+        inputs.append(h)
+    feed = {t: rng.uniform(-1, 1, t.shape) for t in inputs}
+    return codegen.build(outs, inputs), outs, inputs, feed
+
+
+def test_grouped_reductions_match_the_evaluator(case):
+    kernel, outs, inputs, feed = case
+    got = kernel(*[feed[t] for t in inputs])
+    want = te.evaluate(outs, feed)
+    for t, g, w in zip(outs, got, want):
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL, err_msg=t.name)
+
+
+def test_groups_are_unrolled_between_one_load_and_one_store(case):
+    src = case[0].source
+    # a temp loaded from an output, SPLIT_LANES terms added to it, stored back
+    runs = re.findall(r"(t\d+_0) = out\d+\[[^\n]*\n((?:[^\n]*\n)*?)\s*out\d+\[[^\n]*\] = \1\n", src)
+    counts = [body.count(f"{t} +=") for t, body in runs]
+    # dense's dX and dW, cumsum's value and dX
+    assert counts.count(SPLIT_LANES) >= 3, counts
