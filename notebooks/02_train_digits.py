@@ -48,7 +48,7 @@ if args.limit:
 _, x_test, _, y_test = digits.split(images, labels, args.seed)
 model = digits.Model(16)
 names = list(model.weights)
-predict = codegen.build([model.logits], [model.x] + [model.weights[n] for n in names])
+predict = codegen.build([model.logits], [model.x] + [model.weights[n] for n in names], parallel=False)
 (logits,) = predict(x_test[:16, None].astype("float32"), *[history["params"][n] for n in names])
 fig, axes = plt.subplots(2, 8, figsize=(10, 3))
 for a, img, y, p in zip(axes.ravel(), x_test[:16], y_test[:16], logits.argmax(1)):

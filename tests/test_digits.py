@@ -57,7 +57,8 @@ def test_two_sgd_steps_decrease_the_loss():
     names = list(model.weights)
     wts = [model.weights[n] for n in names]
     grads = te.differentiate(model.loss, wts).result
-    step = codegen.build([model.loss] + list(grads), [model.x, model.labels, model.mask] + wts)
+    step = codegen.build([model.loss] + list(grads), [model.x, model.labels, model.mask] + wts,
+                         parallel=False)
     images, labels = digits.load_digits()
     x = images[:8, None].astype("float32")
     y = labels[:8]

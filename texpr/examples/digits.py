@@ -13,7 +13,9 @@ Model (NCHW, written with ``te.nn``)::
 
 The gradients come from ``te.differentiate(loss, weights)``; forward and
 backward are compiled once with ``codegen.build`` and reused for every
-mini-batch. A partial last batch is padded and masked out of the loss (a
+mini-batch (serial kernels by default: at batch 64 of 8x8 images the stages
+are too small for threads to pay, and Numba's parallel pass doubles the first
+compile). A partial last batch is padded and masked out of the loss (a
 per-sample weight), so every sample is used and no second kernel is built.
 
 Run ``python -m texpr.examples.digits --help`` for the flags.
@@ -135,6 +137,9 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="split, init and shuffling seed")
     p.add_argument("--plot", metavar="PATH", help="save a PNG of train loss and test accuracy")
     p.add_argument("--float64", action="store_true", help="train in float64")
+    p.add_argument("--parallel", action="store_true",
+                   help="compile parallel (prange) kernels; the stages here are small, so this "
+                        "doubles the first compile (about 88 s instead of 44 s) for no speedup")
     p.add_argument("--limit", type=int, default=int(os.environ.get("TEXPR_DIGITS_LIMIT", 0)),
                    help="use only the first N images (quick runs; env TEXPR_DIGITS_LIMIT)")
     args = p.parse_args(argv)
@@ -174,8 +179,8 @@ def train(args, out=sys.stdout):
     wts = [model.weights[n] for n in names]
     grads = te.differentiate(model.loss, wts).result
     inputs = [model.x, model.labels, model.mask] + wts
-    step = codegen.build([model.loss] + list(grads), inputs)
-    predict = codegen.build([model.logits], [model.x] + wts)
+    step = codegen.build([model.loss] + list(grads), inputs, parallel=args.parallel)
+    predict = codegen.build([model.logits], [model.x] + wts, parallel=args.parallel)
     params = model.init_weights(rng)
     velocity = {n: np.zeros_like(v) for n, v in params.items()}
     t_built = time.perf_counter()
