@@ -2,8 +2,11 @@
 unrolled by groups of ``SPLIT_LANES`` inside the spatial loops (the output
 element is loaded and stored once per group), where the whole group is in the
 domain; the partial groups (a constant bound's remainder, or the groups a
-``where`` such as cumsum's ``k <= j`` cuts) run as plain loops. Checked against
-the evaluator at sizes that leave remainders, and on the source's shape.
+``where`` such as cumsum's ``k <= j`` cuts) run as plain loops. And register
+blocking of a spatial axis that is not the innermost (a strided conv's dW: the
+input channel, when the kernel column is tied to the image by the ``where``).
+Checked against the evaluator at sizes that leave remainders, and on the
+source's shape.
 """
 
 import re
@@ -13,7 +16,7 @@ import pytest
 
 import codegen
 import texpr as te
-from codegen.lower import SPLIT_LANES
+from codegen.lower import JAM, SPLIT_LANES
 
 nn = te.nn
 RTOL = ATOL = 1e-11
@@ -25,8 +28,11 @@ def case():
     X = te.placeholder((18, 37), "X", "float64")
     W = te.placeholder((20, 37), "W", "float64")
     C = te.placeholder((3, 2 * SPLIT_LANES + 5), "C", "float64")
-    outs, inputs = [], [X, W, C]
-    for out, wrt in ((nn.dense(X, W), [X, W]), (nn.cumsum(C, axis=1), [C])):
+    I = te.placeholder((4, 2 * JAM + 1, 9, 9), "I", "float64")
+    K = te.placeholder((2, 2 * JAM + 1, 3, 3), "K", "float64")
+    outs, inputs = [], [X, W, C, I, K]
+    for out, wrt in ((nn.dense(X, W), [X, W]), (nn.cumsum(C, axis=1), [C]),
+                     (nn.conv2d(I, K, stride=2, padding=1), [I, K])):
         h = te.placeholder(out.shape, f"H_{out.name}", "float64")
         outs += [out] + list(te.differentiate(out, wrt, head=h).result)
         inputs.append(h)
@@ -49,3 +55,10 @@ def test_groups_are_unrolled_between_one_load_and_one_store(case):
     counts = [body.count(f"{t} +=") for t, body in runs]
     # dense's dX and dW, cumsum's value and dX
     assert counts.count(SPLIT_LANES) >= 3, counts
+
+
+def test_strided_conv_weight_gradient_blocks_input_channels(case):
+    kernel, outs = case[0], case[1]
+    dK = outs[-1]
+    src = kernel.source[kernel.source.index(f"# ---- stage {dK.op.name}:"):]
+    assert f"_l{JAM - 1} " in src.split("# ---- stage", 2)[1], src
