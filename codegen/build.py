@@ -116,6 +116,10 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
     for t in inputs:
         if not isinstance(t, Tensor) or not isinstance(t.op, PlaceholderOp):
             raise TexprError(f"build: inputs must be placeholder Tensors, got {t!r}")
+    if len({id(t) for t in inputs}) != len(inputs):
+        names = [t.name for t in inputs]
+        raise TexprError(f"build: a placeholder is listed twice in inputs {names}; "
+                         "each input takes one array")
     simp, rule = _simplifier()
     if schedule is None:
         if simp is not None:

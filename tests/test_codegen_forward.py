@@ -273,3 +273,5 @@ def test_missing_input_and_bad_arguments_are_texpr_errors():
         codegen.build([Y], [X, Y])
     with pytest.raises(te.TexprError, match="Tensors"):
         codegen.build([3], [X])
+    with pytest.raises(te.TexprError, match="listed twice"):
+        codegen.build([Y], [X, Z, X])
