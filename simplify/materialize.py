@@ -88,8 +88,16 @@ def should_inline(op, accs, output_ids):
     return access_is_injective(consumer.axis + red.axes, red.where, ld.args)
 
 
-def _as_list(tensors):
+def as_tensor_list(tensors, allow_single=True):
+    """``tensors`` as a list of Tensors (one Tensor too, unless ``allow_single`` is False).
+
+    Raises:
+        TexprError: an element is not a Tensor, or a lone Tensor where a list is required.
+    """
     if isinstance(tensors, Tensor):
+        if not allow_single:
+            raise TexprError("simplify: expected a list of Tensors, got one Tensor; "
+                             "wrap it: simplify([t])")
         return [tensors]
     out = list(tensors)
     for t in out:
@@ -107,7 +115,7 @@ def materialized_stages(tensors):
         list of Operations (ComputeOp / ScatterAddOp), topologically ordered;
         placeholders and inlined elementwise stages are left out.
     """
-    outs = _as_list(tensors)
+    outs = as_tensor_list(tensors)
     output_ids = {id(t) for t in outs}
     accs = accesses(outs)
     result = []

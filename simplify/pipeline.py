@@ -30,7 +30,7 @@ from texpr.tensor import PlaceholderOp, Tensor, topo_order
 from .cleanup import algebraic_cleanup, eliminate_common_stages
 from .inline import inline_elementwise, inline_tail_accesses
 from .lift import lift_conditions, split_sums
-from .materialize import iteration_count
+from .materialize import as_tensor_list, iteration_count
 from .propagate import propagate_zero_conditions
 from .scatter import gathers_to_scatters
 from .solve import solve_equalities, tighten_domains
@@ -58,17 +58,6 @@ VERIFY_MAX_POINTS = 2_000_000
 
 class SimplifyError(TexprError):
     """A pass changed the value of a graph (found by ``TEXPR_VERIFY=1``)."""
-
-
-def _check(tensors):
-    if isinstance(tensors, Tensor):
-        raise TexprError("simplify: expected a list of Tensors, got one Tensor; "
-                         "wrap it: simplify([t])")
-    out = list(tensors)
-    for t in out:
-        if not isinstance(t, Tensor):
-            raise TexprError(f"simplify: expected Tensors, got {type(t).__name__}: {t!r}")
-    return out
 
 
 def _fingerprint(tensors):
@@ -145,7 +134,7 @@ def simplify(tensors):
         TexprError: the argument is not a list of Tensors; SimplifyError with
             ``TEXPR_VERIFY=1`` when a pass changes a value.
     """
-    tensors = _check(tensors)
+    tensors = as_tensor_list(tensors, allow_single=False)
     fp = _fingerprint(tensors)
     for _ in range(MAX_ROUNDS):
         tensors = run_passes(tensors)

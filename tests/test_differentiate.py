@@ -155,11 +155,16 @@ def test_custom_tuple_reducer_complex_product():
     check_gradients(loss, [re_, im], feed)
 
 
-def test_custom_argmax_tuple_reducer_value_gradient():
-    argmax = te.comm_reducer(
+def _argmax_reducer():
+    """(value, index) tuple reducer; ``>=`` keeps the accumulator on ties."""
+    return te.comm_reducer(
         lambda x, y: (te.if_then_else(x[0] >= y[0], x[0], y[0]),
                       te.if_then_else(x[0] >= y[0], x[1], y[1])),
         lambda vd, idd: (te.const(-np.inf, vd), te.const(-1, idd)), name="argmax")
+
+
+def test_custom_argmax_tuple_reducer_value_gradient():
+    argmax = _argmax_reducer()
     x = ph((3, 4), "X")
     k = te.reduce_axis(4, "k")
     v, idx = te.compute((3,), lambda i: argmax((x[i, k], k), axis=k), name="AM")
@@ -174,10 +179,7 @@ def test_custom_selecting_reducers_give_ties_to_the_first_winner(simplify):
     """A max written with comm_reducer (scalar or as a (value, index) tuple) follows the
     built-in max's tie rule: the first winner in row-major order gets the whole adjoint."""
     mymax = te.comm_reducer(lambda a, b: te.max(a, b), lambda d: te.const(-np.inf, d), name="mymax")
-    argmax = te.comm_reducer(
-        lambda x, y: (te.if_then_else(x[0] >= y[0], x[0], y[0]),
-                      te.if_then_else(x[0] >= y[0], x[1], y[1])),
-        lambda vd, idd: (te.const(-np.inf, vd), te.const(-1, idd)), name="argmax")
+    argmax = _argmax_reducer()
     x = ph((3, 4), "X")
     k = te.reduce_axis(4, "k")
     r = te.reduce_axis(3, "r")

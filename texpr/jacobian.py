@@ -48,7 +48,7 @@ import numpy as np
 
 from . import dtypes as dt
 from .errors import NotDifferentiableError, ShapeError, TexprError
-from .expr import (Const, Reduce, all_of, any_of, cast, const, iter_var, make_reduce, select)
+from .expr import (Const, Reduce, all_of, cast, const, iter_var, make_reduce, select)
 from .reduction import CommReducer
 from .printer import expr_str
 from .rules import jvp, t_add
