@@ -40,10 +40,8 @@ def conj(parts):
 
 
 def all_expr(parts):
-    out = E.const(True)
-    for p in parts:
-        out = E.logical_and(out, p)
-    return out
+    """The conjunction of an iterable of boolean expressions (``te.all``)."""
+    return E.all_of(tuple(parts))
 
 
 def _is_zero(e):

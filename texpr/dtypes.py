@@ -33,14 +33,17 @@ def normalize(dtype, what="dtype"):
 
 
 def is_float(dtype):
+    """Whether the dtype name is float32 or float64."""
     return dtype in FLOATS
 
 
 def is_int(dtype):
+    """Whether the dtype name is int32 or int64."""
     return dtype in INTS
 
 
 def is_bool(dtype):
+    """Whether the dtype name is bool."""
     return dtype == "bool"
 
 

@@ -249,14 +249,20 @@ class BinaryOp(Expr):
 
 
 class Add(BinaryOp):
+    """``a + b``."""
+
     __slots__ = ()
 
 
 class Sub(BinaryOp):
+    """``a - b``."""
+
     __slots__ = ()
 
 
 class Mul(BinaryOp):
+    """``a * b``."""
+
     __slots__ = ()
 
 
@@ -284,10 +290,14 @@ class FloorMod(BinaryOp):
 
 
 class Min(BinaryOp):
+    """Elementwise minimum of two expressions."""
+
     __slots__ = ()
 
 
 class Max(BinaryOp):
+    """Elementwise maximum of two expressions."""
+
     __slots__ = ()
 
 
@@ -302,26 +312,38 @@ class CmpOp(BinaryOp):
 
 
 class EQ(CmpOp):
+    """``a == b``."""
+
     __slots__ = ()
 
 
 class NE(CmpOp):
+    """``a != b``."""
+
     __slots__ = ()
 
 
 class LT(CmpOp):
+    """``a < b``."""
+
     __slots__ = ()
 
 
 class LE(CmpOp):
+    """``a <= b``."""
+
     __slots__ = ()
 
 
 class GT(CmpOp):
+    """``a > b``."""
+
     __slots__ = ()
 
 
 class GE(CmpOp):
+    """``a >= b``."""
+
     __slots__ = ()
 
 
@@ -346,6 +368,8 @@ class Or(BinaryOp):
 
 
 class Not(Expr):
+    """Logical negation (``~cond``)."""
+
     __slots__ = ()
 
     @property
@@ -589,10 +613,24 @@ def _cast_to(e, dtype):
     return e if e.dtype == dtype else cast(e, dtype)
 
 
-def add(a, b): return _arith(Add, a, b)
-def sub(a, b): return _arith(Sub, a, b)
-def mul(a, b): return _arith(Mul, a, b)
-def div(a, b): return _arith(Div, a, b)
+def add(a, b):
+    """``a + b`` with numpy promotion and light constant folding (``x + 0 -> x``)."""
+    return _arith(Add, a, b)
+
+
+def sub(a, b):
+    """``a - b`` (``x - 0 -> x``)."""
+    return _arith(Sub, a, b)
+
+
+def mul(a, b):
+    """``a * b`` (``x * 1 -> x``; ``x * 0 -> 0`` for integers only: floats keep NaN/inf)."""
+    return _arith(Mul, a, b)
+
+
+def div(a, b):
+    """True division ``a / b``; integer operands give ``float32``."""
+    return _arith(Div, a, b)
 
 
 def floordiv(a, b):
@@ -631,6 +669,11 @@ def _as_bool(e, what):
 
 
 def logical_and(a, b):
+    """``a && b`` of boolean expressions; ``b`` is only evaluated where ``a`` holds.
+
+    Raises:
+        DTypeError: an operand is not boolean.
+    """
     a, b = _as_bool(a, "and"), _as_bool(b, "and")
     if _is_const(a, True): return b
     if _is_const(b, True): return a
@@ -640,6 +683,11 @@ def logical_and(a, b):
 
 
 def logical_or(a, b):
+    """``a || b`` of boolean expressions; ``b`` is only evaluated where ``a`` fails.
+
+    Raises:
+        DTypeError: an operand is not boolean.
+    """
     a, b = _as_bool(a, "or"), _as_bool(b, "or")
     if _is_const(a, False): return b
     if _is_const(b, False): return a
@@ -649,6 +697,7 @@ def logical_or(a, b):
 
 
 def logical_not(a):
+    """``!a`` of a boolean expression (raises DTypeError otherwise)."""
     a = _as_bool(a, "not")
     if isinstance(a, Const): return const(not a.value)
     if isinstance(a, Not): return a.a

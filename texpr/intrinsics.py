@@ -1,25 +1,41 @@
 """Intrinsic math functions on expressions (``te.exp(x)``, ``te.power(a, b)``, ...).
 
-Integer arguments compute in ``float32`` (``abs`` keeps integers). ``floor``,
-``ceil``, ``round`` (half to even) and ``trunc`` keep a float dtype; cast the
-result to use it as an index.
+Each takes scalar expressions (or Python numbers) and returns an expression
+of the same shape-less kind; float arguments keep their dtype, integer
+arguments compute in ``float32`` (``abs`` keeps integers). ``floor``, ``ceil``,
+``round`` (half to even, as numpy) and ``trunc`` keep a float dtype: cast the
+result to use it as an index. Semantics are numpy's; each raises
+``TexprError`` for a boolean argument.
 """
 
 from .expr import call
 
 
-def exp(x): return call("exp", x)
-def log(x): return call("log", x)
-def sqrt(x): return call("sqrt", x)
-def rsqrt(x): return call("rsqrt", x)
-def tanh(x): return call("tanh", x)
-def sigmoid(x): return call("sigmoid", x)
-def abs(x): return call("abs", x)  # noqa: A001
-def power(x, y): return call("power", x, y)
-def floor(x): return call("floor", x)
-def ceil(x): return call("ceil", x)
-def round(x): return call("round", x)  # noqa: A001
-def trunc(x): return call("trunc", x)
-def sin(x): return call("sin", x)
-def cos(x): return call("cos", x)
-def erf(x): return call("erf", x)
+def _unary(name, doc):
+    def fn(x):
+        return call(name, x)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"{doc} (elementwise; float result, see the module docstring)."
+    return fn
+
+
+exp = _unary("exp", "``e ** x``")
+log = _unary("log", "Natural logarithm")
+sqrt = _unary("sqrt", "Square root (its derivative at 0 is taken as 0)")
+rsqrt = _unary("rsqrt", "``1 / sqrt(x)``")
+tanh = _unary("tanh", "Hyperbolic tangent")
+sigmoid = _unary("sigmoid", "Logistic function ``1 / (1 + exp(-x))``")
+abs = _unary("abs", "Absolute value; integers stay integers")  # noqa: A001
+floor = _unary("floor", "Largest integer value <= x, as a float")
+ceil = _unary("ceil", "Smallest integer value >= x, as a float")
+round = _unary("round", "Nearest integer value, half to even (numpy), as a float")  # noqa: A001
+trunc = _unary("trunc", "Integer part toward zero, as a float")
+sin = _unary("sin", "Sine (radians)")
+cos = _unary("cos", "Cosine (radians)")
+erf = _unary("erf", "Gauss error function")
+
+
+def power(x, y):
+    """``x ** y`` (numpy's ``power`` in floating point; ``d/dy`` is 0 where ``x == 0``)."""
+    return call("power", x, y)

@@ -128,6 +128,8 @@ def _pad(idx, batch):
 
 
 def parse_args(argv=None):
+    """Parse the command line (``argv``, default ``sys.argv[1:]``); exits with a usage
+    message for bad values (argparse's ``error``)."""
     p = argparse.ArgumentParser(prog="texpr-digits", description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=20, help="training epochs (default 20)")
     p.add_argument("--batch-size", type=int, default=64, help="mini-batch size (default 64)")
