@@ -25,7 +25,8 @@ import numpy as np
 
 from texpr.errors import TexprError
 from texpr.printer import graph_str
-from texpr.tensor import PlaceholderOp, Tensor, topo_order
+from texpr.testing import random_feed
+from texpr.tensor import Tensor
 
 from .cleanup import algebraic_cleanup, eliminate_common_stages
 from .inline import inline_elementwise, inline_tail_accesses
@@ -64,21 +65,6 @@ def _fingerprint(tensors):
     return graph_str(tensors, canonical=True)
 
 
-def _random_feed(tensors, seed=0):
-    rng = np.random.default_rng(seed)
-    feed = {}
-    for op in topo_order(tensors):
-        if isinstance(op, PlaceholderOp):
-            t = op.output(0)
-            if t.dtype in ("float32", "float64"):
-                feed[t] = rng.standard_normal(t.shape).astype(t.dtype)
-            elif t.dtype == "bool":
-                feed[t] = rng.random(t.shape) < 0.5
-            else:
-                feed[t] = np.zeros(t.shape, dtype=t.dtype)
-    return feed
-
-
 def verify_equal(before, after, what="pass", seed=0):
     """Evaluate two graphs with the same outputs on one random feed; raise
     :class:`SimplifyError` if they differ. Returns False when the graph is too
@@ -91,7 +77,7 @@ def verify_equal(before, after, what="pass", seed=0):
             return False
     except TexprError:
         return False
-    feed = _random_feed(list(before) + list(after), seed)
+    feed = random_feed(list(before) + list(after), seed, int_high=1)
     try:
         want = evaluate(list(before), feed)
     except OutOfBoundsError:

@@ -15,7 +15,7 @@ from texpr.errors import TexprError
 import simplify
 from simplify import PIPELINE, SimplifyError, run_passes, verify_equal
 from simplify.materialize import materialized_stages
-from test_simplify_suite import feed_for
+from texpr.testing import random_feed as feed_for
 
 # ---- fuzzing: random quasi-affine domains and index maps ---------------------------
 

@@ -17,26 +17,14 @@ from texpr.tensor import ComputeOp, PlaceholderOp, topo_order
 from texpr.visitor import post_order
 
 import simplify
+from texpr.testing import random_feed
 from test_simplify_cases import SUITE_FULL_IDEALS, gradients, suite, sweep_cases
 
 SMALL = suite(small=True)
 
 
-def feed_for(tensors, seed=0):
-    rng = np.random.default_rng(seed)
-    feed = {}
-    for op in topo_order(tensors):
-        if isinstance(op, PlaceholderOp):
-            t = op.output(0)
-            if t.dtype.startswith("float"):
-                feed[t] = rng.standard_normal(t.shape).astype(t.dtype)
-            else:  # labels / indices: valid for every case here
-                feed[t] = rng.integers(0, 2, t.shape).astype(t.dtype)
-    return feed
-
-
 def assert_same_values(raw, simp, seed=0):
-    feed = feed_for(list(raw) + list(simp), seed)
+    feed = random_feed(list(raw) + list(simp), seed)
     want = te.evaluate(list(raw), feed)
     got = te.evaluate(list(simp), feed)
     for a, b in zip(want, got):

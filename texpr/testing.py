@@ -10,12 +10,23 @@ from .errors import TexprError
 
 
 def random_feed(tensors, seed=0, dtype=None, low=-1.0, high=1.0, int_high=None):
-    """Random arrays for placeholders: floats uniform in ``[low, high)`` (cast to
-    ``dtype`` when given, else the placeholder's), ints in ``[0, int_high)``
-    (default: 2). Returns a dict Tensor -> array."""
+    """Random arrays for the placeholders among ``tensors`` and the graphs they define.
+
+    Floats are uniform in ``[low, high)`` (cast to ``dtype`` when given, else the
+    placeholder's), bools fair coins, ints uniform in ``[0, int_high)`` (default 2;
+    ``int_high=1`` gives zeros, a valid index into any non-empty axis).
+    Returns a dict placeholder Tensor -> array.
+    """
+    from .tensor import PlaceholderOp, Tensor, topo_order
+
+    if isinstance(tensors, Tensor):
+        tensors = [tensors]
     rng = np.random.default_rng(seed)
     feed = {}
-    for t in tensors:
+    for op in topo_order(list(tensors)):
+        if not isinstance(op, PlaceholderOp):
+            continue
+        t = op.output(0)
         if t.dtype.startswith("float"):
             feed[t] = rng.uniform(low, high, size=t.shape).astype(dtype or t.dtype)
         elif t.dtype == "bool":
