@@ -33,7 +33,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import codegen  # noqa: E402
+from texpr import codegen  # noqa: E402
 import texpr as te  # noqa: E402
 from cases import make_cases, random_inputs  # noqa: E402
 

@@ -16,7 +16,7 @@ __all__ = ["build", "Kernel"]
 def _simplifier():
     """``(simplify, materialized_stages)`` of the simplifier package, when they exist."""
     try:
-        import simplify
+        from texpr import simplify
     except ImportError:  # pragma: no cover
         return None, None
     return getattr(simplify, "simplify", None), getattr(simplify, "materialized_stages", None)

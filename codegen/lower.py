@@ -67,8 +67,8 @@ sum's order of terms, which the evaluator does not fix either):
 
 import numpy as np
 
-from simplify.isl_bridge import VarSpace, box_set, card, isl, to_pwaff, to_set
-from simplify import loop_ast as LA
+from texpr.simplify.isl_bridge import VarSpace, box_set, card, isl, to_pwaff, to_set
+from texpr.simplify import loop_ast as LA
 from texpr import dtypes as dt
 from texpr import expr as E
 from texpr.errors import OutOfBoundsError, TexprError
@@ -1066,7 +1066,7 @@ class _StageLowering:
         (:func:`simplify.is_support_stage`: identity indices, each element written
         at most once) is an elementwise stage over its support: ``out[axes] =
         value``, no index checks, and its outermost loop may run in parallel."""
-        from simplify.support import is_support_stage
+        from texpr.simplify.support import is_support_stage
         op, w = self.op, self.w
         support = is_support_stage(op)
         out = self.buffers[id(op.output(0))]

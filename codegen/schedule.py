@@ -24,7 +24,7 @@ reduction, a scatter or an output, an axis of another stage, parallelising a
 reduction axis or a scatter, a non-positive split factor, ...).
 """
 
-from simplify.support import is_support_stage
+from texpr.simplify.support import is_support_stage
 from texpr.errors import ScheduleError
 from texpr.expr import IterVar, Load, Reduce, iter_var
 from texpr.printer import expr_str

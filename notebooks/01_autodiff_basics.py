@@ -19,8 +19,8 @@
 # %%
 import numpy as np
 
-import codegen
-import simplify
+from texpr import codegen
+from texpr import simplify
 import texpr as te
 
 # %% [markdown]

@@ -39,7 +39,7 @@ plt.show()
 # ## Test digits and predictions
 
 # %%
-import codegen
+from texpr import codegen
 import texpr as te
 
 images, labels = digits.load_digits()

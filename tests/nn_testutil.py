@@ -57,15 +57,9 @@ def weighted_loss(out, head):
                       name="L")
 
 
-def require_differentiate():
-    if not hasattr(te, "differentiate"):
-        pytest.skip("te.differentiate is not available yet")
-
-
 def check_grads(out, wrt, feed, seed=123, rtol=1e-6, atol=1e-7, simplify=False, eps=1e-6):
     """Gradients of ``sum(out * H)`` w.r.t. each tensor of ``wrt`` (via ``head=H``) vs
     central finite differences. Returns the list of gradients."""
-    require_differentiate()
     head = ph(out.shape, "H", out.dtype)
     feed = dict(feed)
     feed[head] = np.random.default_rng(seed).standard_normal(out.shape).astype(out.dtype)

@@ -11,7 +11,7 @@ import textwrap
 
 import numpy as np
 
-import codegen
+from texpr import codegen
 import texpr as te
 
 PROGRAM = textwrap.dedent("""

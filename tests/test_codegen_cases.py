@@ -17,7 +17,7 @@ import os
 import numpy as np
 import pytest
 
-import codegen
+from texpr import codegen
 import texpr as te
 from test_codegen_grad import innermost_loop_bodies
 from test_simplify_cases import gradients, suite, sweep_cases

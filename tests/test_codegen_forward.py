@@ -12,7 +12,7 @@ data-dependent gathers/scatters with their run-time errors.
 import numpy as np
 import pytest
 
-import codegen
+from texpr import codegen
 import texpr as te
 
 RTOL = 1e-12

@@ -14,7 +14,7 @@ import re
 import numpy as np
 import pytest
 
-import codegen
+from texpr import codegen
 import texpr as te
 
 nn = te.nn

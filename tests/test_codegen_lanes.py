@@ -14,9 +14,9 @@ import re
 import numpy as np
 import pytest
 
-import codegen
+from texpr import codegen
 import texpr as te
-from codegen.lower import JAM, SPLIT_LANES
+from texpr.codegen.lower import JAM, SPLIT_LANES
 
 nn = te.nn
 RTOL = ATOL = 1e-11

@@ -11,8 +11,8 @@ import itertools
 import pytest
 
 import texpr as te
-from simplify import loop_ast as LA
-from simplify.isl_bridge import VarSpace, box_set, to_set
+from texpr.simplify import loop_ast as LA
+from texpr.simplify.isl_bridge import VarSpace, box_set, to_set
 from texpr import expr as E
 
 

@@ -8,7 +8,7 @@ Graph: ``P = 2*A`` (elementwise producer), ``C = P @ B`` (a reduction),
 import numpy as np
 import pytest
 
-import codegen
+from texpr import codegen
 import texpr as te
 
 N, K, M = 7, 11, 10

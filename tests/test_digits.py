@@ -51,7 +51,7 @@ def test_masked_padding_does_not_change_the_loss():
 
 
 def test_two_sgd_steps_decrease_the_loss():
-    import codegen
+    from texpr import codegen
 
     model = digits.Model(batch=8)
     names = list(model.weights)

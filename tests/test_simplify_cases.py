@@ -10,7 +10,7 @@ import numpy as np
 
 import texpr as te
 
-import simplify
+from texpr import simplify
 
 
 def taps(out, k, s, d, p, size):

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 import texpr as te
 from texpr.errors import TexprError
 
-import simplify
-from simplify import PIPELINE, SimplifyError, run_passes, verify_equal
-from simplify.materialize import materialized_stages
+from texpr import simplify
+from texpr.simplify import PIPELINE, SimplifyError, run_passes, verify_equal
+from texpr.simplify.materialize import materialized_stages
 from texpr.testing import random_feed as feed_for
 
 # ---- fuzzing: random quasi-affine domains and index maps ---------------------------
@@ -217,7 +217,7 @@ def test_iteration_count_is_symbolic_and_fast():
 
 
 def test_sympy_bridge_canonical_forms():
-    from simplify.sympy_bridge import canonical_index, proves_equal
+    from texpr.simplify.sympy_bridge import canonical_index, proves_equal
     from texpr import expr as E
 
     h = E.iter_var(0, 10, "h", "spatial")
@@ -231,7 +231,7 @@ def test_sympy_bridge_canonical_forms():
 
 
 def test_isl_bridge_solving_and_counting():
-    from simplify import isl_bridge as B
+    from texpr.simplify import isl_bridge as B
     from texpr import expr as E
 
     h = E.iter_var(0, 10, "h", "spatial")

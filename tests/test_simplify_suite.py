@@ -16,7 +16,7 @@ from texpr.expr import EQ, FloorMod, Load, Reduce
 from texpr.tensor import ComputeOp, PlaceholderOp, topo_order
 from texpr.visitor import post_order
 
-import simplify
+from texpr import simplify
 from texpr.testing import random_feed
 from test_simplify_cases import SUITE_FULL_IDEALS, gradients, suite, sweep_cases
 

@@ -2,8 +2,13 @@
 
 Write operators as ``compute(shape, lambda i, j: ...)``, differentiate them
 with ``differentiate``, run them with ``evaluate`` (numpy reference) or
-``codegen.build`` (Numba kernels). See README.md and DESIGN.md.
+:func:`texpr.codegen.build` (Numba kernels). The Jacobian simplifier is
+:mod:`texpr.simplify`. ``import texpr`` loads neither subpackage (nor numba,
+islpy or sympy); ``texpr.simplify`` and ``texpr.codegen`` are imported on
+first use. See README.md and docs/.
 """
+
+import importlib as _importlib
 
 from . import dtypes
 from .errors import (AxisError, DTypeError, FeedError, NotDifferentiableError,
@@ -24,3 +29,12 @@ from .differentiate import DifferentiationResult, differentiate  # noqa: E402
 from . import nn  # noqa: E402
 
 __version__ = "0.1.0"
+
+_LAZY_SUBPACKAGES = ("simplify", "codegen")
+
+
+def __getattr__(name):
+    """``te.simplify`` / ``te.codegen`` import the subpackage on first access."""
+    if name in _LAZY_SUBPACKAGES:
+        return _importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module 'texpr' has no attribute {name!r}")

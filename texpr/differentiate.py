@@ -1,7 +1,7 @@
 """The user-facing entry point: ``te.differentiate``.
 
-This is the only texpr module that calls the ``simplify`` package (imported
-lazily, inside the function), so that module by module the import graph stays
+This is the only texpr IR-side module that calls the ``texpr.simplify``
+package (imported lazily, inside the function), so that module by module the import graph stays
 acyclic: IR <- simplify <- this entry point <- codegen (DESIGN.md).
 """
 
@@ -26,9 +26,9 @@ def differentiate(output, inputs=None, head=None, manual=None, simplify=True):
             ``out``'s adjoint is ``head`` (shape ``prefix + out.shape`` ->
             ``prefix + inp.shape``), replacing the automatic one. Either key may
             be ``None`` (a wildcard); the most specific entry wins.
-        simplify: hand the adjoints to ``simplify.simplify`` (the Jacobian
-            simplifier) before returning them; until that package provides
-            ``simplify``, the raw adjoints are returned either way.
+        simplify: hand the adjoints to :func:`texpr.simplify.simplify` (the
+            Jacobian simplifier) before returning them; ``False`` returns the
+            raw adjoints (the form described in :mod:`texpr.adjoint`).
     Returns:
         :class:`DifferentiationResult`: ``.result`` (the adjoints of ``inputs``,
         in order; the object unpacks like that list), ``.adjoints`` (tensor ->
@@ -49,12 +49,7 @@ def differentiate(output, inputs=None, head=None, manual=None, simplify=True):
     res = accumulate(output, inputs, head, manual)
     if not simplify:
         return res
-    try:
-        simplify_pkg = importlib.import_module("simplify")
-    except ImportError:
-        return res
-    if not hasattr(simplify_pkg, "simplify"):
-        return res
+    simplify_pkg = importlib.import_module("texpr.simplify")
     order, seen = [], set()
     for t in list(res.result) + list(res.adjoints.values()):
         if id(t) not in seen:

@@ -103,7 +103,7 @@ class Model:
 
 def iteration_table(model, grads_raw, grads):
     """Rows (weight, raw iteration count, simplified iteration count)."""
-    import simplify
+    from texpr import simplify
 
     rows = []
     for (name, _), g_raw, g in zip(model.weights.items(), grads_raw, grads):
@@ -159,7 +159,7 @@ def parse_args(argv=None):
 
 def train(args, out=sys.stdout):
     """Train with ``args`` (see :func:`parse_args`); returns a dict of the history."""
-    import codegen
+    from texpr import codegen
     from tqdm import tqdm
 
     t_start = time.perf_counter()
