@@ -8,7 +8,11 @@ Public API:
   (barvinok's symbolic ``card``: no enumeration, milliseconds at 10^8 points).
 * :func:`materialized_stages` -- which stages get buffers (the rule codegen's
   default schedule uses too; see :mod:`simplify.materialize`).
-* :func:`explain` -- the per-pass record of one tensor.
+* :func:`explain` -- the per-pass record of one tensor: iteration counts before
+  and after every pass (for a ``te.differentiate`` result, the record of the
+  simplification that built it).
+* :func:`simplify_with_record` -- :func:`simplify` that also returns the
+  :class:`SimplifyRecord` of the run (``te.differentiate`` keeps it).
 * :func:`is_support_stage` -- whether a stage is an elementwise stage iterating
   over its nonzero region only (an identity, injective scatter-add: a consumer
   such as codegen may run its loops in parallel; see :mod:`simplify.support`).
@@ -35,9 +39,11 @@ Modules, one job each:
 """
 
 from .materialize import is_cheap, iteration_count, materialized_stages, should_inline, stage_count
-from .pipeline import PIPELINE, SimplifyError, explain, run_passes, simplify, verify_equal
+from .pipeline import (PIPELINE, SimplifyError, SimplifyRecord, explain, keep_record, run_passes,
+                       simplify, simplify_with_record, verify_equal)
 from .support import is_support_stage
 
-__all__ = ["simplify", "iteration_count", "materialized_stages", "explain", "PIPELINE",
+__all__ = ["simplify", "simplify_with_record", "SimplifyRecord", "keep_record",
+           "iteration_count", "materialized_stages", "explain", "PIPELINE",
            "SimplifyError", "run_passes", "verify_equal", "stage_count", "should_inline",
            "is_cheap", "is_support_stage"]

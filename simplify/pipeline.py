@@ -26,7 +26,7 @@ import numpy as np
 from texpr.errors import TexprError
 from texpr.printer import graph_str
 from texpr.testing import random_feed
-from texpr.tensor import Tensor
+from texpr.tensor import PlaceholderOp, Tensor
 
 from .cleanup import algebraic_cleanup, eliminate_common_stages
 from .inline import inline_elementwise, inline_tail_accesses
@@ -120,15 +120,129 @@ def simplify(tensors):
         TexprError: the argument is not a list of Tensors; SimplifyError with
             ``TEXPR_VERIFY=1`` when a pass changes a value.
     """
+    return simplify_with_record(tensors)[0]
+
+
+def simplify_with_record(tensors):
+    """:func:`simplify`, keeping the record of what every pass did.
+
+    Args:
+        tensors: list of Tensors.
+    Returns:
+        ``(simplified, record)``: the list :func:`simplify` returns and a
+        :class:`SimplifyRecord` of the run (``record.explain(ts)`` prints the
+        iteration counts before and after every pass for any of ``simplified``).
+    Raises:
+        as :func:`simplify`.
+    """
     tensors = as_tensor_list(tensors, allow_single=False)
+    record = SimplifyRecord(tensors)
     fp = _fingerprint(tensors)
-    for _ in range(MAX_ROUNDS):
-        tensors = run_passes(tensors)
+    for rnd in range(MAX_ROUNDS):
+        def step(p, before, after, rnd=rnd):
+            record.steps.append((rnd + 1, p.__name__, list(before), list(after)))
+
+        tensors = run_passes(tensors, record=step)
+        record.rounds = rnd + 1
         new_fp = _fingerprint(tensors)
         if new_fp == fp:
+            record.converged = True
             break
         fp = new_fp
-    return tensors
+    record.outputs = list(tensors)
+    return tensors, record
+
+
+class SimplifyRecord:
+    """What one :func:`simplify` run did to a graph, kept for :func:`explain`.
+
+    Attributes:
+        inputs: the list of Tensors simplified.
+        outputs: the list returned (same order).
+        steps: one ``(round, pass name, before, after)`` per pass run, ``before``
+            and ``after`` the whole list of Tensors around that pass.
+        rounds: how many rounds of :data:`PIPELINE` ran.
+        converged: whether the last round changed nothing (the fixpoint).
+
+    Iteration counts are computed only when :meth:`explain` asks for them.
+    """
+
+    def __init__(self, inputs):
+        self.inputs = list(inputs)
+        self.outputs = None
+        self.steps = []
+        self.rounds = 0
+        self.converged = False
+
+    def positions(self, tensors):
+        """The positions of ``tensors`` (members of :attr:`outputs`, by identity).
+
+        Raises:
+            TexprError: a tensor is not one of the outputs of this run.
+        """
+        out = []
+        for t in as_tensor_list(tensors):
+            pos = [n for n, o in enumerate(self.outputs) if o is t]
+            if not pos:
+                raise TexprError(f"explain: {t.name} is not one of the tensors this "
+                                 "simplification returned")
+            out.append(pos[0])
+        return out
+
+    def explain(self, tensors):
+        """The table :func:`explain` prints, for some of this run's outputs.
+
+        Args:
+            tensors: a Tensor or list of Tensors, each one of :attr:`outputs`.
+        Returns:
+            str: the iteration count of their graph before the pipeline, then for
+            every pass of every round the count before and after it (``=`` when
+            the pass changed none of them), then the final graph.
+        Raises:
+            TexprError: a tensor is not one of the outputs.
+        """
+        pos = self.positions(tensors)
+        names = ", ".join(self.outputs[n].name for n in pos)
+
+        def pick(graph):
+            return [graph[n] for n in pos]
+
+        lines = [f"explain {names}: iteration count "
+                 f"{iteration_count(pick(self.inputs)):,} (input)"]
+        last_round = self.rounds if self.converged else None
+        width = max([len(name) for _r, name, _b, _a in self.steps] + [1])
+        for rnd, name, before, after in self.steps:
+            if rnd == last_round:
+                continue
+            b, a = pick(before), pick(after)
+            if all(x is y for x, y in zip(a, b)):
+                lines.append(f"  round {rnd} {name:{width}s} =")
+            else:
+                lines.append(f"  round {rnd} {name:{width}s} {iteration_count(b):>12,} -> "
+                             f"{iteration_count(a):>12,}")
+        if last_round is not None:
+            lines.append(f"  round {last_round}: no pass changed the graph")
+        final = pick(self.outputs)
+        lines.append(f"final: iteration count {iteration_count(final):,}")
+        lines.append(graph_str(final))
+        return "\n".join(lines)
+
+
+def record_of(tensor):
+    """The :class:`SimplifyRecord` kept on the stage of ``tensor`` by
+    ``te.differentiate``, or None (see :func:`keep_record`)."""
+    record = getattr(tensor.op, "simplify_record", None)
+    if record is None or not any(o is tensor for o in record.outputs or ()):
+        return None
+    return record
+
+
+def keep_record(record):
+    """Attach ``record`` to the stage of each of its outputs (placeholders
+    excepted), so that :func:`explain` of any of them prints it."""
+    for t in record.outputs:
+        if not isinstance(t.op, PlaceholderOp):
+            t.op.simplify_record = record
 
 
 def explain(tensor):
@@ -136,8 +250,14 @@ def explain(tensor):
     iteration count before and after it (``=`` when the pass changed nothing),
     then the final printed definition (every stage the tensor needs).
 
+    For a tensor returned by ``te.differentiate`` (its ``result`` or its
+    ``adjoints`` values) this is the record of the simplification that built
+    it, over the whole graph of that call. Any other tensor (e.g. a raw
+    adjoint of ``differentiate(..., simplify=False)``) is simplified here on
+    its own and that run is printed.
+
     Args:
-        tensor: a Tensor (e.g. a raw adjoint).
+        tensor: a Tensor.
     Returns:
         str.
     Raises:
@@ -145,27 +265,7 @@ def explain(tensor):
     """
     if not isinstance(tensor, Tensor):
         raise TexprError(f"explain: expected a Tensor, got {type(tensor).__name__}")
-    lines = [f"explain {tensor.name}: iteration count {iteration_count([tensor]):,} (input)"]
-    tensors = [tensor]
-    fp = _fingerprint(tensors)
-    for rnd in range(MAX_ROUNDS):
-        record_lines = []
-
-        def record(p, before, after):
-            if all(a is b for a, b in zip(after, before)):
-                record_lines.append(f"  round {rnd + 1} {p.__name__:24s} =")
-                return
-            record_lines.append(f"  round {rnd + 1} {p.__name__:24s} "
-                                f"{iteration_count(before):>18,} -> "
-                                f"{iteration_count(after):>18,}")
-
-        tensors = run_passes(tensors, record=record)
-        new_fp = _fingerprint(tensors)
-        if new_fp == fp:
-            lines.append(f"  round {rnd + 1}: no pass changed the graph")
-            break
-        lines.extend(record_lines)
-        fp = new_fp
-    lines.append(f"final: iteration count {iteration_count(tensors):,}")
-    lines.append(graph_str(tensors))
-    return "\n".join(lines)
+    record = record_of(tensor)
+    if record is None:
+        (tensor,), record = simplify_with_record([tensor])
+    return record.explain([tensor])

@@ -1,14 +1,32 @@
-"""The README's Python snippets run as written (in order, one namespace)."""
+"""The README's Python snippets run as written (in order, one namespace), and the
+tour's ``simplify.explain(dW)`` prints the iteration counts of every pass."""
 
+import contextlib
+import io
 import re
 from pathlib import Path
 
+from texpr.simplify import PIPELINE
 
-def test_readme_python_blocks_run():
+
+def _run_readme():
     text = (Path(__file__).parent.parent / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     assert len(blocks) >= 2
-    namespace = {}
-    for block in blocks:
-        exec(compile(block, "README.md", "exec"), namespace)
+    namespace, out = {}, io.StringIO()
+    with contextlib.redirect_stdout(out):
+        for block in blocks:
+            exec(compile(block, "README.md", "exec"), namespace)
+    return namespace, out.getvalue()
+
+
+def test_readme_python_blocks_run():
+    namespace, printed = _run_readme()
     assert namespace["dw"].shape == (3, 5)
+    # the tour's explain: one line per pass of the first round, with counts
+    rows = re.findall(r"^  round 1 (\w+)\s+(?:([\d,]+) ->\s+([\d,]+)|=)$", printed, flags=re.M)
+    assert [name for name, _b, _a in rows] == [p.__name__ for p in PIPELINE]
+    counts = [(int(b.replace(",", "")), int(a.replace(",", ""))) for _n, b, a in rows if b]
+    assert counts and counts[0][0] == 1104 and counts[-1][1] == 120  # raw dW -> simplified
+    assert "round 1: no pass changed the graph" not in printed
+    assert "final: iteration count 120" in printed

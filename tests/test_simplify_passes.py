@@ -2,6 +2,7 @@
 environment switches, explain, the materialisation rule, the bridges, errors,
 and the symbolic speed of a small CNN."""
 
+import re
 import time
 
 import numpy as np
@@ -157,6 +158,78 @@ def test_explain_records_each_pass():
     assert "1,728 (input)" in text  # 4*6 outputs x 4*3*6 reduction points
     assert "lift_conditions" in text and "final: iteration count 72" in text
     assert "sum(H[j0, r_j] * W[r_j, j1]" in text
+
+
+def _explain_table(text):
+    """The per-pass lines of an explain text: {(round, pass): (before, after) or None}."""
+    rows = {}
+    for line in text.splitlines():
+        m = re.match(r"  round (\d+) (\w+)\s+(?:([\d,]+) ->\s+([\d,]+)|=)$", line)
+        if m:
+            nums = None if m.group(3) is None else (int(m.group(3).replace(",", "")),
+                                                   int(m.group(4).replace(",", "")))
+            rows[(int(m.group(1)), m.group(2))] = nums
+    return rows
+
+
+def test_explain_after_differentiate_keeps_the_record():
+    # the issue's case: explain of a simplified result used to re-run the pipeline
+    # on an already simplified graph and print "no pass changed the graph" only
+    Y, X, W, H = _dense()
+    res = te.differentiate(Y, [X, W], head=H)
+    raw = te.differentiate(Y, [X, W], head=H, simplify=False)
+    for t, r in ((res[0], raw[0]), (res[1], raw[1])):
+        text = simplify.explain(t)
+        rows = _explain_table(text)
+        assert {name for _r, name in rows} == {p.__name__ for p in PIPELINE}
+        changed = [v for v in rows.values() if v is not None]
+        assert changed, text
+        first = text.splitlines()[0]
+        assert f"{simplify.iteration_count([r]):,} (input)" in first
+        assert f"final: iteration count {simplify.iteration_count([t]):,}" in text
+        # the counts chain: each changed pass starts where the previous one ended
+        counts = [c for v in changed for c in v]
+        assert counts[0] == simplify.iteration_count([r])
+        assert changed[-1][1] == simplify.iteration_count([t])
+        assert rows[(1, "lift_conditions")][1] < rows[(1, "lift_conditions")][0]
+    assert simplify.explain(res[0]) == res.explain(res[0])
+
+
+def test_result_explain_counts_all_results_together():
+    Y, X, W, H = _dense()
+    res = te.differentiate(Y, [X, W], head=H)
+    text = res.explain()
+    assert text.startswith(f"explain {res[0].name}, {res[1].name}: iteration count "
+                           f"{24 * 72 + 18 * 72:,} (input)")  # dX, dW: 24 and 18 outputs x 72
+    assert f"final: iteration count {simplify.iteration_count(list(res)):,}" in text
+
+
+def test_explain_of_an_intermediate_adjoint():
+    X = te.placeholder((3, 4), "X")
+    Y = te.compute((12,), lambda i: X[i // 4, i % 4] * X[i // 4, i % 4], name="Y")
+    k = te.reduce_axis(12, "k")
+    L = te.compute((), lambda: te.sum(Y[k], axis=k), name="L")
+    res = te.differentiate(L, [X])
+    text = simplify.explain(res.adjoints[Y])
+    assert text.startswith(f"explain {res.adjoints[Y].name}:")
+    assert _explain_table(text)
+    # the gradient's record shows the flatten's sum solved away
+    rows = _explain_table(res.explain())
+    assert any(v is not None and v[1] < v[0] for v in rows.values())
+    x = np.random.default_rng(0).normal(size=(3, 4)).astype("float32")
+    np.testing.assert_allclose(te.evaluate(res[0], {X: x}), 2 * x, rtol=1e-6)
+
+
+def test_explain_without_a_record():
+    Y, X, W, H = _dense()
+    raw = te.differentiate(Y, [X], head=H, simplify=False)
+    with pytest.raises(TexprError, match="simplify=False"):
+        raw.explain()
+    res = te.differentiate(Y, [X], head=H)
+    with pytest.raises(TexprError, match="not one of the tensors"):
+        res.explain(W)
+    # a tensor simplify did not return (a forward stage) is simplified on the spot
+    assert simplify.explain(Y).startswith(f"explain {Y.name}: iteration count 72 (input)")
 
 
 def test_errors_are_texpr_errors():

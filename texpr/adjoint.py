@@ -64,13 +64,37 @@ class DifferentiationResult:
         adjoint_summands: dict Tensor -> {consumer Tensor: contribution Tensor}
             (the raw contributions, before summation).
         head: the head used (the identity-head stage when ``head=None``).
+        simplify_record: the record of the simplification ``differentiate`` ran
+            (a ``texpr.simplify.SimplifyRecord``), or None when it ran none
+            (``simplify=False``).
     """
 
-    def __init__(self, result, adjoints, adjoint_summands, head=None):
+    def __init__(self, result, adjoints, adjoint_summands, head=None, simplify_record=None):
         self.result = list(result)
         self.adjoints = adjoints
         self.adjoint_summands = adjoint_summands
         self.head = head
+        self.simplify_record = simplify_record
+
+    def explain(self, tensors=None):
+        """What the simplification did: the iteration count before and after every
+        pass of every round, then the final graph (as ``texpr.simplify.explain``).
+
+        Args:
+            tensors: a Tensor or list of Tensors among ``result`` and the values of
+                ``adjoints``; ``None`` means ``result`` (all of it, counted together).
+        Returns:
+            str.
+        Raises:
+            TexprError: ``differentiate`` ran with ``simplify=False`` (no record;
+                ``texpr.simplify.explain(t)`` simplifies one tensor and prints that
+                run), or a tensor is not one this result holds.
+        """
+        if self.simplify_record is None:
+            raise TexprError(
+                "explain: this result was not simplified (differentiate(..., simplify=False)); "
+                "texpr.simplify.explain(t) simplifies one of its tensors and prints that run")
+        return self.simplify_record.explain(self.result if tensors is None else tensors)
 
     def __iter__(self):
         return iter(self.result)

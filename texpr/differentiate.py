@@ -55,8 +55,10 @@ def differentiate(output, inputs=None, head=None, manual=None, simplify=True):
         if id(t) not in seen:
             seen.add(id(t))
             order.append(t)
-    simplified = simplify_pkg.simplify(order)
+    simplified, record = simplify_pkg.simplify_with_record(order)
+    simplify_pkg.keep_record(record)  # for texpr.simplify.explain(t)
     by_id = {id(old): new for old, new in zip(order, simplified)}
     result = [by_id[id(t)] for t in res.result]
     adjoints = {t: by_id[id(a)] for t, a in res.adjoints.items()}
-    return DifferentiationResult(result, adjoints, res.adjoint_summands, res.head)
+    return DifferentiationResult(result, adjoints, res.adjoint_summands, res.head,
+                                 simplify_record=record)

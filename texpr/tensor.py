@@ -109,9 +109,16 @@ class Tensor:
 
 
 class Operation:
-    """Base of the operations: ``name``, ``shape``, ``dtypes``, ``outputs``, ``input_tensors``."""
+    """Base of the operations: ``name``, ``shape``, ``dtypes``, ``outputs``, ``input_tensors``.
+
+    ``simplify_record`` is ``None`` except on the stages ``te.differentiate``
+    returns: there it is the record of the simplification that built them,
+    which ``texpr.simplify.explain`` prints (a ``texpr.simplify.SimplifyRecord``;
+    the IR never looks inside it).
+    """
 
     num_outputs = 1
+    simplify_record = None
 
     @property
     def outputs(self):
