@@ -11,8 +11,9 @@ first use. See README.md and docs/.
 import importlib as _importlib
 
 from . import dtypes
-from .errors import (AxisError, DTypeError, FeedError, NotDifferentiableError,
-                     OutOfBoundsError, ScheduleError, ShapeError, TexprError)
+from .errors import (AxisError, ConcretizationError, DTypeError, FeedError,
+                     NotDifferentiableError, OutOfBoundsError, ScheduleError, ShapeError,
+                     TexprError)
 from .evaluate import evaluate
 from .expr import (Expr, IterVar, Var, all_of as all, any_of as any, cast, const, floordiv,
                    floormod, logical_and, logical_not, logical_or, select)

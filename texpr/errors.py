@@ -37,3 +37,11 @@ class NotDifferentiableError(TexprError):
 
 class ScheduleError(TexprError):
     """A schedule primitive asks for something impossible."""
+
+
+class ConcretizationError(TexprError, TypeError):
+    """A texpr expression (or tensor) was used where Python needs a concrete value:
+    ``float(e)`` / ``math.exp(e)``, ``int(e)``, ``range(e)``, ``list[e]``, ``if e:``,
+    Python's ``max(a, b)``, or a numpy function applied to it. The message names
+    the texpr spelling (``te.exp``, ``te.max``, ``te.if_then_else``, ...). It is a
+    ``TypeError`` too, so code that probes for numbers keeps working."""

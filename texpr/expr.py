@@ -92,13 +92,58 @@ class Expr:
     def __hash__(self):
         return object.__hash__(self)
 
+    # ---- Python protocols that need a value (see texpr.habits) -------------------
     def __bool__(self):
-        from .printer import expr_str
+        from .habits import no_bool
 
-        raise TexprError(
-            f"the truth value of the expression `{expr_str(self)}` is not known while "
-            "building; use te.if_then_else / te.all / te.any instead of Python's if/and/or"
-        )
+        raise no_bool(self)
+
+    def __float__(self):
+        from .habits import no_float
+
+        raise no_float(self)
+
+    def __int__(self):
+        from .habits import no_int
+
+        raise no_int(self)
+
+    def __complex__(self):
+        from .habits import no_complex
+
+        raise no_complex(self)
+
+    def __index__(self):
+        from .habits import no_index
+
+        raise no_index(self)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        from .habits import array_ufunc
+
+        out = array_ufunc(self, ufunc, method, inputs, kwargs)
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    def __array_function__(self, func, types, args, kwargs):
+        from .habits import array_function
+
+        raise array_function(self, func)
+
+    def __round__(self, ndigits=None):
+        if ndigits is not None:
+            from .habits import ConcretizationError
+            from .printer import expr_str
+
+            raise ConcretizationError(
+                f"round(`{expr_str(self)}`, {ndigits!r}): te.round takes no digits; write "
+                f"te.round(x * 10**{ndigits}) / 10**{ndigits}")
+        return call("round", self)
+
+    def __floor__(self): return call("floor", self)
+    def __ceil__(self): return call("ceil", self)
+    def __trunc__(self): return call("trunc", self)
 
     def __repr__(self):
         from .printer import expr_str
@@ -222,6 +267,13 @@ def as_expr(value, like=None):
         return value[()]
     if isinstance(value, (bool, int, float, np.number, np.bool_)):
         return const(value, dt.scalar_dtype(value, like))
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        return as_expr(value[()], like)
+    if isinstance(value, np.ndarray):
+        raise TexprError(
+            f"a numpy array of shape {value.shape} was used in a texpr expression; data "
+            "enters a graph as a te.placeholder (fed to te.evaluate or a kernel) and is read "
+            "by indexing it inside te.compute")
     raise TexprError(
         f"expected a texpr expression or a number, got {type(value).__name__}: {value!r}"
     )

@@ -14,7 +14,7 @@ import itertools
 import numpy as np
 
 from . import dtypes as dt
-from .errors import AxisError, FeedError, ShapeError, TexprError
+from .errors import AxisError, FeedError, OutOfBoundsError, ShapeError, TexprError
 from .expr import Expr, IterVar, Reduce, as_expr, iter_var, load
 from .visitor import post_order, substitute
 
@@ -80,10 +80,10 @@ class Tensor:
     def __getitem__(self, indices):
         if not isinstance(indices, tuple):
             indices = (indices,)
-        return load(self, indices)
+        return load(self, _no_negative_constants(self, indices))
 
     def __call__(self, *indices):
-        return load(self, indices)
+        return load(self, _no_negative_constants(self, indices))
 
     def __repr__(self):
         from .printer import tensor_str
@@ -106,6 +106,60 @@ class Tensor:
     def __truediv__(self, o): return self._scalar() / o
     def __rtruediv__(self, o): return o / self._scalar()
     def __neg__(self): return -self._scalar()
+
+    # ---- Python protocols that need a value (see texpr.habits) -------------------
+    def __float__(self):
+        from .habits import no_float
+
+        raise no_float(self)
+
+    def __int__(self):
+        from .habits import no_int
+
+        raise no_int(self)
+
+    def __complex__(self):
+        from .habits import no_complex
+
+        raise no_complex(self)
+
+    def __index__(self):
+        from .habits import no_index
+
+        raise no_index(self)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        from .habits import array_ufunc
+
+        out = array_ufunc(self, ufunc, method, inputs, kwargs)
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    def __array_function__(self, func, types, args, kwargs):
+        from .habits import array_function
+
+        raise array_function(self, func)
+
+
+def _no_negative_constants(tensor, indices):
+    """``indices`` unchanged; a constant negative index is an error (no wrapping)."""
+    from .expr import Const
+
+    for pos, ix in enumerate(indices):
+        v = ix.value if isinstance(ix, Const) else ix
+        if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and v < 0:
+            shown = ", ".join(str(x) for x in indices)
+            wrapped = ""
+            if len(indices) == len(tensor.shape) and tensor.shape[pos] + v >= 0:
+                wrapped = (f"; numpy's {tensor.name}[{shown}] would be index "
+                           f"{tensor.shape[pos] + int(v)} in dimension {pos} (extent "
+                           f"{tensor.shape[pos]}): write that")
+            raise OutOfBoundsError(
+                f"{tensor.name}[{shown}]: index {pos} is the constant {int(v)}; negative "
+                f"indices do not wrap in texpr (as in TVM, unlike numpy), they are out of "
+                f"bounds{wrapped}")
+    return indices
 
 
 class Operation:
