@@ -14,12 +14,10 @@ __all__ = ["build", "Kernel"]
 
 
 def _simplifier():
-    """``(simplify, materialized_stages)`` of the simplifier package, when they exist."""
-    try:
-        from texpr import simplify
-    except ImportError:  # pragma: no cover
-        return None, None
-    return getattr(simplify, "simplify", None), getattr(simplify, "materialized_stages", None)
+    """``(simplify, materialized_stages)`` of :mod:`texpr.simplify` (imported on first use)."""
+    from texpr import simplify
+
+    return simplify.simplify, simplify.materialized_stages
 
 
 class Kernel:
@@ -93,7 +91,7 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
         inputs: the list of placeholder Tensors the kernel takes, in order
             (every placeholder the outputs read must be listed).
         schedule: a :class:`Schedule` from ``create_schedule(outputs)``; None
-            for the default schedule (then the simplifier, when present, runs
+            for the default schedule (then :func:`texpr.simplify.simplify` runs
             first: it is idempotent on simplified graphs).
         parallel: allow ``prange`` loops (False: every loop is sequential).
     Returns:
@@ -122,11 +120,7 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
                          "each input takes one array")
     simp, rule = _simplifier()
     if schedule is None:
-        if simp is not None:
-            try:
-                outs = list(simp(outs))
-            except TexprError:
-                raise
+        outs = list(simp(outs))
         schedule = create_schedule(outs)
     else:
         if not isinstance(schedule, Schedule):

@@ -3,7 +3,7 @@
 Public API:
 
 * :func:`simplify` -- the pass pipeline on a whole graph (``te.differentiate``
-  calls it; codegen runs it again before lowering: it is idempotent).
+  calls it; ``codegen.build`` without a schedule runs it again: it is idempotent).
 * :func:`iteration_count` -- exact number of points visited by a graph
   (barvinok's symbolic ``card``: no enumeration, milliseconds at 10^8 points).
 * :func:`materialized_stages` -- which stages get buffers (the rule codegen's
