@@ -1,4 +1,4 @@
-"""Value-and-grad of the SUITE.md cases: texpr kernels vs JAX (jit, CPU) vs PyTorch (CPU
+"""Value-and-grad of the gradient suite's cases (docs/testing.md): texpr kernels vs JAX (jit, CPU) vs PyTorch (CPU
 autograd), side by side in one process.
 
 For each case: the forward output plus the gradients of ``sum(out * H)`` w.r.t.

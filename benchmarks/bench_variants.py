@@ -3,7 +3,7 @@
 Each *variant* is a Python statement run with ``L`` bound to :mod:`codegen.lower`
 (its tuning constants are reset between variants), e.g. ``"L.SPLIT_LANES = 10**6"``
 (turns the grouped reductions off) or ``"pass"`` (the defaults). For every case
-of SUITE.md the forward value and each gradient are built as separate kernels,
+of the gradient suite (docs/testing.md) the forward value and each gradient are built as separate kernels,
 plus one kernel computing them all (as bench_suite.py times them); the variants'
 kernels run in turn, ``--repeat`` rounds, so that a shared machine's load
 weighs on all alike. Prints median ms per kernel and variant; results are

@@ -1,4 +1,4 @@
-"""The SUITE.md cases (../shared/cases/SUITE.md) for benchmarking, in three frameworks.
+"""The gradient suite's cases (docs/testing.md) for benchmarking, in three frameworks.
 
 ``CASES[name]`` is a :class:`Case`: the input shapes (and which are
 differentiated), and three builders of the same operator:

@@ -1,11 +1,13 @@
-"""codegen: schedules, isl loop nests and Numba kernels for texpr graphs.
+"""texpr.codegen: schedules, isl loop nests and Numba kernels for texpr graphs.
 
     s = codegen.create_schedule([Y])          # optional
     k = codegen.build([Y], [X, W], s)         # -> Kernel
     (y,) = k(x, w)
 
-See :mod:`codegen.schedule` (primitives), :mod:`codegen.lower` (how stages
-become loop nests) and :mod:`codegen.compile` (numba and the caches).
+See :mod:`texpr.codegen.schedule` (primitives), :mod:`texpr.codegen.lower`
+(how stages become loop nests) and :mod:`texpr.codegen.compile` (numba and
+the caches); which stages get buffers by default is the materialisation rule
+of ``docs/stages.md``, and the data flow up to here is ``docs/pipeline.md``.
 """
 
 from .build import Kernel, build

@@ -1,4 +1,8 @@
-"""simplify: the Jacobian simplifier (zero elimination with ISL and SymPy).
+"""texpr.simplify: the Jacobian simplifier (zero elimination with ISL and SymPy).
+
+The pass pipeline, ``explain`` and the environment switches are described in
+``docs/pipeline.md``; the materialisation rule, scatter-add and support stages
+in ``docs/stages.md``; how to add a pass in ``docs/extending.md``.
 
 Public API:
 

@@ -7,7 +7,7 @@ tests, float comparisons) is the *residual*, kept as a guard that ISL does not
 see. Every function here works on the affine part and carries the residual
 along.
 
-The three moves of DESIGN.md live here:
+The three moves of the algorithm (docs/pipeline.md) live here:
 
 * :func:`solve` -- eliminate reduction variables that the domain determines
   (``PwMultiAff.from_map`` of the single-valued map ``others -> r``), substituting

@@ -3,7 +3,7 @@
 * :func:`lift_conditions` -- in a ``sum`` stage, the conditions shared by every
   guarded term of the summand (:func:`simplify.terms.guarded_terms`) move into
   ``where=``: ``sum(select(c, v, 0), where=w) -> sum(v, where=w && c)``. This is
-  step 3 of DESIGN.md's example: the Jacobian's indicator becomes part of the
+  the lifting step of the flatten example in docs/pipeline.md: the Jacobian's indicator becomes part of the
   iteration domain, where ISL can solve it.
 * :func:`split_sums` -- a summand whose terms carry *different* conditions,
   ``sum(select(c1, a, 0) + select(c2, b, 0))``, becomes ``sum(a, where=c1) +

@@ -1,4 +1,4 @@
-"""Every case of ../shared/cases/BUGS.md (C1-C12) with its stated values, and
+"""Every bug case C1-C12 (docs/testing.md) with its stated values, and
 variants covering each *kind* of fault, against float64 finite differences.
 
 ``L = sum(dY * Y)``: the head of ``differentiate`` is ``dY`` (a placeholder).

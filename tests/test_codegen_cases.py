@@ -1,6 +1,6 @@
 """The simplifier's and the differentiation's test cases, run through ``codegen.build``.
 
-Every SUITE.md case at its test size (``test_simplify_cases.suite(small=True)``):
+Every case of the gradient suite (docs/testing.md) at its test size (``test_simplify_cases.suite(small=True)``):
 the forward value and the gradients, simplified (the default build, which runs
 the simplifier again: it is idempotent) and raw (the unsimplified adjoints,
 built with an explicit schedule so that codegen gets the Jacobian form alone),

@@ -162,7 +162,7 @@ SWEEP = list(itertools.product([1, 2, 3], [1, 2, 3], [1, 2, 3]))
 
 @pytest.mark.parametrize("k,s,d", SWEEP)
 def test_suite_sweep_forward(k, s, d):
-    """SUITE.md's sweep: X 1x2x10x10, W 2x2xKxK, stride, dilation, pad 0."""
+    """The suite's sweep: X 1x2x10x10, W 2x2xKxK, stride, dilation, pad 0."""
     x, w = ph((1, 2, 10, 10), "X"), ph((2, 2, k, k), "W")
     y = nn.conv2d(x, w, stride=s, dilation=d)
     feed = feed_of(x, w)
@@ -210,7 +210,7 @@ def _taps(n, k, s, d, p, m):
 
 @pytest.mark.parametrize("k,s,d", SWEEP)
 def test_suite_sweep_iteration_count(k, s, d):
-    """SUITE.md's sweep: the simplified dX and dW visit at most the forward's
+    """The suite's sweep: the simplified dX and dW visit at most the forward's
     multiply-adds (N * O * C * taps_h * taps_w)."""
     from texpr import simplify
     x, w = ph((1, 2, 10, 10), "X"), ph((2, 2, k, k), "W")

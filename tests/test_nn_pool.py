@@ -133,7 +133,7 @@ def _taps(n, k, s, d, p, m):
                                    (2, 3, 0)])
 def test_pool_gradient_iteration_count(kind, k, s, p):
     """Simplified pooling gradients (stride <, = and > window) visit at most the in-bounds
-    (input, window) pairs, plus one pass over the window points for max (SUITE.md)."""
+    (input, window) pairs, plus one pass over the window points for max (docs/testing.md)."""
     from texpr import simplify
     x = ph((1, 2, 6, 6), "X")
     if kind == "max":

@@ -1,4 +1,4 @@
-"""The gradient suite of ../shared/cases/SUITE.md built from te.nn at small sizes
+"""The gradient suite (docs/testing.md) built from te.nn at small sizes
 (batch 2, channels 3, 10x10 images): forward values vs torch/numpy and gradients
 vs float64 finite differences. The loss of each case is ``sum(op(inputs) * H)``
 with ``H`` a random head (``check_grads`` passes ``H`` as ``head=``)."""
@@ -131,7 +131,7 @@ def _taps_transpose(n, k, s, d, p, m):
     return sum(1 for i in range(n) for r in range(k) if 0 <= i * s + r * d - p < m)
 
 
-#: SUITE.md's "ideal" (structurally nonzero terms) of every gradient at the small sizes
+#: the suite's "ideal" (structurally nonzero terms) of every gradient at the small sizes
 #: built above; layernorm and softmax_xent are only "linear in the input" there.
 IDEAL = {
     "dense": [2 * 3 * 20] * 2,
@@ -152,7 +152,7 @@ IDEAL = {
 
 
 def test_ideal_counts_are_forward_work():
-    """The ideal of a convolution is the forward's in-bounds multiply-adds (SUITE.md)."""
+    """The ideal of a convolution is the forward's in-bounds multiply-adds (docs/testing.md)."""
     out, (x, w), feed, _ = build("conv2d_s2")
     ones = {x: np.ones(x.shape), w: np.ones(w.shape)}
     assert te.evaluate(out, ones).sum() == IDEAL["conv2d_s2"][0]

@@ -173,7 +173,7 @@ def test_abs_at_zero_is_zero():
 
 
 def test_power_at_zero_base():
-    # BUGS.md C11A: d/db of a^b at a == 0 is 0, not NaN; d/da of a^1 at 0 is 1
+    # bug case C11A: d/db of a^b at a == 0 is 0, not NaN; d/da of a^1 at 0 is 1
     a = te.placeholder((2,), "A", "float64")
     b = te.placeholder((2,), "B", "float64")
     da = te.compute((2,), lambda i: partial(te.power(a[i], b[i]), a[i]))
@@ -199,7 +199,7 @@ def test_max_min_tie_convention():
 
 
 def test_select_untaken_branch_does_not_leak():
-    # BUGS.md C10C at the rule level: sqrt' of a negative number is never evaluated
+    # bug case C10C at the rule level: sqrt' of a negative number is never evaluated
     x = te.placeholder((2,), "X", "float64")
     d = te.compute((2,), lambda i: partial(te.if_then_else(x[i] > 0, te.sqrt(x[i]), x[i]), x[i]))
     np.testing.assert_array_equal(te.evaluate(d, {x: np.array([-1.0, -4.0])}), [1.0, 1.0])

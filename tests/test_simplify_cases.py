@@ -1,4 +1,4 @@
-"""The gradient suite (../shared/cases/SUITE.md) for the simplifier: each case builds
+"""The gradient suite (docs/testing.md) for the simplifier: each case builds
 its operator with ``te.nn`` (or a plain compute), its inputs, and the ideal
 iteration count of each gradient computed independently (numpy counting of the
 structurally nonzero terms). Shared by the other ``test_simplify_*`` files.
@@ -121,7 +121,7 @@ def softmax_xent_case(n, c):
 
 
 def suite(small):
-    """name -> (output, inputs, ideal counts); ``small``: the test sizes of SUITE.md."""
+    """name -> (output, inputs, ideal counts); ``small``: the suite's test sizes."""
     if small:
         N, C, S = 2, 3, 10
         return {
@@ -162,7 +162,7 @@ def suite(small):
     }
 
 
-SUITE_FULL_IDEALS = {  # SUITE.md's table, to check the independent counts above
+SUITE_FULL_IDEALS = {  # the suite's table of ideals, to check the independent counts above
     "dense": [25690112] * 2, "conv2d_s1": [110166016] * 2, "conv2d_s2": [27541504] * 2,
     "conv2d_dil2": [104857600] * 2, "depthwise": [6885376] * 2,
     "maxpool2": [802816 * 2], "avgpool3s2": [1721344],

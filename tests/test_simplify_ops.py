@@ -2,7 +2,7 @@
 also not size-preserving --, transpose, concatenate/split, pad, upsample, pixel
 shuffle, broadcasts), grouped/depthwise/transposed convolutions, pooling with
 stride smaller than, equal to and larger than the window, cumsum, causal masks,
-data-dependent gathers (scatter-adds), and the BUGS.md cases.
+data-dependent gathers (scatter-adds), and the bug cases (docs/testing.md).
 
 Ideal counts are computed independently: the number of structurally nonzero
 entries of the Jacobian (the raw adjoint with the identity head, evaluated on

@@ -1,6 +1,6 @@
 """Work-optimality and correctness of the simplified gradients of the suite.
 
-For every operator of SUITE.md (small and full sizes) and the 27-case conv
+For every operator of the gradient suite (docs/testing.md) (small and full sizes) and the 27-case conv
 sweep: the simplified gradient visits at most the ideal number of points
 (``simplify.iteration_count``, exact and symbolic), no dense Jacobian survives,
 and the simplified gradient evaluates equal to the raw adjoint.

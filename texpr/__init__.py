@@ -5,7 +5,14 @@ with ``differentiate``, run them with ``evaluate`` (numpy reference) or
 :func:`texpr.codegen.build` (Numba kernels). The Jacobian simplifier is
 :mod:`texpr.simplify`. ``import texpr`` loads neither subpackage (nor numba,
 islpy or sympy); ``texpr.simplify`` and ``texpr.codegen`` are imported on
-first use. See README.md and docs/.
+first use.
+
+Documentation (in the repository's ``docs/``): ``docs/pipeline.md`` (data
+flow, the pass pipeline, ``explain``), ``docs/stages.md`` (materialisation,
+scatter-add and support stages), ``docs/conventions.md`` (floor semantics,
+negative indices, ties, singular points, dtypes, adjoint names),
+``docs/extending.md`` (adding an operator, a pass, a rule),
+``docs/testing.md``.
 """
 
 import importlib as _importlib

@@ -2,7 +2,7 @@
 
 This is the only texpr IR-side module that calls the ``texpr.simplify``
 package (imported lazily, inside the function), so that module by module the import graph stays
-acyclic: IR <- simplify <- this entry point <- codegen (DESIGN.md).
+acyclic: IR <- simplify <- this entry point <- codegen (docs/pipeline.md).
 """
 
 import importlib
@@ -26,15 +26,20 @@ def differentiate(output, inputs=None, head=None, manual=None, simplify=True):
             ``out``'s adjoint is ``head`` (shape ``prefix + out.shape`` ->
             ``prefix + inp.shape``), replacing the automatic one. Either key may
             be ``None`` (a wildcard); the most specific entry wins.
-        simplify: hand the adjoints to :func:`texpr.simplify.simplify` (the
-            Jacobian simplifier) before returning them; ``False`` returns the
-            raw adjoints (the form described in :mod:`texpr.adjoint`).
+        simplify: hand the adjoints to the Jacobian simplifier
+            (:func:`texpr.simplify.simplify`, docs/pipeline.md) before returning
+            them, and keep the record of that run (``res.explain()``,
+            ``texpr.simplify.explain(t)``); ``False`` returns the raw adjoints
+            (the form described in :mod:`texpr.adjoint`).
     Returns:
         :class:`DifferentiationResult`: ``.result`` (the adjoints of ``inputs``,
         in order; the object unpacks like that list), ``.adjoints`` (tensor ->
         adjoint for every tensor on a path from an input to ``output``),
-        ``.adjoint_summands`` (tensor -> {consumer: raw contribution}). Int and
-        bool tensors get no adjoint. The raw form is described in
+        ``.adjoint_summands`` (tensor -> {consumer: raw contribution}),
+        ``.explain()`` (iteration counts before and after every pass). Int and
+        bool tensors get no adjoint. Stage names: ``d_X__Y`` is the contribution
+        of the consumer ``Y`` to ``X``, ``d_X`` a sum of several (or zeros);
+        see docs/conventions.md. The raw form is described in
         :mod:`texpr.adjoint`; the rules and their conventions (max/min ties,
         select, sqrt and power at 0) in :mod:`texpr.rules` and :mod:`texpr.jacobian`.
     Raises:

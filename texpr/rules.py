@@ -28,13 +28,13 @@ Conventions where the derivative does not exist:
   ``relu(x) = max(x, 0)`` has derivative 1 at ``x == 0``.
 * ``select(c, a, b)`` -> ``select(c, da, db)``: the untaken branch's derivative is
   never evaluated, let alone multiplied by 0, so its inf/NaN cannot leak
-  (BUGS.md C10).
+  (bug case C10; docs/conventions.md).
 * ``sqrt``: the derivative at ``x == 0`` is **0** (``select(x == 0, 0, dx / (2 sqrt x))``),
   the minimum-norm subgradient of ``|v| = sqrt(v.v)`` at 0; it makes
-  ``sqrt(sum x^2)^2`` have gradient 0 at x = 0 (BUGS.md C11B/C).
+  ``sqrt(sum x^2)^2`` have gradient 0 at x = 0 (bug cases C11B/C).
 * ``power(a, b)``: ``d/da = b * a^(b-1)``, taken as 0 where ``b == 0`` (``a^0`` is
   constant; avoids ``0 * inf`` at ``a == 0``); ``d/db = a^b * log(a)``, taken as 0
-  where ``a == 0`` (``0^b = 0`` is constant for ``b > 0``; BUGS.md C11A). For
+  where ``a == 0`` (``0^b = 0`` is constant for ``b > 0``; bug case C11A). For
   ``a < 0`` ``log(a)`` is NaN, as in PyTorch.
 * ``abs``: derivative ``sign(x)``, 0 at ``x == 0`` (as PyTorch).
 
