@@ -96,7 +96,7 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
         parallel: allow ``prange`` loops (False: every loop is sequential).
     Returns:
         A :class:`Kernel` (compiled; compilation is cached in memory and on disk,
-        see :mod:`codegen.compile`).
+        see :mod:`texpr.codegen.compile`).
     Raises:
         TexprError: a non-Tensor output, a non-placeholder input, a placeholder
         missing from ``inputs``; ScheduleError: a schedule of another graph or

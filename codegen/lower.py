@@ -19,7 +19,7 @@ For every materialised stage, in producer-before-consumer order:
      outermost loop parallel like an elementwise stage;
 3. the schedule of each statement is the value of every leaf loop of the stage
    (splits are ``floor(v/f)`` and ``v mod f``), so isl's AST generator
-   (:func:`simplify.loop_ast.generate`) gives the loops with exact bounds and
+   (:func:`texpr.simplify.loop_ast.generate`) gives the loops with exact bounds and
    strides, and solves equalities away;
 4. the residual (data-dependent) part of ``where`` stays as an ``if``; loads
    whose indices isl cannot prove in bounds get a run-time check that sets an
@@ -1063,7 +1063,7 @@ class _StageLowering:
     def _scatter(self, depth):
         """A scatter-add stage: the output initialised (zeros or a copy of ``init``),
         then ``out[indices] += value`` over the domain. A *support stage*
-        (:func:`simplify.is_support_stage`: identity indices, each element written
+        (:func:`texpr.simplify.is_support_stage`: identity indices, each element written
         at most once) is an elementwise stage over its support: ``out[axes] =
         value``, no index checks, and its outermost loop may run in parallel."""
         from texpr.simplify.support import is_support_stage

@@ -17,7 +17,7 @@ in TVM):
 =====================  =====================================================
 
 Stages not touched keep ``None`` decisions, and :func:`resolve` fills them
-with the default rules (module docstring of :mod:`codegen.lower`).
+with the default rules (module docstring of :mod:`texpr.codegen.lower`).
 
 Errors: :class:`texpr.errors.ScheduleError` for impossible requests (inlining a
 reduction, a scatter or an output, an axis of another stage, parallelising a
@@ -104,7 +104,7 @@ class Stage:
         """Run the loop over ``axis`` (a spatial leaf axis) in parallel (numba ``prange``).
 
         A scatter-add stage cannot, except a support stage
-        (:func:`simplify.is_support_stage`), whose points write distinct elements."""
+        (:func:`texpr.simplify.is_support_stage`), whose points write distinct elements."""
         self._check_leaf(axis, "parallel")
         if isinstance(self.op, ScatterAddOp) and not is_support_stage(self.op):
             raise ScheduleError(f"stage {self.name}: a scatter-add stage accumulates into shared "

@@ -11,7 +11,7 @@ Public API:
 * :func:`iteration_count` -- exact number of points visited by a graph
   (barvinok's symbolic ``card``: no enumeration, milliseconds at 10^8 points).
 * :func:`materialized_stages` -- which stages get buffers (the rule codegen's
-  default schedule uses too; see :mod:`simplify.materialize`).
+  default schedule uses too; see :mod:`texpr.simplify.materialize`).
 * :func:`explain` -- the per-pass record of one tensor: iteration counts before
   and after every pass (for a ``te.differentiate`` result, the record of the
   simplification that built it).
@@ -19,8 +19,8 @@ Public API:
   :class:`SimplifyRecord` of the run (``te.differentiate`` keeps it).
 * :func:`is_support_stage` -- whether a stage is an elementwise stage iterating
   over its nonzero region only (an identity, injective scatter-add: a consumer
-  such as codegen may run its loops in parallel; see :mod:`simplify.support`).
-* :data:`PIPELINE` -- the ordered pass list (:mod:`simplify.pipeline`).
+  such as codegen may run its loops in parallel; see :mod:`texpr.simplify.support`).
+* :data:`PIPELINE` -- the ordered pass list (:mod:`texpr.simplify.pipeline`).
 
 Modules, one job each:
 

@@ -2,9 +2,9 @@
 
 * :func:`algebraic_cleanup` -- integer index expressions (load indices and the
   operands of integer comparisons) get the smallest of their ISL form
-  (:func:`simplify.isl_bridge.canonical_quasi_affine`: nested divisions
+  (:func:`texpr.simplify.isl_bridge.canonical_quasi_affine`: nested divisions
   re-derived, ``j - 2*(j//2)`` -> ``j % 2``) and SymPy's canonical form
-  (:func:`simplify.sympy_bridge.canonical_index`: ``0 - r + (h + r) // 3`` ->
+  (:func:`texpr.simplify.sympy_bridge.canonical_index`: ``0 - r + (h + r) // 3`` ->
   ``(h + r) // 3 - r``), when smaller than the original.
 * :func:`eliminate_common_stages` -- stages with the same definition (same
   body up to renaming of their own axes, same inputs) are merged, and a

@@ -2,7 +2,7 @@
 
 The iteration domain of a reduction stage is ``spatial box x reduce box``
 intersected with its ``where=`` condition. The quasi-affine part of ``where``
-becomes an ISL set (see :mod:`simplify.isl_bridge`); the rest (data-dependent
+becomes an ISL set (see :mod:`texpr.simplify.isl_bridge`); the rest (data-dependent
 tests, float comparisons) is the *residual*, kept as a guard that ISL does not
 see. Every function here works on the affine part and carries the residual
 along.

@@ -2,10 +2,10 @@
 elementwise re-indexing stages that read them (tail accesses).
 
 * :func:`inline_elementwise` -- substitutes the body of every elementwise stage
-  that :func:`simplify.materialize.should_inline` says to inline (the identity
+  that :func:`texpr.simplify.materialize.should_inline` says to inline (the identity
   head, Jacobian indicators, masks, re-indexings, cheap adjoint sums) at each of
   its loads. After this the selects of the Jacobian sit inside the consumer's
-  summand, where :mod:`simplify.lift` can see them.
+  summand, where :mod:`texpr.simplify.lift` can see them.
 * :func:`inline_tail_accesses` -- an elementwise stage ``C[i] = P[f(i)] * g(i)``
   (possibly guarded, ``select(c(i), ..., 0)``) reading a sum-reduction stage
   ``P`` that nothing else reads (``P`` may be a requested output too: it stays

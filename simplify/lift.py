@@ -1,7 +1,7 @@
 """Lifting nonzeroness conditions into reduction domains, and splitting sums.
 
 * :func:`lift_conditions` -- in a ``sum`` stage, the conditions shared by every
-  guarded term of the summand (:func:`simplify.terms.guarded_terms`) move into
+  guarded term of the summand (:func:`texpr.simplify.terms.guarded_terms`) move into
   ``where=``: ``sum(select(c, v, 0), where=w) -> sum(v, where=w && c)``. This is
   the lifting step of the flatten example in docs/pipeline.md: the Jacobian's indicator becomes part of the
   iteration domain, where ISL can solve it.

@@ -19,7 +19,7 @@ classes below, with every bound, guard and statement argument as texpr IR:
   (equalities in the domain are solved here: e.g. a reduction variable fixed by
   ``h = 2*oh + r`` gets no loop of its own).
 
-This module gets islpy only through :mod:`simplify.isl_bridge`.
+This module gets islpy only through :mod:`texpr.simplify.isl_bridge`.
 
 Reference: Grosser, Verdoolaege, Cohen, "Polyhedral AST generation is more than
 scanning polyhedra", TOPLAS 2015.

@@ -26,7 +26,7 @@ points of their iteration domains: the spatial box for an elementwise stage,
 ``spatial box x reduce box`` cut by the affine part of ``where`` for a
 reduction, the domain (cut by ``where``) for a scatter-add (so an elementwise
 stage zero outside an affine region, written as a support stage by
-:mod:`simplify.support`, counts that region's points). An inlined stage
+:mod:`texpr.simplify.support`, counts that region's points). An inlined stage
 is counted inside its consumers (their points). Counting uses barvinok's
 symbolic ``card``, so 10^8-point domains cost milliseconds.
 """
@@ -66,7 +66,7 @@ def should_inline(op, accs, output_ids):
 
     Args:
         op: an Operation.
-        accs: its accesses ``[(consumer_op, Load)]`` (see :func:`simplify.graph.accesses`).
+        accs: its accesses ``[(consumer_op, Load)]`` (see :func:`texpr.simplify.graph.accesses`).
         output_ids: ids of the requested output Tensors.
     """
     if not is_elementwise(op) or not accs:

@@ -6,11 +6,11 @@ projection ``S = {j : exists k, w(j, k)}`` of its domain (e.g. the adjoint of a
 stride-2 convolution's input is zero on odd rows when the kernel is 1 wide).
 :func:`propagate_zero_conditions` wraps each load ``P[f]`` in a sum's summand as
 ``select(f in S, P[f], 0)`` when the consumer's domain does not already imply
-it, so that :func:`simplify.lift.lift_conditions` moves the condition into the
+it, so that :func:`texpr.simplify.lift.lift_conditions` moves the condition into the
 consumer's domain: the next layer's weight gradient then visits only the
 points where the adjoint can be nonzero. Only the affine part of the
 producer's condition is used (a data-dependent guard cannot be projected).
-A support stage (:mod:`simplify.support`: an elementwise stage written as an
+A support stage (:mod:`texpr.simplify.support`: an elementwise stage written as an
 identity scatter-add over its nonzero region) is zero outside its ``where``,
 and its loads are guarded the same way.
 """

@@ -14,7 +14,7 @@ the output, not work).
 :class:`texpr.ScatterAddOp` with no ``init`` (zeros), its domain the stage's
 own axes, ``where`` the support (quasi-affine), and identity ``indices``
 (``out[h] += value(h)`` with each point written at most once). The support is
-the union over the body's guarded terms (:func:`simplify.terms.guarded_terms`)
+the union over the body's guarded terms (:func:`texpr.simplify.terms.guarded_terms`)
 of the quasi-affine part of each term's condition; a term without one makes
 the support the whole box and the stage stays as it is. The value is the body
 with every condition simplified under the support (ISL ``gist``: the tests the
@@ -32,7 +32,7 @@ write one element: the loops can run in parallel and ``+=`` is a store).
 
 Only stages that are materialised and not inlined into any consumer are
 rewritten (an inlined stage is counted inside its consumers, whose own
-domains take up its condition through :mod:`simplify.lift`); the pass runs
+domains take up its condition through :mod:`texpr.simplify.lift`); the pass runs
 last in the pipeline so that it sees every other pass's result.
 """
 

@@ -6,7 +6,7 @@ Used for the scalar algebra of integer index expressions: canonical forms
 by positive constants, ``min`` and ``max`` crosses the bridge; anything else
 (loads, floats, selects) returns None and stays as it is.
 
-Symbols are integers named like ISL dimensions (:func:`simplify.isl_bridge.dim_name`).
+Symbols are integers named like ISL dimensions (:func:`texpr.simplify.isl_bridge.dim_name`).
 """
 
 import math

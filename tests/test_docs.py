@@ -31,3 +31,27 @@ def test_links_between_pages_resolve():
     for page in PAGES:
         for target in re.findall(r"\]\(([\w.-]+\.md)\)", page.read_text()):
             assert (DOCS / target).exists(), f"{page.name} links to missing {target}"
+
+
+def _modules():
+    import importlib
+    import pkgutil
+
+    import texpr
+    from texpr import codegen, simplify
+
+    names = ["texpr", "texpr.simplify", "texpr.codegen"]
+    for pkg in (texpr, simplify, codegen):  # the subpackages live in folders of their own
+        names += [m.name for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + ".")]
+    return [importlib.import_module(n) for n in sorted(set(names))
+            if not n.startswith("texpr.examples")]
+
+
+def test_docstring_examples():
+    attempted = 0
+    for module in _modules():
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+        assert result.failed == 0, f"{module.__name__}: {result.failed} failed"
+        attempted += result.attempted
+    assert attempted >= 20
+    assert {"texpr.simplify.pipeline", "texpr.codegen.lower"} <= {m.__name__ for m in _modules()}

@@ -49,7 +49,18 @@ def differentiate(output, inputs=None, head=None, manual=None, simplify=True):
 
     The algorithm follows TVM's tensor-expression autodiff (Grechanik, TVM
     RFC #1996): per-stage Jacobians contracted with the head, accumulated in
-    reverse topological order, simplified afterwards.
+    reverse topological order, simplified afterwards (docs/pipeline.md).
+
+    >>> import numpy as np
+    >>> import texpr as te
+    >>> X = te.placeholder((3,), name="X")
+    >>> k = te.reduce_axis(3, "k")
+    >>> L = te.compute((), lambda: te.sum(X[k] * X[k], axis=k), name="L")
+    >>> (dX,) = te.differentiate(L, [X])
+    >>> print(dX)
+    d_X__L[j0<3] = X[j0] + X[j0]  # float32
+    >>> te.evaluate(dX, {X: np.array([1.0, 2.0, 3.0], dtype="float32")})
+    array([2., 4., 6.], dtype=float32)
     """
     res = accumulate(output, inputs, head, manual)
     if not simplify:

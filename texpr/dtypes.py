@@ -2,8 +2,11 @@
 
 Supported: ``float32`` (the default), ``float64``, ``int32``, ``int64``,
 ``bool``. Index variables are ``int64``. Python scalars are *weak*: ``x * 2``
-keeps ``x``'s dtype, as in numpy 2 and JAX; a Python float combined with an
-integer expression gives ``float32``.
+keeps ``x``'s dtype, as in numpy 2 and JAX. A Python float combined with an
+integer expression is a ``float32`` constant, promoted with the integer dtype
+as numpy does: ``float64`` for ``int32`` and ``int64`` (numpy 2 gives the same
+for an int array times a Python float). True division of integers gives
+``float32`` (:class:`texpr.expr.Div`). See docs/conventions.md.
 """
 
 import numpy as np

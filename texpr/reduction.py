@@ -105,12 +105,20 @@ _MIN = _builtin("min", minimum)
 def comm_reducer(fcombine, fidentity, name="reduce"):
     """Make a user-defined commutative reducer (see :class:`CommReducer`).
 
-    Example (argmax as a tuple reducer)::
+    Example (argmax as a tuple reducer; ties keep the accumulator, here the
+    first point):
 
-        argmax = te.comm_reducer(
-            lambda x, y: (te.select(x[0] >= y[0], x[0], y[0]),
-                          te.select(x[0] >= y[0], x[1], y[1])),
-            lambda vd, id_: (te.const(-np.inf, vd), te.const(-1, id_)))
+    >>> import numpy as np
+    >>> import texpr as te
+    >>> argmax = te.comm_reducer(
+    ...     lambda x, y: (te.select(x[0] >= y[0], x[0], y[0]),
+    ...                   te.select(x[0] >= y[0], x[1], y[1])),
+    ...     lambda vd, id_: (te.const(-np.inf, vd), te.const(-1, id_)))
+    >>> X = te.placeholder((2, 3), name="X")
+    >>> k = te.reduce_axis(3, "k")
+    >>> V, I = te.compute((2,), lambda i: argmax((X[i, k], k), axis=k), name="A")
+    >>> te.evaluate([V, I], {X: np.array([[1, 5, 2], [7, 0, 7]], dtype="float32")})
+    [array([5., 7.], dtype=float32), array([1, 0])]
     """
     return CommReducer(fcombine, fidentity, name)
 

@@ -409,6 +409,13 @@ def compute(shape, fcompute, name=None, tag="", attrs=None):
     Raises:
         ShapeError: bad shape. AxisError: a reduce axis used outside its reduction,
         or a foreign variable. TexprError: ``fcompute`` returns a non-expression.
+        OutOfBoundsError: a constant negative index (indices do not wrap).
+
+    >>> import texpr as te
+    >>> X = te.placeholder((4, 5), name="X")
+    >>> k = te.reduce_axis(5, name="k")
+    >>> te.compute((4,), lambda i: te.sum(X[i, k] * X[i, k], axis=k), name="sq")
+    sq[i<4] = sum(X[i, k] * X[i, k], axis=[k:0..5])  # float32
     """
     name = name or _fresh_name("compute")
     shape = _check_shape(shape, f"compute {name}")
@@ -455,7 +462,15 @@ def scatter_add(shape, dtype, domain, findices, fvalue, where=None, init=None, n
     """A scatter-add stage: for every point ``p`` of ``domain`` (a shape), add
     ``fvalue(*p)`` at ``out[findices(*p)]``; ``out`` starts as ``init`` or zeros.
 
-    Returns a Tensor of ``shape``/``dtype``. Duplicated target indices accumulate.
+    Returns a Tensor of ``shape``/``dtype``. Duplicated target indices accumulate
+    (``np.add.at``); see docs/stages.md.
+
+    >>> import numpy as np
+    >>> import texpr as te
+    >>> I = te.placeholder((3,), name="I", dtype="int64")
+    >>> S = te.scatter_add((4,), "float32", (3,), lambda p: I[p], lambda p: 1.0, name="counts")
+    >>> te.evaluate(S, {I: np.array([2, 0, 2])})
+    array([1., 0., 2., 0.], dtype=float32)
     """
     name = name or _fresh_name("scatter")
     shape = _check_shape(shape, f"scatter_add {name}")
