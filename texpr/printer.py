@@ -130,12 +130,33 @@ def _stage_str(t, names):
 
 
 def tensor_str(t, canonical=False):
-    """One stage's definition, e.g. ``Y[i<4, j<5] = sum(X[i, k]*W[j, k], axis=[k:0..3])``."""
+    """One stage's definition (also ``repr(t)``): the output's axes with their
+    extents, the body, and the dtype; a scatter-add prints its loop.
+
+    >>> import texpr as te
+    >>> X = te.placeholder((4, 3), name="X")
+    >>> W = te.placeholder((5, 3), name="W")
+    >>> k = te.reduce_axis(3, "k")
+    >>> Y = te.compute((4, 5), lambda i, j: te.sum(X[i, k] * W[j, k], axis=k), name="Y")
+    >>> print(te.tensor_str(Y))
+    Y[i<4, j<5] = sum(X[i, k] * W[j, k], axis=[k:0..3])  # float32
+    >>> print(te.tensor_str(Y, canonical=True))
+    t0[v0<4, v1<5] = sum(t1[v0, r0] * t2[v1, r0], axis=[r0:0..3])  # float32
+    """
     return _stage_str(t, _Names(canonical))
 
 
 def graph_str(outputs, canonical=False):
-    """Every stage reachable from ``outputs``, producers first, one per line."""
+    """Every stage reachable from ``outputs``, producers first, one per line
+    (with ``canonical``, a last line names the outputs).
+
+    >>> import texpr as te
+    >>> X = te.placeholder((3,), name="X")
+    >>> Y = te.compute((3,), lambda i: te.exp(X[i]), name="Y")
+    >>> print(te.graph_str([Y]))
+    X = placeholder((3,), float32)
+    Y[i<3] = exp(X[i])  # float32
+    """
     from .tensor import Tensor, topo_order
 
     if isinstance(outputs, Tensor):
