@@ -11,8 +11,8 @@ of ``docs/stages.md``, and the data flow up to here is ``docs/pipeline.md``.
 """
 
 from .build import Kernel, build
-from .compile import CompileError, cache_dir, clear_memory_cache
+from .compile import CacheWarning, CompileError, cache_dir, clear_memory_cache
 from .schedule import Schedule, Stage, create_schedule
 
 __all__ = ["build", "Kernel", "create_schedule", "Schedule", "Stage", "CompileError",
-           "cache_dir", "clear_memory_cache"]
+           "CacheWarning", "cache_dir", "clear_memory_cache"]

@@ -28,7 +28,9 @@ class Kernel:
     Attributes: ``source`` (generated Python), ``stages`` (names of the
     materialised stages, in execution order), ``inputs``, ``outputs``,
     ``compile_seconds``, ``from_disk_cache``, ``from_memory_cache``, ``path``
-    (the generated module).
+    (the generated module on disk, with canonical identifiers and no user names;
+    None when the cache directory could not be used and the kernel was compiled
+    in memory).
 
     Raises (on call): FeedError (wrong number/shape/dtype of arrays),
     OutOfBoundsError (a data-dependent index leaves its tensor), TexprError
@@ -143,5 +145,5 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
     defs = [tensor_str(op.output(0)) for op in schedule.ops if id(op) in mat]
     describe = "the stages\n  " + "\n  ".join(d if len(d) < 400 else d[:400] + " ..."
                                               for d in defs)
-    compiled = _compile.compile_source(program.source, specs, describe=describe)
+    compiled = _compile.compile_source(program.module_source, specs, describe=describe)
     return Kernel(program, compiled, inputs, outs)

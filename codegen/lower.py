@@ -76,6 +76,7 @@ from texpr.printer import expr_str, tensor_str
 from texpr.tensor import PlaceholderOp, ScatterAddOp
 
 from .schedule import inline_expand
+from .source import buffer_identifiers, comment_text, remove_dead_assignments, rename
 
 __all__ = ["lower", "Program", "BufferInfo", "default_order", "ExprEmitter", "const_str",
            "element", "lift_zero_guards"]
@@ -115,14 +116,19 @@ class BufferInfo:
 
 
 class Program:
-    """The lowered kernel: ``source`` (Python text defining ``kernel``), ``buffers``
-    (argument order: inputs, outputs, temps, then the error flag), ``errors``
-    (flag code -> message), ``stages`` (names of the materialised stages),
-    ``parallel`` (whether the source uses prange)."""
+    """The lowered kernel: ``source`` (readable Python text defining ``kernel``:
+    buffers named after their tensors, a comment with each stage's definition),
+    ``module_source`` (the same lines with canonical identifiers and comments
+    free of user names: the text that is compiled and cached, see
+    :mod:`codegen.source`), ``buffers`` (argument order: inputs, outputs,
+    temps, then the error flag), ``errors`` (flag code -> message), ``stages``
+    (names of the materialised stages), ``parallel`` (whether the source uses
+    prange)."""
 
-    def __init__(self, source, buffers, errors, stages, parallel):
+    def __init__(self, source, buffers, errors, stages, parallel, module_source=None):
         self.source, self.buffers, self.errors = source, buffers, errors
         self.stages, self.parallel = stages, parallel
+        self.module_source = source if module_source is None else module_source
 
 
 # ---- small helpers -------------------------------------------------------------------
@@ -573,11 +579,22 @@ def element(buf, idx):
 # ---- the source writer -------------------------------------------------------------------
 
 class _Writer:
+    """Source lines. Comments are written twice: the canonical text (no user
+    names: what the caches key on and what Python runs) and the readable text
+    of ``Kernel.source`` (escaped with :func:`codegen.source.comment_text`)."""
+
     def __init__(self):
         self.lines = []
+        self.comments = {}  # canonical comment line (stripped) -> readable text
 
     def __call__(self, depth, text):
         self.lines.append("    " * depth + text)
+
+    def comment(self, depth, canonical, readable):
+        line = f"# {canonical}"
+        assert line not in self.comments
+        self.comments[line] = f"# {comment_text(readable)}"
+        self(depth, line)
 
 
 HELPERS = '''
@@ -624,7 +641,8 @@ class _StageLowering:
     def run(self, depth):
         op = self.op
         w = self.w
-        w(depth, f"# ---- stage {op.name}: " + tensor_str(op.output(0)).replace("\n", " "))
+        w.comment(depth, f"---- stage {self.k}",
+                  f"---- stage {op.name}: {tensor_str(op.output(0))}")
         if isinstance(op, ScatterAddOp):
             return self._scatter(depth)
         spatial = list(op.axis)
@@ -1176,8 +1194,23 @@ def lower(schedule, inputs, materialized, inlined, parallel=True):
     w(1, "return 0")
     deco = (f"@njit(parallel={uses_prange}, fastmath=False, cache=True, error_model='numpy', "
             "nogil=True)")
+    idents = buffer_identifiers([b.tensor.name for b in order])
+    head = _Writer()
+    for k, (b, ident) in enumerate(zip(order, idents)):
+        head.comment(0, f"argument {k}",
+                     f"{ident}: {b.role} {b.tensor.name}, shape {tuple(b.tensor.shape)}, "
+                     f"{b.dtype}")
+    head.comment(0, "argument err", "err: the error flag (0, or the code of the first "
+                 "failed check)")
     src = ("import math\n\nimport numpy as np\nfrom numba import njit, prange\n"
-           + HELPERS + "\n\n" + deco + "\n" + "\n".join(w.lines) + "\n")
-    return Program(src, order, errors, names, uses_prange)
+           + HELPERS + "\n\n" + "\n".join(head.lines) + "\n" + deco + "\n"
+           + "\n".join(w.lines) + "\n")
+    src = remove_dead_assignments(src)
+    comments = dict(head.comments, **w.comments)
+    readable = rename(src, dict(zip([b.name for b in order], idents)))
+    readable = "".join(
+        ln[:len(ln) - len(ln.lstrip())] + comments[ln.strip()] + "\n"
+        if ln.strip() in comments else ln for ln in readable.splitlines(keepends=True))
+    return Program(readable, order, errors, names, uses_prange, module_source=src)
 
 

@@ -20,7 +20,7 @@ import importlib as _importlib
 from . import dtypes
 from .errors import (AxisError, ConcretizationError, DTypeError, FeedError,
                      NotDifferentiableError, OutOfBoundsError, ScheduleError, ShapeError,
-                     TexprError)
+                     TexprError, TexprWarning)
 from .evaluate import evaluate
 from .expr import (Expr, IterVar, Var, all_of as all, any_of as any, cast, const, floordiv,
                    floormod, logical_and, logical_not, logical_or, select)

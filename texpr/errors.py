@@ -45,3 +45,8 @@ class ConcretizationError(TexprError, TypeError):
     Python's ``max(a, b)``, or a numpy function applied to it. The message names
     the texpr spelling (``te.exp``, ``te.max``, ``te.if_then_else``, ...). It is a
     ``TypeError`` too, so code that probes for numbers keeps working."""
+
+
+class TexprWarning(UserWarning):
+    """Base class of texpr's warnings (e.g. ``codegen.CacheWarning``: the kernel
+    cache was repaired or could not be used)."""
