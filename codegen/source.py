@@ -133,12 +133,18 @@ def _simple_target(st):
     return None
 
 
-def _repeats(body, facts, drop):
+def _repeats(body, facts, drop, assume, changed):
     """Forward pass: ``x = e`` where ``x`` already holds ``e`` (same text, nothing
     it reads reassigned since) on every path is dropped (its line number added
     to ``drop``). ``facts``: {name: (dump of e, names e reads)} holding on entry;
     returns the facts holding at the end. Only pure ``e`` without loads from
-    buffers are tracked (a store to a buffer never invalidates a fact)."""
+    buffers are tracked (a store to a buffer never invalidates a fact).
+
+    A loop's body starts with the facts assumed to hold on every iteration,
+    ``assume[id(loop)]`` (optimistic at first: all facts on entry); when the end
+    of the body does not keep one of them, the assumption shrinks and
+    ``changed[0]`` is set: the caller repeats the pass until nothing changes
+    (each pass is linear; the facts only shrink)."""
     facts = dict(facts)
 
     def kill(name):
@@ -150,8 +156,7 @@ def _repeats(body, facts, drop):
         if tgt is not None:
             text = ast.dump(st.value)
             if facts.get(tgt, (None,))[0] == text:
-                if drop is not None:
-                    drop.add(st.lineno)
+                drop.add(st.lineno)
                 continue
             kill(tgt)
             deps = _reads(st.value)
@@ -170,23 +175,20 @@ def _repeats(body, facts, drop):
         elif isinstance(st, ast.For):
             if not isinstance(st.target, ast.Name) or st.orelse:
                 raise _Unsupported()
-            # facts at the top of the body: those holding before the loop and at the
-            # end of the body (fixpoint; facts only disappear)
-            top = dict(facts)
-            kill_in = st.target.id
-            top = {k: v for k, v in top.items() if k != kill_in and kill_in not in v[1]}
-            while True:
-                end = _repeats(st.body, top, None)
-                new = {k: v for k, v in top.items() if end.get(k) == v}
-                if new == top:
-                    break
-                top = new
-            end = _repeats(st.body, top, drop)
-            facts = {k: v for k, v in facts.items()
-                     if end.get(k) == v and k != kill_in and kill_in not in v[1]}
+            t = st.target.id
+            entry = {k: v for k, v in facts.items() if k != t and t not in v[1]}
+            a = assume.get(id(st))
+            top = entry if a is None else {k: v for k, v in entry.items() if a.get(k) == v}
+            end = _repeats(st.body, top, drop, assume, changed)
+            kept = {k: v for k, v in top.items() if end.get(k) == v}
+            if kept != top:
+                changed[0] = True
+            assume[id(st)] = kept
+            # after the loop: what held before it and (if it ran) at the end of the body
+            facts = {k: v for k, v in entry.items() if end.get(k) == v}
         elif isinstance(st, ast.If):
-            a = _repeats(st.body, facts, drop)
-            b = _repeats(st.orelse, facts, drop)
+            a = _repeats(st.body, facts, drop, assume, changed)
+            b = _repeats(st.orelse, facts, drop, assume, changed)
             facts = {k: v for k, v in a.items() if b.get(k) == v}
         elif isinstance(st, (ast.Expr, ast.Pass, ast.Return)):
             pass
@@ -195,41 +197,69 @@ def _repeats(body, facts, drop):
     return facts
 
 
-def _live(body, live, drop, mark):
-    """Backward liveness over ``body`` given the names live after it; returns the
-    names live before it. With ``mark``, a pure ``x = e`` whose ``x`` is not live
-    after it (overwritten before any read on every path, or never read) is added
-    to ``drop`` (and not counted)."""
+def _summary(body, drop, memo):
+    """``(gen, kill)`` of a statement list for liveness: ``live_before =
+    gen | (live_after - kill)`` (gen: names read before any assignment on some
+    path; kill: names assigned on every path). A loop may run zero times (kill
+    nothing), and its head is live with ``after | (gen(body) - {target})``:
+    closed forms, so each pass is linear."""
+    key = id(body)
+    if key in memo:
+        return memo[key]
+    gen, kill = set(), set()
+    for st in reversed(body):
+        if st.lineno in drop:
+            continue
+        g, k = _stmt_summary(st, drop, memo)
+        gen = g | (gen - k)
+        kill |= k
+    memo[key] = (gen, kill)
+    return gen, kill
+
+
+def _stmt_summary(st, drop, memo):
+    tgt = _simple_target(st)
+    if tgt is not None:
+        return _reads(st.value), {tgt}
+    if isinstance(st, ast.AugAssign):
+        r = _reads(st)
+        if isinstance(st.target, ast.Name):
+            return r | {st.target.id}, {st.target.id}
+        return r, set()
+    if isinstance(st, ast.For):
+        g, _ = _summary(st.body, drop, memo)
+        return _reads(st.iter) | (g - {st.target.id}), set()
+    if isinstance(st, ast.If):
+        gt, kt = _summary(st.body, drop, memo)
+        ge, ke = _summary(st.orelse, drop, memo)
+        return _reads(st.test) | gt | ge, kt & ke
+    return _reads(st), set()
+
+
+def _live(body, live, drop, memo):
+    """Backward pass over ``body`` given the names live after it: a pure ``x = e``
+    whose ``x`` is not live after it (overwritten before any read on every
+    path, or never read) is added to ``drop``. Returns the names live before."""
     live = set(live)
     for st in reversed(body):
         if st.lineno in drop:
             continue
         tgt = _simple_target(st)
-        if tgt is not None:
-            if tgt not in live and _pure(st.value):
-                if mark:
-                    drop.add(st.lineno)
-                continue
-            live.discard(tgt)
-            live |= _reads(st.value)
-        elif isinstance(st, ast.For):
-            after = set(live)
-            head = set(after)
-            while True:
-                inner = _live(st.body, head, drop, False)
-                new = after | (inner - {st.target.id})
-                if new == head:
-                    break
-                head = new
-            _live(st.body, head, drop, mark)
+        if tgt is not None and tgt not in live and _pure(st.value):
+            drop.add(st.lineno)
+            continue
+        if isinstance(st, ast.For):
+            g, _ = _summary(st.body, drop, memo)
+            head = live | (g - {st.target.id})
+            _live(st.body, head, drop, memo)
             live = head | _reads(st.iter)
         elif isinstance(st, ast.If):
-            live = _live(st.body, live, drop, mark) | _live(st.orelse, live, drop, mark) \
-                | _reads(st.test)
-        elif isinstance(st, ast.AugAssign):
-            live |= _reads(st) | ({st.target.id} if isinstance(st.target, ast.Name) else set())
+            a = _live(st.body, live, drop, memo)
+            b = _live(st.orelse, live, drop, memo)
+            live = a | b | _reads(st.test)
         else:
-            live |= _reads(st)
+            g, k = _stmt_summary(st, drop, memo)
+            live = g | (live - k)
     return live
 
 
@@ -246,13 +276,17 @@ def remove_dead_assignments(source, func="kernel"):
     fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == func), None)
     if fn is None:
         return source
-    drop = set()
+    assume = {}
     try:
-        _repeats(fn.body, {}, drop)
+        while True:
+            drop, changed = set(), [False]
+            _repeats(fn.body, {}, drop, assume, changed)
+            if not changed[0]:
+                break
         # dead values: iterate (removing one may make another dead)
         while True:
             n = len(drop)
-            _live(fn.body, set(), drop, True)
+            _live(fn.body, set(), drop, {})
             if len(drop) == n:
                 break
     except _Unsupported:

@@ -38,8 +38,12 @@ __all__ = ["isl", "CTX", "VarSpace", "dim_name", "to_pwaff", "to_set", "box_set"
 
 
 def dim_name(v):
-    """The unique ISL dimension name of a texpr Var."""
-    base = re.sub(r"\W", "_", v.attr[0]) or "v"
+    """The unique ISL dimension name of a texpr Var: its name's ASCII letters,
+    digits and underscores (ISL rejects names that look like numbers: a
+    leading digit gets a ``v`` in front), then its unique id."""
+    base = re.sub(r"[^A-Za-z0-9_]", "_", v.attr[0])
+    if not base or base[0].isdigit():
+        base = "v" + base
     return f"{base}_{v.attr[1]}"
 
 

@@ -120,7 +120,8 @@ def comm_reducer(fcombine, fidentity, name="reduce"):
     >>> te.evaluate([V, I], {X: np.array([[1, 5, 2], [7, 0, 7]], dtype="float32")})
     [array([5., 7.], dtype=float32), array([1, 0])]
     """
-    return CommReducer(fcombine, fidentity, name)
+    from .tensor import check_name
+    return CommReducer(fcombine, fidentity, check_name(name, "comm_reducer"))
 
 
 def sum(expr, axis, where=None):  # noqa: A001 - the field's name

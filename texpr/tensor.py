@@ -25,6 +25,18 @@ def _fresh_name(prefix):
     return f"{prefix}{next(_NAME_COUNTER)}"
 
 
+def check_name(name, what, prefix=None):
+    """A validated name: any ``str`` is accepted as it is (names reach generated code
+    only as escaped comments, see :mod:`texpr.codegen.source`); ``None`` or ``""``
+    gives a fresh ``prefix<n>`` when ``prefix`` is given. Anything else raises
+    :class:`TexprError` naming ``what`` (e.g. ``"placeholder"``) and the value."""
+    if prefix is not None and (name is None or (isinstance(name, str) and not name)):
+        return _fresh_name(prefix)
+    if not isinstance(name, str):
+        raise TexprError(f"{what}: name must be a str, got {type(name).__name__}: {name!r}")
+    return name
+
+
 def _check_shape(shape, what):
     if isinstance(shape, (int, np.integer)):
         shape = (shape,)
@@ -280,7 +292,7 @@ def placeholder(shape, name=None, dtype="float32"):
         ShapeError: a negative or non-integer extent.
         DTypeError: an unsupported dtype.
     """
-    name = name or _fresh_name("placeholder")
+    name = check_name(name, "placeholder", "placeholder")
     shape = _check_shape(shape, f"placeholder {name}")
     return PlaceholderOp(name, shape, dt.normalize(dtype, f"placeholder {name}")).output(0)
 
@@ -291,7 +303,7 @@ def reduce_axis(dom, name=None):
     Raises:
         ShapeError: a negative extent or non-integer bounds.
     """
-    name = name or _fresh_name("k")
+    name = check_name(name, "reduce_axis", "k")
     if isinstance(dom, (tuple, list)):
         if len(dom) != 2:
             raise ShapeError(f"reduce_axis {name}: expected (lo, hi), got {dom!r}")
@@ -417,7 +429,7 @@ def compute(shape, fcompute, name=None, tag="", attrs=None):
     >>> te.compute((4,), lambda i: te.sum(X[i, k] * X[i, k], axis=k), name="sq")
     sq[i<4] = sum(X[i, k] * X[i, k], axis=[k:0..5])  # float32
     """
-    name = name or _fresh_name("compute")
+    name = check_name(name, "compute", "compute")
     shape = _check_shape(shape, f"compute {name}")
     if not callable(fcompute):
         raise TexprError(f"compute {name}: fcompute must be callable, got {fcompute!r}")
@@ -472,7 +484,7 @@ def scatter_add(shape, dtype, domain, findices, fvalue, where=None, init=None, n
     >>> te.evaluate(S, {I: np.array([2, 0, 2])})
     array([1., 0., 2., 0.], dtype=float32)
     """
-    name = name or _fresh_name("scatter")
+    name = check_name(name, "scatter_add", "scatter")
     shape = _check_shape(shape, f"scatter_add {name}")
     domain = _check_shape(domain, f"scatter_add {name} domain")
     axis = tuple(iter_var(0, n, f"p{d}", "spatial") for d, n in enumerate(domain))

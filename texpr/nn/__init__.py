@@ -51,3 +51,33 @@ __all__ = [
     # reductions
     "sum", "mean", "max", "min",
 ]
+
+
+def _checks_name(fn):
+    """``fn`` that first checks its ``name`` argument is a str (a TexprError naming
+    the operator otherwise, before any stage is built)."""
+    import functools
+    import inspect
+
+    from ..tensor import check_name
+
+    sig = inspect.signature(fn)
+    if "name" not in sig.parameters:
+        return fn
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError:
+            return fn(*args, **kwargs)  # Python's own message for a wrong call
+        if "name" in bound.arguments:
+            check_name(bound.arguments["name"], f"te.nn.{fn.__name__}")
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+for _n in __all__:
+    globals()[_n] = _checks_name(globals()[_n])
+del _n
