@@ -5,9 +5,11 @@
     (y,) = k(x, w)
 
 See :mod:`texpr.codegen.schedule` (primitives), :mod:`texpr.codegen.lower`
-(how stages become loop nests) and :mod:`texpr.codegen.compile` (numba and
-the caches); which stages get buffers by default is the materialisation rule
-of ``docs/stages.md``, and the data flow up to here is ``docs/pipeline.md``.
+(how stages become loop nests), :mod:`texpr.codegen.source` (the kernel's text:
+user names only in escaped comments, ``Kernel.source`` readable) and
+:mod:`texpr.codegen.compile` (numba and the caches, their integrity checks);
+which stages get buffers by default is the materialisation rule of
+``docs/stages.md``, and the data flow up to here is ``docs/pipeline.md``.
 """
 
 from .build import Kernel, build

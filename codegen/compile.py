@@ -206,7 +206,7 @@ def _on_disk(d, key, source, sig):
             fn = _compile(_load(source, modname, path), sig)
         except Exception as exc:  # noqa: BLE001
             raise _CacheUnusable(f"{type(exc).__name__}: {exc}") from None
-        _warn_once(("numba", modname),
+        _warn_once(("numba", path),
                    f"texpr: numba's cache files of {path} could not be loaded "
                    f"({type(first).__name__}: {str(first)[:200]}); they were removed and the "
                    "kernel recompiled")

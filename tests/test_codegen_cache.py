@@ -1,15 +1,24 @@
 """Kernel caches: in memory by the structure of the scheduled graph (names do not
 matter), and on disk: a second process running the same program loads numba's
 cached machine code instead of compiling (checked in subprocesses with their
-own ``TEXPR_CACHE_DIR``)."""
+own ``TEXPR_CACHE_DIR``). Integrity: corrupt entries (the module, numba's .nbi
+and .nbc files) are rebuilt with one warning and the right values; a cache
+directory that cannot be used (a file, read-only, deleted while processes
+build) degrades to compiling in memory."""
 
+import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
+import warnings
 
 import numpy as np
+import pytest
 
 from texpr import codegen
 import texpr as te
@@ -17,7 +26,8 @@ import texpr as te
 PROGRAM = textwrap.dedent("""
     import json, time
     import numpy as np
-    import texpr as te, codegen
+    import texpr as te
+    from texpr import codegen
     X = te.placeholder((3, 8), "X", "float64")
     W = te.placeholder((4, 8), "W", "float64")
     k = te.reduce_axis(8, "k")
@@ -73,3 +83,151 @@ def test_memory_cache_ignores_names():
 def test_cache_dir_follows_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("TEXPR_CACHE_DIR", str(tmp_path / "k"))
     assert codegen.cache_dir() == str(tmp_path / "k") and (tmp_path / "k").is_dir()
+
+
+# ---- integrity ----------------------------------------------------------------------------
+
+HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cache_prog.py")
+
+
+def _helper(cache, *args, user=None):
+    """Run tests/cache_prog.py (tiny kernels) in a subprocess; its JSON report."""
+    env = dict(os.environ, TEXPR_CACHE_DIR=str(cache))
+    out = subprocess.run([sys.executable, HELPER, *map(str, args)], env=env,
+                         capture_output=True, text=True, timeout=600,
+                         preexec_fn=None if user is None else (lambda: os.setuid(user)))
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _module(cache):
+    (path,) = glob.glob(os.path.join(str(cache), "texpr_k_*.py"))
+    return path
+
+
+def test_truncated_module_gives_right_values_and_is_repaired(tmp_path):
+    """Half of the cached module cut: the next process once returned NaN silently
+    (and the one after took the broken code from numba's cache)."""
+    first = _helper(tmp_path, 3)
+    assert first["err"] < 1e-12 and first["warnings"] == []
+    path = _module(tmp_path)
+    with open(path, "rb") as f:
+        good = f.read()
+    with open(path, "wb") as f:
+        f.write(good[:len(good) // 2])
+    second = _helper(tmp_path, 3)
+    assert second["err"] < 1e-12  # not NaN
+    assert len(second["warnings"]) == 1 and "discarded" in second["warnings"][0]
+    with open(path, "rb") as f:
+        assert f.read() == good
+    third = _helper(tmp_path, 3)
+    assert third["err"] < 1e-12 and third["disk"] == [True] and third["warnings"] == []
+
+
+def _build_tiny(c):
+    X = te.placeholder((3, 4), "X", "float64")
+    W = te.placeholder((4,), "W", "float64")
+    Y = te.compute((3, 4), lambda i, j: X[i, j] * c + W[j], name="Y")
+    kernel = codegen.build([Y], [X, W])
+    x, w = np.arange(12.0).reshape(3, 4), np.array([0.5, -1.0, 2.0, 3.0])
+    np.testing.assert_allclose(kernel(x, w)[0], x * c + w, rtol=1e-15)
+    return kernel
+
+
+def _caught(fn):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = fn()
+    return out, [w for w in caught if issubclass(w.category, codegen.CacheWarning)]
+
+
+@pytest.mark.parametrize("kind", [".py", ".nbi", ".nbc"])
+@pytest.mark.parametrize("content", ["empty", "random"])
+def test_corrupt_cache_files_are_rebuilt_once(tmp_path, monkeypatch, kind, content):
+    """Empty or random-byte files (the module, numba's index or data) made every
+    later process fail; now the entry is rebuilt, with one warning, and the
+    next build loads it from disk again."""
+    monkeypatch.setenv("TEXPR_CACHE_DIR", str(tmp_path))
+    codegen.clear_memory_cache()
+    c = 7.25 + len(kind) + 0.5 * (content == "empty")  # an entry of this test's own
+    _build_tiny(c)
+    files = glob.glob(os.path.join(str(tmp_path), "**", "texpr_k_*" + kind), recursive=True)
+    assert files
+    for p in files:
+        with open(p, "wb") as f:
+            f.write(b"" if content == "empty" else np.random.default_rng(5).bytes(300))
+    codegen.clear_memory_cache()
+    kernel, caught = _caught(lambda: _build_tiny(c))
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    assert kernel.path is not None and kernel.path.startswith(str(tmp_path))
+    codegen.clear_memory_cache()
+    again, caught = _caught(lambda: _build_tiny(c))
+    assert caught == [] and again.from_disk_cache
+    codegen.clear_memory_cache()
+
+
+def test_cache_dir_that_is_a_file_compiles_in_memory(tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    monkeypatch.setenv("TEXPR_CACHE_DIR", str(blocker))
+    codegen.clear_memory_cache()
+    (k1, k2), caught = _caught(lambda: (_build_tiny(2.5), _build_tiny(3.5)))
+    assert k1.path is None and k2.path is None
+    assert len(caught) == 1 and "in memory" in str(caught[0].message)
+    assert blocker.read_text() == "x"
+    codegen.clear_memory_cache()
+
+
+@pytest.mark.parametrize("how", ["mode", "writes-fail"])
+def test_read_only_cache_dir_compiles_in_memory(tmp_path, monkeypatch, how):
+    """A directory the process cannot write. ``mode``: its permissions (when the
+    tests run as root, whom permissions do not stop, ``os.access`` answers as
+    for another user); ``writes-fail``: it looks writable but creating a file
+    fails (a read-only mount, a full disk)."""
+    cache = tmp_path / "ro"
+    cache.mkdir()
+    monkeypatch.setenv("TEXPR_CACHE_DIR", str(cache))
+    if how == "mode":
+        cache.chmod(0o555)
+        if os.geteuid() == 0:
+            real = os.access
+            monkeypatch.setattr(os, "access", lambda p, mode, **kw: (
+                False if os.path.abspath(p) == str(cache) and mode & os.W_OK
+                else real(p, mode, **kw)))
+    else:
+        def refuse(*args, **kwargs):
+            raise PermissionError(13, "Permission denied", str(cache))
+        monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    codegen.clear_memory_cache()
+    try:
+        (k1, k2), caught = _caught(lambda: (_build_tiny(4.5), _build_tiny(5.5)))
+    finally:
+        cache.chmod(0o755)
+        codegen.clear_memory_cache()
+    assert k1.path is None and k2.path is None
+    assert len(caught) == 1 and "in memory" in str(caught[0].message)
+    assert [p for p in os.listdir(cache) if p != "__pycache__"] == []
+
+
+def test_concurrent_builds_survive_the_cache_dir_being_deleted(tmp_path):
+    """Three processes build kernels while the cache directory is deleted over and
+    over (20 of 33 builds once failed with FileNotFoundError): every build gives
+    the right values, with at most one warning about the directory per process."""
+    cache = tmp_path / "shared"
+    env = dict(os.environ, TEXPR_CACHE_DIR=str(cache))
+    procs = [subprocess.Popen([sys.executable, HELPER, str(first), "4"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for first in (10, 20, 30)]
+    deletions = 0
+    deadline = time.monotonic() + 600
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        shutil.rmtree(cache, ignore_errors=True)
+        deletions += 1
+        time.sleep(0.05)
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=60)
+        assert p.returncode == 0, stderr
+        out = json.loads(stdout.strip().splitlines()[-1])
+        assert out["err"] < 1e-12 and len(out["disk"]) == 4
+        assert sum("cannot be used" in m for m in out["warnings"]) <= 1
+    assert deletions > 10
