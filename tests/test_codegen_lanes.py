@@ -51,8 +51,9 @@ def test_grouped_reductions_match_the_evaluator(case):
 def test_groups_are_unrolled_between_one_load_and_one_store(case):
     src = case[0].source
     # a temp loaded from an output, SPLIT_LANES terms added to it, stored back
-    runs = re.findall(r"(t\d+_0) = out\d+\[[^\n]*\n((?:[^\n]*\n)*?)\s*out\d+\[[^\n]*\] = \1\n", src)
-    counts = [body.count(f"{t} +=") for t, body in runs]
+    # (buffers are named after their tensors, with a trailing underscore)
+    runs = re.findall(r"(t\d+_0) = (\w+_)\[[^\n]*\n((?:[^\n]*\n)*?)\s*\2\[[^\n]*\] = \1\n", src)
+    counts = [body.count(f"{t} +=") for t, _, body in runs]
     # dense's dX and dW, cumsum's value and dX
     assert counts.count(SPLIT_LANES) >= 3, counts
 
