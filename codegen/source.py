@@ -22,7 +22,6 @@ every reader and the text encodes as UTF-8.
 
 import ast
 import io
-import keyword
 import re
 import tokenize
 
@@ -69,7 +68,7 @@ def buffer_identifiers(names):
             base = "t" + base
         cand = base + "_"
         k = 1
-        while cand in used or keyword.iskeyword(cand):
+        while cand in used:
             cand = f"{base}_{k}_"
             k += 1
         used.add(cand)

@@ -8,7 +8,6 @@ their tensors, each stage's definition in a comment, no dead assignments."""
 import ast
 import builtins
 import io
-import os
 import tokenize
 
 import numpy as np
