@@ -21,9 +21,15 @@ def _simplifier():
 
 
 class Kernel:
-    """A compiled graph. ``kernel(*arrays)`` takes numpy arrays for ``inputs`` (in
-    order; exact shapes and dtypes) and returns a tuple of fresh arrays, one per
-    output (declared shapes and dtypes).
+    """A compiled graph. ``kernel(*arrays, out=None, **named)`` takes numpy arrays
+    for ``inputs`` (in order, or by placeholder name as keywords; exact shapes
+    and dtypes) and returns a tuple of arrays, one per output (declared shapes
+    and dtypes): fresh ones, or the caller's ``out=`` buffers (a tuple with one
+    entry per output, None to allocate that one; each C-contiguous, writeable,
+    of the output's shape and dtype, overlapping no input).
+
+    A Kernel pickles: the loader takes the compiled code from the cache
+    (memory, then disk) or recompiles the source.
 
     Attributes: ``source`` (generated Python), ``stages`` (names of the
     materialised stages, in execution order), ``inputs``, ``outputs``,
@@ -32,7 +38,8 @@ class Kernel:
     None when the cache directory could not be used and the kernel was compiled
     in memory).
 
-    Raises (on call): FeedError (wrong number/shape/dtype of arrays),
+    Raises (on call): FeedError (wrong number/shape/dtype of arrays, an unknown,
+    ambiguous or repeated name, a bad ``out=`` buffer),
     OutOfBoundsError (a data-dependent index leaves its tensor), TexprError
     (integer division by zero).
     """
@@ -49,7 +56,9 @@ class Kernel:
         self.path = compiled.path
         self._bufs = program.buffers
 
-    def __call__(self, *arrays):
+    def __call__(self, *arrays, out=None, **named):
+        if named:
+            arrays = _bind_named(self.inputs, arrays, named)
         if len(arrays) != len(self.inputs):
             raise FeedError(f"kernel: expected {len(self.inputs)} arrays "
                             f"({', '.join(t.name for t in self.inputs)}), got {len(arrays)}")
@@ -57,11 +66,21 @@ class Kernel:
         for t, a in zip(self.inputs, arrays):
             a = check_input_array(t, a, "kernel")
             args.append(np.ascontiguousarray(a).reshape(-1))
+        outs_given = None if out is None else _check_out(self.outputs, out, args)
         by_id = {}
         for b, a in zip(self._bufs, args):
             by_id[id(b.tensor)] = a
+        direct = {}
+        if outs_given is not None:
+            # an output computed by its own stage is written straight into its out= buffer
+            for t, o in zip(self.outputs, outs_given):
+                if (o is not None and id(t) not in by_id and id(t) not in direct
+                        and not isinstance(t.op, PlaceholderOp)):
+                    direct[id(t)] = o.reshape(-1)
         for b in self._bufs[len(args):]:
-            arr = np.empty(b.size, dtype=b.dtype)
+            arr = direct.get(id(b.tensor))
+            if arr is None:
+                arr = np.empty(b.size, dtype=b.dtype)
             by_id[id(b.tensor)] = arr
             args.append(arr)
         err = np.zeros(1, dtype=np.int64)
@@ -73,16 +92,101 @@ class Kernel:
             cls = TexprError if "division by zero" in msg else OutOfBoundsError
             raise cls(msg)
         outs = []
-        for t in self.outputs:
+        for k, t in enumerate(self.outputs):
             a = by_id[id(t)]
+            o = None if outs_given is None else outs_given[k]
+            if o is not None:
+                if direct.get(id(t)) is not a or any(
+                        u is t for u in self.outputs[:k]):
+                    np.copyto(o, a.reshape(t.shape))
+                outs.append(o)
+                continue
             if isinstance(t.op, PlaceholderOp):
                 a = a.copy()
             outs.append(a.reshape(t.shape))
         return tuple(outs)
 
+    def __reduce__(self):
+        # the program (source, buffers, tensors) travels; the machine code is
+        # loaded again from the cache, or recompiled (see _load_kernel)
+        return (_load_kernel, (self._program, self.inputs, self.outputs))
+
     def __repr__(self):
         return (f"Kernel({', '.join(t.name for t in self.inputs)} -> "
                 f"{', '.join(t.name for t in self.outputs)}; stages: {', '.join(self.stages)})")
+
+
+def _bind_named(inputs, arrays, named):
+    """Positional ``arrays`` then ``named`` (placeholder name -> array), in input order."""
+    names = [t.name for t in inputs]
+    if len(arrays) > len(inputs):
+        raise FeedError(f"kernel: expected {len(inputs)} arrays ({', '.join(names)}), "
+                        f"got {len(arrays)} positional")
+    bound = list(arrays) + [None] * (len(inputs) - len(arrays))
+    given = [True] * len(arrays) + [False] * (len(inputs) - len(arrays))
+    for key, value in named.items():
+        where = [i for i, n in enumerate(names) if n == key]
+        if not where:
+            raise FeedError(f"kernel: no input placeholder is named {key!r} "
+                            f"(inputs: {', '.join(names)})")
+        if len(where) > 1:
+            raise FeedError(f"kernel: several input placeholders are named {key!r}; "
+                            "pass them by position")
+        i = where[0]
+        if given[i]:
+            raise FeedError(f"kernel: input {key} is given both by position and by name")
+        bound[i], given[i] = value, True
+    missing = [n for n, g in zip(names, given) if not g]
+    if missing:
+        raise FeedError(f"kernel: no array given for input(s) {', '.join(missing)}")
+    return bound
+
+
+def _check_out(outputs, out, args):
+    """The ``out=`` buffers, one per output (None: allocate), checked against the
+    outputs' shapes and dtypes, C-contiguous, writeable, not overlapping an input
+    or each other (the kernel reads inputs while it writes outputs)."""
+    if isinstance(out, np.ndarray):
+        out = (out,)
+    try:
+        out = tuple(out)
+    except TypeError:
+        raise FeedError(f"kernel: out= takes a tuple of arrays (one per output), "
+                        f"got {type(out).__name__}") from None
+    if len(out) != len(outputs):
+        raise FeedError(f"kernel: out= has {len(out)} entries for {len(outputs)} outputs "
+                        f"({', '.join(t.name for t in outputs)}); use None to allocate one")
+    seen = []
+    for t, o in zip(outputs, out):
+        if o is None:
+            continue
+        if not isinstance(o, np.ndarray):
+            raise FeedError(f"kernel: out= buffer for {t.name} must be a numpy array, got "
+                            f"{type(o).__name__}")
+        if o.shape != tuple(t.shape):
+            raise FeedError(f"kernel: out= buffer for {t.name} has shape {o.shape}, "
+                            f"expected {tuple(t.shape)}")
+        if o.dtype.name != t.dtype:
+            raise FeedError(f"kernel: out= buffer for {t.name} has dtype {o.dtype.name}, "
+                            f"expected {t.dtype}")
+        if not o.flags.c_contiguous:
+            raise FeedError(f"kernel: out= buffer for {t.name} is not C-contiguous "
+                            "(pass np.ascontiguousarray storage)")
+        if not o.flags.writeable:
+            raise FeedError(f"kernel: out= buffer for {t.name} is read-only")
+        for other in list(args) + seen:
+            if o.size and np.may_share_memory(o, other):
+                raise FeedError(f"kernel: out= buffer for {t.name} overlaps an input or "
+                                "another out= buffer")
+        seen.append(o)
+    return out
+
+
+def _load_kernel(program, inputs, outputs):
+    specs = [(b.dtype, 1) for b in program.buffers] + [("int64", 1)]
+    compiled = _compile.compile_source(program.source, specs,
+                                       describe="the stages " + ", ".join(program.stages))
+    return Kernel(program, compiled, inputs, outputs)
 
 
 def build(outputs, inputs, schedule=None, *, parallel=True):

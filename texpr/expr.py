@@ -75,6 +75,10 @@ class Expr:
     def __setattr__(self, name, value):
         raise AttributeError("texpr expressions are immutable")
 
+    def __reduce__(self):
+        # pickle rebuilds through the interning constructor (see _unpickle_node)
+        return (_unpickle_node, (type(self), self.attr, self.args, self.dtype))
+
     def with_args(self, args):
         """The same kind of node with new children (interned)."""
         args = tuple(args)
@@ -198,6 +202,11 @@ class Var(Expr):
     """A scalar variable with its own identity. ``attr`` is ``(name, uid)``."""
 
     __slots__ = ()
+
+    def __reduce__(self):
+        # a loaded variable gets a fresh uid: the uid of the pickling process could
+        # name another variable here (see _unpickle_var)
+        return (_unpickle_var, (type(self), self.attr, self.dtype))
 
     @property
     def name(self):
@@ -575,6 +584,37 @@ class Combiner:
 
     def __repr__(self):
         return f"Combiner({self.name})"
+
+    def __reduce__(self):
+        if self.kind != "custom":
+            # the built-in reducers' combiners are shared: load the local one
+            return (_builtin_combiner, (self.kind, self.dtypes))
+        return (Combiner, (self.name, self.kind, self.lhs, self.rhs, self.result,
+                           self.identity))
+
+
+# ---- pickling -------------------------------------------------------------------------
+#
+# Nodes are interned, so a pickled node is rebuilt through ``_make``: a loaded
+# expression is identical to the same expression built here (constants and
+# nodes over the same children re-intern). Variables are identities: each one
+# loaded gets a fresh uid (pickle's memo keeps the sharing within one
+# ``dumps``), so a loaded graph is a copy that shares no variable with graphs
+# built in this process. Pickle tensors that belong together in one call.
+
+
+def _unpickle_node(cls, attr, args, dtype):
+    return cls._make(attr, args, dtype)
+
+
+def _unpickle_var(cls, attr, dtype):
+    return cls._make((attr[0], next(_UID)) + tuple(attr[2:]), (), dtype)
+
+
+def _builtin_combiner(kind, dtypes):
+    from . import reduction
+
+    return reduction.BUILTIN_REDUCERS[kind].combiner(dtypes)
 
 
 # ---- smart constructors (light constant folding only) ------------------------

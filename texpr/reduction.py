@@ -100,6 +100,8 @@ _SUM = _builtin("sum", lambda x, y: x + y)
 _PROD = _builtin("prod", lambda x, y: x * y)
 _MAX = _builtin("max", maximum)
 _MIN = _builtin("min", minimum)
+#: kind -> the built-in reducer (unpickled combiners are taken from here)
+BUILTIN_REDUCERS = {"sum": _SUM, "prod": _PROD, "max": _MAX, "min": _MIN}
 
 
 def comm_reducer(fcombine, fidentity, name="reduce"):
