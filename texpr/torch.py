@@ -1,0 +1,146 @@
+"""texpr graphs as PyTorch operators: ``texpr.torch.op(outputs, inputs)``.
+
+Why ``torch.library.custom_op`` and not ``torch.autograd.Function``: a custom
+op is opaque to ``torch.compile``. Dynamo puts it in the graph as one node,
+AOTAutograd traces its backward through the registered autograd formula, and
+fake tensors get their shapes from the registered fake kernel, so a compiled
+model neither graph-breaks nor tries to trace the numpy and Numba code inside
+it. An ``autograd.Function`` whose forward leaves torch (``.numpy()``, a Numba
+call) makes Dynamo break the graph there. One custom op, ``texpr::kernel``,
+serves every texpr op: it takes the input tensors and the int key of an
+:class:`texpr.bridge.OpSpec`, and its backward formula calls the same custom
+op with the spec's backward spec. That call is differentiable again, so
+double backward works wherever texpr can differentiate the adjoint graph.
+
+Data: CPU tensors that are already contiguous are handed to the kernel as
+numpy views (``Tensor.numpy()``, no copy); the kernel's fresh output arrays
+come back as tensors sharing their memory (``torch.from_numpy``). Other
+tensors are made contiguous first (that copies them).
+
+This module imports torch. ``import texpr`` does not import it.
+"""
+
+from typing import List
+
+import torch
+
+from .bridge import SPECS, OpSpec
+from .errors import FeedError
+
+__all__ = ["op", "TorchOp"]
+
+_TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "int32": torch.int32,
+                 "int64": torch.int64, "bool": torch.bool}
+_TEXPR_DTYPES = {v: k for k, v in _TORCH_DTYPES.items()}
+
+
+@torch.library.custom_op("texpr::kernel", mutates_args=())
+def _kernel(xs: List[torch.Tensor], key: int) -> List[torch.Tensor]:
+    spec = SPECS[key]
+    outs = spec.run([x.detach().numpy() for x in xs])
+    return [torch.from_numpy(a) for a in outs]
+
+
+@_kernel.register_fake
+def _kernel_fake(xs, key):
+    spec = SPECS[key]
+    return [torch.empty(t.shape, dtype=_TORCH_DTYPES[t.dtype]) for t in spec.outputs]
+
+
+def _setup_context(ctx, inputs, output):
+    xs, key = inputs
+    ctx.key = key
+    ctx.save_for_backward(*xs)
+
+
+def _backward(ctx, grads):
+    spec = SPECS[ctx.key]
+    xs = list(ctx.saved_tensors)
+    result = [None] * len(xs)
+    if not spec.float_inputs or not spec.float_outputs:
+        return result, None
+    heads = []
+    for k in spec.float_outputs:
+        g = grads[k]
+        t = spec.outputs[k]
+        if g is None:
+            g = torch.zeros(t.shape, dtype=_TORCH_DTYPES[t.dtype])
+        heads.append(g.contiguous())
+    back = spec.backward()
+    gs = _kernel(xs + heads, back.key)
+    for j, g in zip(spec.float_inputs, gs):
+        result[j] = g
+    return result, None
+
+
+_kernel.register_autograd(_backward, setup_context=_setup_context)
+
+
+class TorchOp:
+    """A texpr graph as a differentiable PyTorch function (see :func:`op`).
+
+    ``op(*tensors)`` returns one tensor (the op was made from one output
+    Tensor) or a tuple. Attributes: ``spec`` (the :class:`texpr.bridge.OpSpec`),
+    ``kernel`` (the compiled forward kernel).
+    """
+
+    def __init__(self, spec):
+        self.spec = spec
+        self._key = spec.key
+        self._expect = [(tuple(t.shape), _TORCH_DTYPES[t.dtype], t) for t in spec.inputs]
+
+    @property
+    def kernel(self):
+        return self.spec.kernel
+
+    def __call__(self, *xs):
+        if len(xs) != len(self._expect):
+            raise FeedError(f"{self.spec.who}: expected {len(self._expect)} tensors "
+                            f"({', '.join(t.name for t in self.spec.inputs)}), got {len(xs)}")
+        args = []
+        for x, (shape, dtype, t) in zip(xs, self._expect):
+            if not isinstance(x, torch.Tensor):
+                raise FeedError(f"{self.spec.who}: the value for {t.name} must be a torch "
+                                f"tensor, got {type(x).__name__}")
+            if x.dtype != dtype:
+                raise FeedError(f"{self.spec.who}: placeholder {t.name} expects dtype "
+                                f"{t.dtype}, got a torch tensor of dtype {x.dtype}")
+            if tuple(x.shape) != shape:
+                raise FeedError(f"{self.spec.who}: placeholder {t.name} expects shape {shape}, "
+                                f"got a torch tensor of shape {tuple(x.shape)}")
+            if x.device.type != "cpu":
+                raise FeedError(f"{self.spec.who}: placeholder {t.name}: texpr kernels run on "
+                                f"the CPU, got a tensor on {x.device}")
+            args.append(x if x.is_contiguous() else x.contiguous())
+        outs = _kernel(args, self._key)
+        return outs[0] if self.spec.single else tuple(outs)
+
+    def __repr__(self):
+        return (f"texpr.torch.op({', '.join(t.name for t in self.spec.inputs)} -> "
+                f"{', '.join(t.name for t in self.spec.outputs)})")
+
+
+def op(outputs, inputs):
+    """Turn the texpr graph ``outputs`` <- ``inputs`` into a PyTorch operator.
+
+    Args:
+        outputs: a Tensor (the op returns a tensor) or a list of Tensors (the op
+            returns a tuple, in this order).
+        inputs: the placeholder Tensors the op takes, in order.
+    Returns:
+        A :class:`TorchOp`: called with CPU torch tensors of the inputs' exact
+        shapes and dtypes (``float32`` -> ``torch.float32`` and so on), it runs
+        the compiled forward kernel (:func:`texpr.codegen.build`, compiled on the
+        first call) and returns tensors of the outputs' shapes and dtypes.
+        Differentiable by torch autograd: the backward runs the compiled,
+        simplified adjoint kernel (``te.differentiate`` with ``grad_output`` as
+        the head, summed over the outputs); double backward differentiates the
+        adjoint graph again (built on first use). Integer and bool inputs get no
+        gradient. Works under ``torch.compile`` (see the module docstring).
+    Raises:
+        TexprError: non-Tensor outputs, inputs that are not distinct placeholders.
+        FeedError (on call): wrong number of tensors, a wrong dtype or shape, a
+        non-CPU tensor. NotDifferentiableError (on backward): texpr cannot
+        differentiate the graph (e.g. a second time through some reduction).
+    """
+    return TorchOp(OpSpec(outputs, inputs, who="texpr.torch.op"))
