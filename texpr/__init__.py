@@ -32,13 +32,14 @@ from .reduction import CommReducer, comm_reducer, max, min, prod, sum
 from .tensor import (ComputeOp, Operation, PlaceholderOp, ScatterAddOp, Tensor, compute,
                      placeholder, reduce_axis, scatter_add, topo_order)
 # differentiation (the module texpr.differentiate is shadowed by the function)
-from .differentiate import DifferentiationResult, differentiate  # noqa: E402
+from .differentiate import DifferentiationResult, differentiate, jvp  # noqa: E402
 # the operator library, te.nn
 from . import nn  # noqa: E402
 
 __version__ = "0.1.0"
 
-_LAZY_SUBPACKAGES = ("simplify", "codegen")
+# the framework bridges (texpr.torch, texpr.jax) import torch/jax: only on access
+_LAZY_SUBPACKAGES = ("simplify", "codegen", "torch", "jax")
 
 
 def __getattr__(name):

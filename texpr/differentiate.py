@@ -78,3 +78,39 @@ def differentiate(output, inputs=None, head=None, manual=None, simplify=True):
     adjoints = {t: by_id[id(a)] for t, a in res.adjoints.items()}
     return DifferentiationResult(result, adjoints, res.adjoint_summands, res.head,
                                  simplify_record=record)
+
+
+def jvp(outputs, inputs, tangents, simplify=True):
+    """Forward-mode derivative: the tangents of ``outputs`` along ``tangents``.
+
+    Args:
+        outputs: a float Tensor or a list of float Tensors.
+        inputs: a Tensor or list of Tensors (placeholders or intermediate tensors).
+        tangents: a Tensor or list of Tensors, one per input, of that input's
+            shape (e.g. placeholders fed with directions): ``dX``.
+        simplify: hand the tangent stages to :func:`texpr.simplify.simplify`, as
+            :func:`differentiate` does with adjoints.
+    Returns:
+        For a Tensor ``outputs``, one Tensor; for a list, a list with one Tensor
+        per output: ``dY = sum over inputs of J_Y,X . dX``, of the output's
+        shape and dtype (tangent stages built per stage by :mod:`texpr.forward`;
+        max/min ties and singular points follow the same conventions as
+        :func:`differentiate`).
+    Raises:
+        NotDifferentiableError: an output, input or tangent is not a float tensor.
+        ShapeError: a tangent's shape is not its input's.
+        TexprError: bad arguments (not Tensors, counts that differ).
+
+    Forward-over-reverse Hessian-vector products: ``jvp(differentiate(L, [W]).result,
+    [W], [V])`` is ``H V``.
+    """
+    from .forward import tangents as _tangents
+
+    single = not isinstance(outputs, (list, tuple))
+    result = _tangents(outputs, inputs, tangents)
+    if simplify:
+        simplify_pkg = importlib.import_module("texpr.simplify")
+        simplified, record = simplify_pkg.simplify_with_record(result)
+        simplify_pkg.keep_record(record)  # for texpr.simplify.explain(t)
+        result = list(simplified)
+    return result[0] if single else result
