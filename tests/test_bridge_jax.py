@@ -1,0 +1,102 @@
+"""texpr.jax.op: values against jax.numpy, jit, vmap, grad, check_grads (second
+order), integer inputs and feed errors. float64 runs inside jax.enable_x64 only."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+import texpr as te
+import texpr.jax as tj
+
+
+@pytest.fixture
+def x64():
+    with jax.enable_x64(True):
+        yield
+
+
+def _dense_tanh():
+    X = te.placeholder((4, 5), name="X", dtype="float64")
+    W = te.placeholder((3, 5), name="W", dtype="float64")
+    r = te.reduce_axis(5, name="r")
+    Y = te.compute((4, 3), lambda i, j: te.tanh(te.sum(X[i, r] * W[j, r], axis=r)), name="Y")
+    return tj.op(Y, [X, W])
+
+
+_OPS = {}
+
+
+def dense_op():
+    if "dense" not in _OPS:
+        _OPS["dense"] = _dense_tanh()
+    return _OPS["dense"]
+
+
+def _arrays(seed=0):
+    rng = np.random.default_rng(seed)
+    return jnp.asarray(rng.standard_normal((4, 5))), jnp.asarray(rng.standard_normal((3, 5)))
+
+
+def test_forward_jit_and_vmap(x64):
+    f = dense_op()
+    x, w = _arrays()
+    ref = jnp.tanh(x @ w.T)
+    np.testing.assert_allclose(f(x, w), ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(jax.jit(f)(x, w), ref, rtol=1e-12, atol=1e-12)
+    xs = jnp.stack([x, 2 * x])
+    got = jax.vmap(f, in_axes=(0, None))(xs, w)
+    np.testing.assert_allclose(got[1], jnp.tanh(2 * x @ w.T), rtol=1e-12, atol=1e-12)
+
+
+def test_check_grads_second_order(x64):
+    f = dense_op()
+    check_grads(f, _arrays(1), order=2, modes=("rev",))
+
+
+def test_jit_grad_matches_jax(x64):
+    f = dense_op()
+    x, w = _arrays(2)
+    got = jax.jit(jax.grad(lambda a, b: (f(a, b) ** 2).sum(), argnums=(0, 1)))(x, w)
+    ref = jax.grad(lambda a, b: (jnp.tanh(a @ b.T) ** 2).sum(), argnums=(0, 1))(x, w)
+    for g, r in zip(got, ref):
+        np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-12)
+
+
+def test_integer_input_and_two_outputs(x64):
+    X = te.placeholder((6, 4), name="Xg", dtype="float64")
+    idx = te.placeholder((5,), name="idx", dtype="int64")
+    G = te.compute((5, 4), lambda i, j: X[idx[i], j] * X[idx[i], j], name="G")
+    r = te.reduce_axis(6, "r")
+    S = te.compute((4,), lambda j: te.sum(X[r, j] * X[r, j], axis=r), name="S")
+    f = tj.op([G, S], [X, idx])
+    x = jnp.asarray(np.random.default_rng(3).standard_normal((6, 4)))
+    ix = jnp.asarray([0, 3, 3, 5, 1])
+    g, s = f(x, ix)
+    np.testing.assert_allclose(g, x[ix] ** 2, rtol=1e-12)
+    np.testing.assert_allclose(s, (x ** 2).sum(0), rtol=1e-12)
+    check_grads(lambda a: f(a, ix), (x,), order=1, modes=("rev",))
+    gx = jax.grad(lambda a: f(a, ix)[0].sum() + f(a, ix)[1].sum())(x)
+    ref = jax.grad(lambda a: (a[ix] ** 2).sum() + (a ** 2).sum())(x)
+    np.testing.assert_allclose(gx, ref, rtol=1e-12)
+
+
+def test_feed_errors_are_texpr_errors(x64):
+    f = dense_op()
+    x, w = _arrays()
+    with pytest.raises(te.FeedError, match="expects dtype float64"):
+        f(x.astype(jnp.float32), w)
+    with pytest.raises(te.FeedError, match=r"expects shape \(4, 5\)"):
+        jax.jit(f)(x[:3], w)
+    with pytest.raises(te.FeedError, match="expected 2"):
+        f(x)
+
+
+def test_float32_without_x64():
+    X = te.placeholder((3,), name="X32")
+    Y = te.compute((3,), lambda i: X[i] * X[i] + 1.0, name="Y32")
+    f = tj.op(Y, [X])
+    x = jnp.asarray([1.0, -2.0, 0.5], dtype=jnp.float32)
+    np.testing.assert_allclose(f(x), x * x + 1.0, rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(lambda a: f(a).sum())(x), 2 * x, rtol=1e-6)
