@@ -49,6 +49,21 @@ def test_gradcheck_first_and_second_order():
     assert torch.autograd.gradgradcheck(f, (x, w))
 
 
+def test_the_custom_op_itself_passes_gradcheck_twice():
+    # torch.compile runs the registered custom op (eager calls take the lighter
+    # autograd.Function path): check its autograd formula directly, both orders
+    f = dense_op()
+    x, w = _args((4, 5), (3, 5), seed=8)
+
+    def via_custom_op(a, b):
+        return tt._kernel([a, b], f.spec.key)[0]
+
+    assert torch.autograd.gradcheck(via_custom_op, (x, w))
+    assert torch.autograd.gradgradcheck(via_custom_op, (x, w))
+    with torch.no_grad():  # the no-autograd path gives the same values
+        torch.testing.assert_close(f(x, w), via_custom_op(x, w), rtol=0, atol=0)
+
+
 def test_backward_matches_torch_autograd():
     f = dense_op()
     x, w = _args((4, 5), (3, 5), seed=2)

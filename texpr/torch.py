@@ -12,6 +12,12 @@ serves every texpr op: it takes the input tensors and the int key of an
 op with the spec's backward spec. That call is differentiable again, so
 double backward works wherever texpr can differentiate the adjoint graph.
 
+In eager mode (not under ``torch.compile``) the op skips the custom op's
+Python dispatch, which costs several times a small kernel: with autograd
+recording it runs as a ``torch.autograd.Function`` with the same forward and
+backward; without, it calls the kernel directly. Both paths run the same
+kernels; the tests check both (gradcheck eagerly, the custom op compiled).
+
 Data: CPU tensors that are already contiguous are handed to the kernel as
 numpy views (``Tensor.numpy()``, no copy); the kernel's fresh output arrays
 come back as tensors sharing their memory (``torch.from_numpy``). Other
@@ -55,25 +61,65 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grads):
     spec = SPECS[ctx.key]
-    xs = list(ctx.saved_tensors)
+    return _grad_inputs(spec, ctx.saved_tensors, grads, lambda b, xs: _kernel(xs, b.key)), None
+
+
+_kernel.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _run(spec, xs):
+    return [torch.from_numpy(a) for a in spec.run([x.detach().numpy() for x in xs])]
+
+
+def _grad_inputs(spec, xs, grads, apply):
+    """The input gradients (None for int inputs) for output gradients ``grads``."""
     result = [None] * len(xs)
     if not spec.float_inputs or not spec.float_outputs:
-        return result, None
+        return result
     heads = []
     for k in spec.float_outputs:
-        g = grads[k]
-        t = spec.outputs[k]
+        g, t = grads[k], spec.outputs[k]
         if g is None:
             g = torch.zeros(t.shape, dtype=_TORCH_DTYPES[t.dtype])
         heads.append(g.contiguous())
     back = spec.backward()
-    gs = _kernel(xs + heads, back.key)
-    for j, g in zip(spec.float_inputs, gs):
+    for j, g in zip(spec.float_inputs, apply(back, list(xs) + heads)):
         result[j] = g
-    return result, None
+    return result
 
 
-_kernel.register_autograd(_backward, setup_context=_setup_context)
+class _Eager(torch.autograd.Function):
+    """The eager path: the same forward and backward as the custom op, with
+    autograd.Function's lower per-call cost (the custom op's Python dispatch
+    costs more than a small kernel). Its backward applies the backward spec
+    through :func:`_apply`, so it records a graph again under ``create_graph``."""
+
+    @staticmethod
+    def forward(ctx, key, *xs):
+        spec = SPECS[key]
+        outs = _run(spec, xs)
+        ctx.key = key
+        ctx.save_for_backward(*xs)
+        fixed = [o for k, o in enumerate(outs) if k not in spec.float_outputs]
+        if fixed:
+            ctx.mark_non_differentiable(*fixed)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        spec = SPECS[ctx.key]
+        return (None, *_grad_inputs(spec, ctx.saved_tensors, grads, _apply))
+
+
+def _apply(spec, xs):
+    """Run ``spec`` on contiguous CPU tensors ``xs``: under torch.compile as the
+    custom op (opaque to Dynamo), in eager mode as :class:`_Eager` when autograd
+    records, else the kernel alone."""
+    if torch.compiler.is_compiling():
+        return _kernel(xs, spec.key)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
+        return _Eager.apply(spec.key, *xs)
+    return _run(spec, xs)
 
 
 class TorchOp:
@@ -112,7 +158,7 @@ class TorchOp:
                 raise FeedError(f"{self.spec.who}: placeholder {t.name}: texpr kernels run on "
                                 f"the CPU, got a tensor on {x.device}")
             args.append(x if x.is_contiguous() else x.contiguous())
-        outs = _kernel(args, self._key)
+        outs = _apply(self.spec, args)
         return outs[0] if self.spec.single else tuple(outs)
 
     def __repr__(self):
