@@ -10,6 +10,8 @@ from jax.test_util import check_grads
 import texpr as te
 import texpr.jax as tj
 
+from bridge_cases import NN_CASES
+
 
 @pytest.fixture
 def x64():
@@ -100,3 +102,20 @@ def test_float32_without_x64():
     x = jnp.asarray([1.0, -2.0, 0.5], dtype=jnp.float32)
     np.testing.assert_allclose(f(x), x * x + 1.0, rtol=1e-6)
     np.testing.assert_allclose(jax.grad(lambda a: f(a).sum())(x), 2 * x, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(NN_CASES))
+def test_nn_operator_check_grads(name, x64):
+    # the same graphs as the torch tests: the kernels come from the disk cache
+    out, inputs, values = NN_CASES[name]()
+    f = tj.op(out, inputs)
+    fixed = {j: v for j, (t, v) in enumerate(zip(inputs, values)) if t.dtype == "int64"}
+    floats = [jnp.asarray(v) for t, v in zip(inputs, values) if t.dtype != "int64"]
+
+    def g(*xs):
+        it = iter(xs)
+        return f(*[fixed[j] if j in fixed else next(it) for j in range(len(inputs))])
+
+    check_grads(g, floats, order=1, modes=("rev",))
+    ref = te.evaluate(out, dict(zip(inputs, values)))
+    np.testing.assert_allclose(g(*floats), ref, rtol=1e-12, atol=1e-12)

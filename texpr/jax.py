@@ -32,7 +32,8 @@ def _function(spec):
     result_types = tuple(jax.ShapeDtypeStruct(t.shape, np.dtype(t.dtype)) for t in spec.outputs)
 
     def host(*arrays):
-        return tuple(spec.run([np.ascontiguousarray(a) for a in arrays]))
+        # np.asarray, not np.ascontiguousarray: that one makes 0-d arrays 1-d
+        return tuple(spec.run([np.asarray(a) for a in arrays]))
 
     def forward(*xs):
         spec.check(xs, lambda v: v.shape, _dtype_name, "jax")
