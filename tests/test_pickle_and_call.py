@@ -174,3 +174,20 @@ def test_out_overlapping_an_input_or_read_only_is_refused():
     o = np.empty(3, np.float32)
     assert kernel(x, out=o)[0] is o  # one output: a bare array is accepted
     np.testing.assert_array_equal(o, x[::-1] + 1)
+
+
+def test_framework_ops_pickle():
+    import torch
+
+    import texpr.torch as tt
+
+    X = te.placeholder((3,), name="Xp", dtype="float64")
+    Y = te.compute((3,), lambda i: X[i] * X[i], name="Yp")
+    f = tt.op(Y, [X])
+    g = pickle.loads(pickle.dumps(f))
+    assert g.spec.key != f.spec.key
+    x = torch.tensor([1.0, -2.0, 3.0], dtype=torch.float64, requires_grad=True)
+    y = g(x)
+    torch.testing.assert_close(y, x * x)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, 2 * x.detach())

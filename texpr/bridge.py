@@ -61,6 +61,11 @@ class OpSpec:
         #: per-framework caches (e.g. the jax function of this spec)
         self.cache = {}
 
+    def __reduce__(self):
+        # keys are per process: a loaded spec registers itself under a new key;
+        # its kernel comes back from the compile cache on first use
+        return (OpSpec, (self.outputs[0] if self.single else self.outputs, self.inputs, self.who))
+
     @property
     def kernel(self):
         """The compiled forward :class:`texpr.codegen.Kernel` (built on first use)."""

@@ -88,6 +88,9 @@ class JaxOp:
     def kernel(self):
         return self.spec.kernel
 
+    def __reduce__(self):
+        return (JaxOp, (self.spec,))
+
     def __call__(self, *xs):
         outs = self._fn(*xs)
         return outs[0] if self.spec.single else tuple(outs)

@@ -139,6 +139,9 @@ class TorchOp:
     def kernel(self):
         return self.spec.kernel
 
+    def __reduce__(self):
+        return (TorchOp, (self.spec,))
+
     def __call__(self, *xs):
         if len(xs) != len(self._expect):
             raise FeedError(f"{self.spec.who}: expected {len(self._expect)} tensors "
