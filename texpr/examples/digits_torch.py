@@ -25,6 +25,7 @@ import argparse
 import os
 import socket
 import sys
+import tempfile
 
 import numpy as np
 import torch
@@ -190,16 +191,19 @@ def _free_port():
 
 
 def train_ddp(world=2, epochs=10, batch=64, lr=0.05, seed=0, dtype="float32", steps=None,
-              result_path="ddp_losses.pt"):
+              result_path=None):
     """The same training under DistributedDataParallel: ``world`` processes
     (spawned), gloo on loopback, each rank taking ``batch / world`` samples of
-    every global batch. Returns the list of global-batch losses."""
+    every global batch. Returns the list of global-batch losses (rank 0 writes
+    them to ``result_path``, a temporary file by default)."""
     if batch % world:
         raise ValueError(f"the global batch {batch} must split evenly over {world} processes")
     kwargs = dict(epochs=epochs, batch=batch, lr=lr, seed=seed, dtype=dtype, steps=steps)
-    torch.multiprocessing.spawn(_ddp_worker, args=(world, _free_port(), kwargs, result_path),
-                                nprocs=world, join=True)
-    return torch.load(result_path)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = result_path or os.path.join(tmp, "ddp_losses.pt")
+        torch.multiprocessing.spawn(_ddp_worker, args=(world, _free_port(), kwargs, path),
+                                    nprocs=world, join=True)
+        return torch.load(path)
 
 
 def main(argv=None):
