@@ -184,7 +184,7 @@ def _check_out(outputs, out, args):
 
 def _load_kernel(program, inputs, outputs):
     specs = [(b.dtype, 1) for b in program.buffers] + [("int64", 1)]
-    compiled = _compile.compile_source(program.source, specs,
+    compiled = _compile.compile_source(program.module_source, specs,
                                        describe="the stages " + ", ".join(program.stages))
     return Kernel(program, compiled, inputs, outputs)
 
