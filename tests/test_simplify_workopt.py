@@ -209,3 +209,87 @@ def test_segment_sum_2d_with_offset_and_affine_condition():
                                                where=te.all(k % 2 == 0, I[k] + 1 == i)),
                    name="Y")
     check(Y, X, 6 * 3, ints={I: SEG}, exact=False)
+
+
+# ---- 4. several loads of one tensor, some data-dependent ---------------------------
+
+IDX = np.array([3, 0, 0, 11, 4, 5, 5, 5, 1, 2, 7, 0])
+JDX = np.array([3, 1, 9, 10, 4, 2, 8, 5, 1, 6, 0, 0])
+
+
+def test_two_gathers_of_one_tensor_scatter_once_each():
+    # the case: one scatter-add per load (12 + 12), not 144
+    X = te.placeholder((12,), "X", dtype=F64)
+    I = te.placeholder((12,), "I", dtype="int64")
+    J = te.placeholder((12,), "J", dtype="int64")
+    Y = te.compute((12,), lambda i: X[I[i]] * X[J[i]], name="Y")
+    g = check(Y, X, 24, ints={I: IDX, J: JDX})
+    assert sum(isinstance(op, te.ScatterAddOp) for op in te.topo_order([g])) == 2
+
+
+def test_gather_beside_an_affine_load_of_the_same_tensor():
+    X = te.placeholder((12,), "X", dtype=F64)
+    I = te.placeholder((12,), "I", dtype="int64")
+    Y = te.compute((12,), lambda i: te.sin(X[I[i]]) + X[i] * 2.0, name="Y")
+    check(Y, X, 24, ints={I: IDX})
+
+
+def test_gather_and_modular_load_2d():
+    X = te.placeholder((4, 3), "X", dtype=F64)
+    I = te.placeholder((6,), "I", dtype="int64")
+    Y = te.compute((6, 3), lambda i, c: X[I[i], c] * X[i % 4, c], name="Y")
+    check(Y, X, 2 * 6 * 3, ints={I: IDX[:6] % 4})
+
+
+def test_three_gathers_compile():
+    from texpr import codegen
+
+    X = te.placeholder((12,), "X", dtype=F64)
+    I = te.placeholder((12,), "I", dtype="int64")
+    J = te.placeholder((12,), "J", dtype="int64")
+    Y = te.compute((12,), lambda i: X[I[i]] * X[J[i]] + X[(I[i] + J[i]) % 12], name="Y")
+    g = check(Y, X, 36, ints={I: IDX, J: JDX})
+    H = [t for t in te.topo_order([g]) if t.name == "H"][0].output(0)
+    feed = _feed([H, X, I, J], {I: IDX, J: JDX})
+    kernel = codegen.build([g], [H, X, I, J])
+    got = kernel(feed[H], feed[X], feed[I], feed[J])[0]
+    x, h = feed[X], feed[H]
+    want = np.zeros(12)
+    np.add.at(want, IDX, h * x[JDX])
+    np.add.at(want, JDX, h * x[IDX])
+    np.add.at(want, (IDX + JDX) % 12, h)
+    np.testing.assert_allclose(got, want)
+
+
+# ---- 5. indices of loop variables only, not quasi-affine ---------------------------
+
+
+def test_product_of_loop_variables_in_an_index():
+    # the case: X[i * j], 8x8 over X of 50: one term per point (64, not 3,200)
+    X = te.placeholder((50,), "X", dtype=F64)
+    Y = te.compute((8, 8), lambda i, j: X[i * j], name="Y")
+    check(Y, X, 64)
+
+
+def test_float_index_floor_cast():
+    X = te.placeholder((6,), "X", dtype=F64)
+    Y = te.compute((12,), lambda i: X[te.cast(te.floor(i * 0.5), "int64")], name="Y")
+    check(Y, X, 12)
+
+
+@pytest.mark.parametrize("n,m", [(64, 128), (16, 4)])
+def test_nearest_resize_with_a_float_scale(n, m):
+    # BUGS.md C15: Y[i] = X[min(int(floor(i * s)), n - 1)], s = n / m
+    X = te.placeholder((n,), "X", dtype=F64)
+    s = n / m
+    Y = te.compute((m,), lambda i: X[te.min(te.cast(te.floor(i * s), "int64"), n - 1)],
+                   name="Y")
+    check(Y, X, m)
+
+
+def test_quadratic_index_and_a_reduction():
+    # Y[i] = sum_k X[i * k] * X[k]: two loads per point (i * k not quasi-affine)
+    X = te.placeholder((50,), "X", dtype=F64)
+    k = te.reduce_axis(8, "k")
+    Y = te.compute((8,), lambda i: te.sum(X[i * k] * X[(k * k) % 50], axis=k), name="Y")
+    check(Y, X, 2 * 64)
