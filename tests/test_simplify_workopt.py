@@ -293,3 +293,118 @@ def test_quadratic_index_and_a_reduction():
     k = te.reduce_axis(8, "k")
     Y = te.compute((8,), lambda i: te.sum(X[i * k] * X[(k * k) % 50], axis=k), name="Y")
     check(Y, X, 2 * 64)
+
+
+# ---- 6. property test: random programs of these kinds vs a brute-force ideal -------
+#
+# Each draw builds one program (X read by Y, sometimes through a stage S) and, in
+# numpy, its ideal: the (iteration point, load of X) pairs that are structurally
+# nonzero, found by evaluating the index maps and the loop-variable conditions at
+# every point. A data-dependent index or condition, or one that is not
+# quasi-affine in the loop variables (``i * j``), counts as possibly nonzero: the
+# gradient cannot know the data when it is built, and testing a non-affine
+# condition is work at every point (O(points), never O(points x |X|)). The
+# simplified gradient
+# must visit at most 1.5x that, and equal the raw adjoint on concrete data.
+
+from hypothesis import HealthCheck, given, note, seed, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+def _inb(e, n):
+    return te.all(e >= 0, e < n)
+
+
+@st.composite
+def programs(draw):
+    kind = draw(st.sampled_from(["abs_index", "abs_band", "diamond", "product", "float",
+                                 "segment", "two_loads", "multi_term"]))
+    n = draw(st.integers(3, 9))
+    m = draw(st.integers(2, 8))
+    a = draw(st.integers(1, 2))
+    c = draw(st.integers(-3, 3))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    X = te.placeholder((n,), "X", dtype=F64)
+    ints = {}
+    i_ = np.arange(m)
+    if kind == "abs_index":      # Y[i] = X[|a*i + c|] where in range
+        Y = te.compute((m,), lambda i: te.if_then_else(
+            te.abs(a * i + c) < n, X[te.min(te.abs(a * i + c), n - 1)], 0.0), name="Y")
+        ideal = np.count_nonzero(np.abs(a * i_ + c) < n)
+    elif kind == "abs_band":     # Y[i] = sum_k X[k] * (i+1) where |a*k - i| <= w
+        w = draw(st.integers(0, 2))
+        k = te.reduce_axis(n, "k")
+        Y = te.compute((m,), lambda i: te.sum(X[k] * (i + 1.0), axis=k,
+                                              where=te.abs(a * k - i + c) <= w), name="Y")
+        ii, kk = np.meshgrid(i_, np.arange(n), indexing="ij")
+        ideal = np.count_nonzero(np.abs(a * kk - ii + c) <= w)
+    elif kind == "diamond":
+        r = draw(st.integers(0, 2))
+        X = te.placeholder((n, n), "X", dtype=F64)
+        k, l = te.reduce_axis(n, "k"), te.reduce_axis(n, "l")
+        Y = te.compute((m, m), lambda i, j: te.sum(
+            X[k, l], axis=[k, l], where=te.abs(k - i) + te.abs(l - j - c) <= r), name="Y")
+        ii, jj, kk, ll = np.meshgrid(i_, i_, np.arange(n), np.arange(n), indexing="ij")
+        ideal = np.count_nonzero(np.abs(kk - ii) + np.abs(ll - jj - c) <= r)
+    elif kind == "product":      # Y[i, j] = X[i * j + c] where in range
+        Y = te.compute((m, m), lambda i, j: te.if_then_else(
+            _inb(i * j + c, n), X[te.max(te.min(i * j + c, n - 1), 0)], 0.0), name="Y")
+        ideal = m * m  # the guard on i * j is tested at every point
+    elif kind == "float":        # nearest resize with a float scale
+        s = draw(st.sampled_from([0.25, 0.5, 0.75, 1.5, 2.0]))
+        Y = te.compute((m,), lambda i: X[te.min(te.cast(te.floor(i * s), "int64"), n - 1)],
+                       name="Y")
+        ideal = m
+    elif kind == "segment":      # Y[i] = sum_k X[k] where I[k] == i + c (or in a select)
+        I = te.placeholder((n,), "I", dtype="int64")
+        ints[I] = rng.integers(-1, m + 1, n)
+        k = te.reduce_axis(n, "k")
+        if draw(st.booleans()):
+            Y = te.compute((m,), lambda i: te.sum(X[k] * X[k], axis=k, where=I[k] == i + c),
+                           name="Y")
+        else:
+            Y = te.compute((m,), lambda i: te.sum(te.if_then_else(I[k] - c == i, X[k], 0.0),
+                                                  axis=k), name="Y")
+        ideal = n
+    elif kind == "two_loads":    # Y[i] = X[I[i]] * X[g(i)], g a gather, abs or product
+        I = te.placeholder((m,), "I", dtype="int64")
+        ints[I] = rng.integers(0, n, m)
+        other = draw(st.sampled_from(["gather", "abs", "product"]))
+        if other == "gather":
+            J = te.placeholder((m,), "J", dtype="int64")
+            ints[J] = rng.integers(0, n, m)
+            g, valid = (lambda i: J[i]), np.ones(m, bool)
+        elif other == "abs":
+            g, valid = (lambda i: te.abs(i + c)), np.abs(i_ + c) < n
+        else:
+            g, valid = (lambda i: i * i + c), np.ones(m, bool)  # tested at every point
+        Y = te.compute((m,), lambda i: X[I[i]] * te.if_then_else(
+            _inb(g(i), n), X[te.max(te.min(g(i), n - 1), 0)], 1.0), name="Y")
+        ideal = m + np.count_nonzero(valid)
+    else:                        # S = act(X) read by a matmul
+        o = draw(st.integers(1, 6))
+        act = draw(st.sampled_from([lambda x: te.sigmoid(x) * x, te.tanh,
+                                    lambda x: te.exp(x) * x + x * x]))
+        W = te.placeholder((n, o), "W", dtype=F64)
+        S = te.compute((n,), lambda i: act(X[i]), name="S")
+        k = te.reduce_axis(n, "k")
+        Y = te.compute((o,), lambda j: te.sum(S[k] * W[k, j], axis=k), name="Y")
+        ideal = n * o + n
+    return kind, Y, X, ints, int(ideal)
+
+
+@seed(20261130)
+@settings(max_examples=60, deadline=None, derandomize=True, print_blob=True,
+          suppress_health_check=list(HealthCheck))
+@given(programs())
+def test_fuzz_gradients_within_the_ideal(case):
+    kind, Y, X, ints, ideal = case
+    H = te.placeholder(Y.shape, "H", dtype=F64)
+    (raw,) = te.differentiate(Y, [X], head=H, simplify=False)
+    (g,) = simplify.simplify([raw])
+    note(f"{kind}: ideal {ideal}\n{te.graph_str(g)}")
+    count = simplify.iteration_count([g])
+    assert count <= 1.5 * max(ideal, 1), (kind, count, ideal)
+    feed = _feed([Y, H, raw, g], ints)
+    got, want = te.evaluate([g, raw], feed)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
