@@ -18,6 +18,17 @@ elementwise re-indexing stages that read them (tail accesses).
   read by two consumers) becomes ONE reduction over the disjoint union of their
   domains (an extra axis ``t`` tells the parts apart), so the sum costs the
   parts' points and nothing more.
+
+  The fold weighs iteration counts. Terms with the same condition and the same
+  load of ``P`` are one part: the local derivative of ``S = sigmoid(X) * X``
+  has three terms, and ``dX = dS * (a + b + c)`` folds as one pass over ``dS``'s
+  domain, never three. The fold happens only when the folded domain has no
+  more points than ``P``'s domain plus the tail's box, and when a factor beside
+  ``P`` that is not cheap (:func:`simplify.materialize.is_cheap`: an intrinsic,
+  a division) would not be recomputed at every point of the reduction (the
+  folded domain has more points than the tail's box). Otherwise ``P`` is
+  computed once (materialised) and the tail multiplies it: the adjoint of a
+  tanh layer's matmul is computed once, then scaled by ``1 - tanh(x)**2``.
 """
 
 import numpy as np
@@ -83,7 +94,7 @@ def _tail_terms(orig, accs):
     with ``select(all(conjuncts), P[f] * rest, 0)`` each (``rest`` True for 1),
     terms with the same conditions and the same load merged (``P * a + P * b``
     is ``P * (a + b)``: one pass over ``P``'s domain, not two); None when a term
-    is not such a product."""
+    is not such a product with ``f`` injective where the term's conditions hold."""
     groups, order = {}, []
     for cs, value in guarded_terms(orig.body[0]):
         for ld in loads(value):
@@ -91,7 +102,7 @@ def _tail_terms(orig, accs):
             if not is_sum_stage(p.op) or len(accs.get(id(p.op), ())) != 1:
                 continue
             rest = _factor_out(value, ld)
-            if rest is not None:
+            if rest is not None and access_is_injective(orig.axis, all_expr(cs), ld.args):
                 break
         else:
             return None
@@ -108,12 +119,10 @@ def _tail_terms(orig, accs):
 
 
 def _tail_part(orig, cs, ld, rest, tmap):
-    """One guarded term ``select(cs, P[f] * rest, 0)`` of a tail stage, as
-    ``(source, where, axes, combiner)`` of a reduction over ``P``'s (fresh) axes,
-    or None when ``f`` is not injective where ``cs`` holds."""
+    """One guarded term ``select(cs, P[f] * rest, 0)`` of a tail stage (``f``
+    injective where ``cs`` holds), as ``(source, where, axes, combiner)`` of a
+    reduction over ``P``'s (fresh) axes."""
     where_c = all_expr(cs)
-    if not access_is_injective(orig.axis, where_c, ld.args):
-        return None
     p = ld.tensor
     newp = tmap.get(id(p), p)
     red = newp.op.body[0]
