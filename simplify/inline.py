@@ -18,17 +18,30 @@ elementwise re-indexing stages that read them (tail accesses).
   read by two consumers) becomes ONE reduction over the disjoint union of their
   domains (an extra axis ``t`` tells the parts apart), so the sum costs the
   parts' points and nothing more.
+
+  The fold weighs iteration counts. Terms with the same condition and the same
+  load of ``P`` are one part: the local derivative of ``S = sigmoid(X) * X``
+  has three terms, and ``dX = dS * (a + b + c)`` folds as one pass over ``dS``'s
+  domain, never three. The fold happens only when the folded domain has no
+  more points than ``P``'s domain plus the tail's box, and when a factor beside
+  ``P`` that is not cheap (:func:`simplify.materialize.is_cheap`: an intrinsic,
+  a division) would not be recomputed at every point of the reduction (the
+  folded domain has more points than the tail's box). Otherwise ``P`` is
+  computed once (materialised) and the tail multiplies it: the adjoint of a
+  tanh layer's matmul is computed once, then scaled by ``1 - tanh(x)**2``.
 """
+
+import numpy as np
 
 from texpr import expr as E
 from texpr.expr import Load, iter_var
 from texpr.tensor import ComputeOp, ScatterAddOp, topo_order
 from texpr.visitor import loads, post_order, substitute, transform
 
-from .domain import Domain, access_is_injective
-from .isl_bridge import isl
+from .domain import Domain, access_is_injective, domain_count
+from .isl_bridge import DomainError, isl
 from .graph import accesses, is_elementwise, is_sum_stage, rebuild, remap_loads
-from .materialize import should_inline
+from .materialize import is_cheap, should_inline, stage_count
 from .terms import all_expr, guarded_terms
 
 
@@ -76,33 +89,75 @@ def _inline_loads(e, bodies):
     return transform(e, fn)
 
 
-def _tail_part(orig, cs, value, accs, tmap):
-    """One guarded term ``select(cs, P[f] * rest, 0)`` of a tail stage, as
-    ``(source, where, axes, combiner)`` of a reduction over ``P``'s (fresh) axes,
-    or None when it is not such a term."""
-    for ld in loads(value):
-        p = ld.tensor
-        if not is_sum_stage(p.op) or len(accs.get(id(p.op), ())) != 1:
-            continue
-        rest = _factor_out(value, ld)
-        if rest is None:
-            continue
-        where_c = all_expr(cs)
-        if not access_is_injective(orig.axis, where_c, ld.args):
-            continue
-        newp = tmap.get(id(p), p)
-        red = newp.op.body[0]
-        fresh = {a: iter_var(a.dom[0], a.dom[1], a.name, "reduce") for a in red.axes}
-        mapping = dict(zip(newp.op.axis, (remap_loads(i, tmap) for i in ld.args)))
-        mapping.update(fresh)
-        src = substitute(red.source[0], mapping)
-        pwhere = substitute(red.where, mapping)
-        source = src if rest is True else E.mul(src, remap_loads(rest, tmap))
-        if source.dtype != orig.dtypes[0]:
-            source = E.cast(source, orig.dtypes[0])
-        where = E.logical_and(remap_loads(where_c, tmap), pwhere)
-        return source, where, tuple(fresh[a] for a in red.axes), red.combiner
-    return None
+def _tail_terms(orig, accs):
+    """The guarded terms of the tail stage ``orig`` as ``[(conjuncts, P load, rest)]``
+    with ``select(all(conjuncts), P[f] * rest, 0)`` each (``rest`` True for 1),
+    terms with the same conditions and the same load merged (``P * a + P * b``
+    is ``P * (a + b)``: one pass over ``P``'s domain, not two); None when a term
+    is not such a product with ``f`` injective where the term's conditions hold."""
+    groups, order = {}, []
+    for cs, value in guarded_terms(orig.body[0]):
+        for ld in loads(value):
+            p = ld.tensor
+            if not is_sum_stage(p.op) or len(accs.get(id(p.op), ())) != 1:
+                continue
+            rest = _factor_out(value, ld)
+            if rest is not None and access_is_injective(orig.axis, all_expr(cs), ld.args):
+                break
+        else:
+            return None
+        key = (frozenset(id(c) for c in cs), id(ld))
+        if key in groups:
+            cs0, ld0, r0 = groups[key]
+            one = E.const(1, ld.dtype)
+            groups[key] = (cs0, ld0, E.add(one if r0 is True else r0,
+                                           one if rest is True else rest))
+        else:
+            groups[key] = (cs, ld, rest)
+            order.append(key)
+    return [groups[k] for k in order]
+
+
+def _tail_part(orig, cs, ld, rest, tmap):
+    """One guarded term ``select(cs, P[f] * rest, 0)`` of a tail stage (``f``
+    injective where ``cs`` holds), as ``(source, where, axes, combiner)`` of a
+    reduction over ``P``'s (fresh) axes."""
+    where_c = all_expr(cs)
+    p = ld.tensor
+    newp = tmap.get(id(p), p)
+    red = newp.op.body[0]
+    fresh = {a: iter_var(a.dom[0], a.dom[1], a.name, "reduce") for a in red.axes}
+    mapping = dict(zip(newp.op.axis, (remap_loads(i, tmap) for i in ld.args)))
+    mapping.update(fresh)
+    src = substitute(red.source[0], mapping)
+    pwhere = substitute(red.where, mapping)
+    source = src if rest is True else E.mul(src, remap_loads(rest, tmap))
+    if source.dtype != orig.dtypes[0]:
+        source = E.cast(source, orig.dtypes[0])
+    where = E.logical_and(remap_loads(where_c, tmap), pwhere)
+    return source, where, tuple(fresh[a] for a in red.axes), red.combiner
+
+
+def _fold_pays(orig, parts, rests, sources):
+    """Whether folding the reductions into the tail stage ``orig`` costs no more
+    than computing them once and the tail after them (the rule of the module
+    docstring): the folded domain has at most the points of the reductions plus
+    the tail's box, and a factor that is not cheap (an intrinsic, a division:
+    a local derivative such as ``1 - tanh(x)**2``) is not recomputed at every
+    point of a reduction (only where the folded domain has at most one point per
+    element of the tail)."""
+    try:
+        folded = sum(domain_count(tuple(orig.axis) + axes, where)
+                     for _s, where, axes, _c in parts)
+        kept = sum(stage_count(p.op) for p in {id(p): p for p in sources}.values())
+    except DomainError:
+        return False
+    box = int(np.prod(orig.shape, dtype=np.int64))
+    if folded > kept + box:
+        return False
+    if folded <= box:
+        return True
+    return all(r is True or is_cheap(r) for r in rests)
 
 
 def _fuse_parts(axis, parts):
@@ -147,15 +202,18 @@ def inline_tail_accesses(tensors):
     def fn(op, orig, tmap):
         if not is_elementwise(orig):
             return None
-        terms = guarded_terms(orig.body[0])
+        terms = _tail_terms(orig, accs)
         if not terms:
             return None
         parts = []
-        for cs, value in terms:
-            part = _tail_part(orig, cs, value, accs, tmap)
+        for cs, ld, rest in terms:
+            part = _tail_part(orig, cs, ld, rest, tmap)
             if part is None:
                 return None
             parts.append(part)
+        if not _fold_pays(orig, parts, [r for _c, _l, r in terms],
+                          [ld.tensor for _c, ld, _r in terms]):
+            return None
         if len(parts) == 1:
             source, where, axes, comb = parts[0]
             body = E.make_reduce(comb, (source,), axes, where, 0)
@@ -173,9 +231,18 @@ def inline_tail_accesses(tensors):
 
 def _factor_out(value, ld):
     """``value == ld * rest`` with ``rest`` free of ``ld``: returns ``rest`` (True for 1),
-    or None when ``value`` is not such a product."""
+    or None when ``value`` is not such a product (a sum or difference of such
+    products factors too: ``ld * a + ld * b`` gives ``a + b``)."""
     if value is ld:
         return True
+    if isinstance(value, (E.Add, E.Sub)) and value.dtype == ld.dtype:
+        ra, rb = _factor_out(value.a, ld), _factor_out(value.b, ld)
+        if ra is None or rb is None:
+            return None
+        one = E.const(1, ld.dtype)
+        ra = one if ra is True else ra
+        rb = one if rb is True else rb
+        return E.add(ra, rb) if isinstance(value, E.Add) else E.sub(ra, rb)
     if isinstance(value, E.Mul):
         for a, b in ((value.a, value.b), (value.b, value.a)):
             if a is ld and not any(n is ld for n in post_order(b)):

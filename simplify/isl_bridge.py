@@ -1,8 +1,8 @@
 """The bridge between texpr IR and islpy -- the only module that imports islpy.
 
 Index expressions that are *quasi-affine* (sums of integer multiples of
-variables and constants, ``//`` and ``%`` by positive constants, ``min``/``max``
-and ``select`` of such) become ``isl.PwAff``; conditions over them become
+variables and constants, ``//`` and ``%`` by positive constants, ``min``/``max``,
+``abs`` (as ``max(e, -e)``) and ``select`` of such) become ``isl.PwAff``; conditions over them become
 ``isl.Set`` s. ``//`` and ``%`` by a constant are ISL integer divisions
 (existentially quantified variables), so ISL reasons about modular arithmetic
 exactly. Anything else (a load of an int tensor -- a data-dependent index --,
@@ -142,6 +142,9 @@ def to_pwaff(e, space):
             return a.intersect_domain(c).union_add(b.intersect_domain(c.complement()))
         if isinstance(x, E.Cast) and x.value.dtype in ("int32", "int64"):
             return conv(x.value)
+        if isinstance(x, E.Call) and x.name == "abs":
+            a = conv(x.args[0])  # |a| = max(a, -a): two affine pieces
+            return None if a is None else a.max(a.neg())
         return None
 
     return conv(e)

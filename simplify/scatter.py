@@ -9,6 +9,12 @@ some output dimensions ``j_d == L_d`` (``L_d`` data-dependent and free of the
 fixed dimensions) into a :class:`texpr.ScatterAddOp` over the reduction domain
 and the remaining output dimensions: ``dX[L(k)] += dY[k]``, work ``O(len(I))``.
 Duplicated indices accumulate (``np.add.at`` semantics), as the sum did.
+
+An index that depends on loop variables only but is not quasi-affine (a product
+``X[i * j]``, float arithmetic then floor and cast ``X[int(floor(i * 0.5))]``)
+is treated the same way: ISL cannot solve ``i * j == j0`` for the output index
+``j0``, but the scatter computes ``i * j`` at each of its points, so the work
+is the forward's points, never ``points x |X|``.
 """
 
 from texpr import expr as E
@@ -17,13 +23,20 @@ from texpr.tensor import ScatterAddOp
 from texpr.visitor import free_vars, post_order, substitute
 
 from .domain import Domain
-from .graph import is_sum_stage, rebuild
-from .isl_bridge import box_set, isl, set_to_expr
-from .terms import all_expr, conjuncts
+from .graph import fresh_stage, is_sum_stage, rebuild
+from .isl_bridge import box_set, isl, set_to_expr, to_pwaff
+from .terms import all_expr, conjuncts, group_terms, guarded_terms, rebuild_sum
 
 
 def _has_load(e):
     return any(isinstance(n, Load) for n in post_order(e))
+
+
+def _not_affine(e, space):
+    """Whether the integer expression ``e`` is an index ISL cannot see: it loads
+    data, or it is not quasi-affine in the loop variables (``i * j``,
+    ``int(floor(i * 0.5))``)."""
+    return e.dtype in ("int32", "int64") and (_has_load(e) or to_pwaff(e, space) is None)
 
 
 def _mentions(e, var_ids):
@@ -37,61 +50,106 @@ def gathers_to_scatters(tensors):
         if not is_sum_stage(op):
             return None
         red = op.body[0]
-        axis, raxes = op.axis, red.axes
-        try:
-            dom = Domain(axis + raxes, red.where)
-        except isl.Error:
-            return None
-        if dom.residual is None:
-            return None
-        spatial_ids = {id(a) for a in axis}
-        fixed = {}  # id(axis var) -> expression
-        used = []
-        for c in conjuncts(dom.residual):
-            if not isinstance(c, E.EQ):
-                continue
-            for j, other in ((c.a, c.b), (c.b, c.a)):
-                if id(j) in spatial_ids and id(j) not in fixed and _has_load(other) \
-                        and not _mentions(other, {id(j)} | set(fixed)):
-                    fixed[id(j)] = other
-                    used.append(c)
-                    break
-        if not fixed:
-            return None
-        # the fixed dimensions may not appear in the other fixed values either
-        fixed_ids = set(fixed)
-        if any(_mentions(v, fixed_ids) for v in fixed.values()):
-            return None
-        rest = [c for c in conjuncts(dom.residual) if all(c is not u for u in used)]
-        try:
-            # under the box: the bounds of the scatter's own axes are its loop bounds,
-            # those of the fixed dimensions become explicit index checks below
-            affine = set_to_expr(dom.set, dom.space, context=box_set(dom.space))
-        except isl.Error:
-            return None
-        mapping = {a: fixed[id(a)] for a in axis if id(a) in fixed}
-        cond_parts = [substitute(affine, mapping)] + [substitute(c, mapping) for c in rest]
-        value = substitute(red.source[0], mapping)
-        # the scatter's domain: the reduction axes and the output dimensions not fixed
-        free_axes = [a for a in axis if id(a) not in fixed]
-        dom_vars = list(raxes) + free_axes
-        new_vars = {v: iter_var(v.dom[0], v.dom[1], v.name, "spatial") for v in dom_vars}
-        indices = []
-        bounds = []
-        for d, a in enumerate(axis):
-            ix = fixed.get(id(a), a)
-            ix = substitute(ix, new_vars)
-            indices.append(ix)
-            if id(a) in fixed:
-                bounds.append((ix >= 0) & (ix < op.shape[d]))
-        where = all_expr([substitute(c, new_vars) for c in cond_parts]
-                         + [c for c in bounds])
-        if any(id(v) in spatial_ids and id(v) in fixed_ids
-               for v in free_vars([value, where] + indices)):
-            return None
-        value = substitute(value, new_vars)
-        sop = ScatterAddOp(op.name, op.shape, op.dtypes[0], tuple(new_vars[v] for v in dom_vars),
-                           tuple(indices), value, where)
-        return sop.output(0)
+        sop = _scatter(op, red.where, red.source[0])
+        if sop is None:
+            sop = _split_scatters(op)
+        return None if sop is None else sop.output(0)
 
     return rebuild(tensors, fn)
+
+
+def _split_scatters(op):
+    """A sum whose summand's guarded terms carry different data-dependent index
+    equalities (``Y[i] = X[I[i]] * X[J[i]]``: ``dX[j] = sum_i H[i] * (select(I[i] == j,
+    X[J[i]], 0) + select(J[i] == j, X[I[i]], 0))``) as a chain of scatter-adds, one
+    per term, each accumulating onto the previous one (``init``); the terms no
+    equality fixes stay one sum stage, the chain's start. None when no term
+    becomes a scatter."""
+    red = op.body[0]
+    terms = group_terms(guarded_terms(red.source[0]))
+    if len(terms) < 2:
+        return None
+    scattered, kept = [], []
+    for cs, v in terms:
+        v = v if v.dtype == red.dtype else E.cast(v, red.dtype)
+        where = all_expr(conjuncts(red.where) + tuple(cs))
+        sop = _scatter(op, where, v)
+        (scattered if sop is not None else kept).append((where, v))
+    if not scattered:
+        return None
+    init = None
+    if kept:
+        source = kept[0][1] if len(kept) == 1 else rebuild_sum(
+            [(conjuncts(w), v) for w, v in kept], red.dtype)
+        where = kept[0][0] if len(kept) == 1 else red.where
+        body = E.make_reduce(red.combiner, (source,), red.axes, where, 0)
+        init = fresh_stage(f"{op.name}_rest", op.axis, body, tag=op.tag).output(0)
+    sop = None
+    for k, (where, v) in enumerate(scattered):
+        last = k == len(scattered) - 1
+        sop = _scatter(op, where, v, init, op.name if last else f"{op.name}_s{k}")
+        init = sop.output(0)
+    return sop
+
+
+def _scatter(op, where, source, init=None, name=None):
+    """The sum stage ``op`` with summand ``source`` and condition ``where`` as a
+    scatter-add (onto ``init`` when given), or None when no data-dependent equality
+    fixes an output dimension."""
+    axis, raxes = op.axis, op.body[0].axes
+    try:
+        dom = Domain(axis + raxes, where)
+    except isl.Error:
+        return None
+    if dom.residual is None:
+        return None
+    spatial_ids = {id(a) for a in axis}
+    fixed = {}  # id(axis var) -> expression
+    used = []
+    for c in conjuncts(dom.residual):
+        if not isinstance(c, E.EQ):
+            continue
+        for j, other in ((c.a, c.b), (c.b, c.a)):
+            if id(j) in spatial_ids and id(j) not in fixed \
+                    and _not_affine(other, dom.space) \
+                    and not _mentions(other, {id(j)} | set(fixed)):
+                fixed[id(j)] = other
+                used.append(c)
+                break
+    if not fixed:
+        return None
+    # the fixed dimensions may not appear in the other fixed values either
+    fixed_ids = set(fixed)
+    if any(_mentions(v, fixed_ids) for v in fixed.values()):
+        return None
+    rest = [c for c in conjuncts(dom.residual) if all(c is not u for u in used)]
+    try:
+        # under the box: the bounds of the scatter's own axes are its loop bounds,
+        # those of the fixed dimensions become explicit index checks below
+        affine = set_to_expr(dom.set, dom.space, context=box_set(dom.space))
+    except isl.Error:
+        return None
+    mapping = {a: fixed[id(a)] for a in axis if id(a) in fixed}
+    cond_parts = [substitute(affine, mapping)] + [substitute(c, mapping) for c in rest]
+    value = substitute(source, mapping)
+    # the scatter's domain: the reduction axes and the output dimensions not fixed
+    free_axes = [a for a in axis if id(a) not in fixed]
+    dom_vars = list(raxes) + free_axes
+    new_vars = {v: iter_var(v.dom[0], v.dom[1], v.name, "spatial") for v in dom_vars}
+    indices = []
+    bounds = []
+    for d, a in enumerate(axis):
+        ix = fixed.get(id(a), a)
+        ix = substitute(ix, new_vars)
+        indices.append(ix)
+        if id(a) in fixed:
+            bounds.append((ix >= 0) & (ix < op.shape[d]))
+    where = all_expr([substitute(c, new_vars) for c in cond_parts]
+                     + [c for c in bounds])
+    if any(id(v) in spatial_ids and id(v) in fixed_ids
+           for v in free_vars([value, where] + indices)):
+        return None
+    value = substitute(value, new_vars)
+    return ScatterAddOp(name or op.name, op.shape, op.dtypes[0],
+                        tuple(new_vars[v] for v in dom_vars), tuple(indices), value, where,
+                        init)

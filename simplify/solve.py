@@ -10,14 +10,23 @@
   boxes (ISL ``gist``): conditions implied by the bounds go, the rest stays as
   affine conditions that codegen turns into exact loop bounds and strides.
   An empty domain makes the stage the reducer's identity.
+
+  A reduction axis fixed by a condition ISL cannot see, ``r == L`` with ``L``
+  free of ``r`` but data-dependent (``I[k] == r``: a segment sum's adjoint) or
+  not quasi-affine (``r == i * j``), is eliminated the same way: ``r := L``,
+  guarded by ``lo <= L < hi`` (``r``'s box) before anything that reads through
+  ``L``. The gradient of ``Y[i] = sum(X[k], where=I[k] == i)`` becomes the gather
+  ``dX[k] = select(0 <= I[k] < n, H[I[k]], 0)``: one term per ``k``.
 """
 
 from texpr import expr as E
 from texpr.tensor import ComputeOp
-from texpr.visitor import substitute
+from texpr.visitor import free_vars, substitute
 
-from .domain import solve, tighten
+from .domain import Domain, Solved, solve, tighten
 from .graph import is_reduction, rebuild
+from .isl_bridge import isl, to_pwaff
+from .terms import all_expr, conjuncts
 
 
 def _combine_once(comb, sources, vi):
@@ -66,6 +75,8 @@ def solve_equalities(tensors):
         red = op.body[0]
         res = solve(op.axis, red.axes, red.where)
         if res is None:
+            res = solve_residual(op.axis, red.axes, red.where)
+        if res is None:
             return None
         if res.empty:
             bodies = _identity_bodies(op)
@@ -96,3 +107,52 @@ def tighten_domains(tensors):
         return ComputeOp(op.name, op.axis, bodies, op.tag, op.attrs).outputs
 
     return rebuild(tensors, fn)
+
+
+def _residual_value(c, r, dom):
+    """``L`` when the conjunct ``c`` is ``r == L`` (either side) with ``L`` an integer
+    expression free of ``r`` that ISL cannot see (a load, a product of variables,
+    float arithmetic cast to int), else None."""
+    if not isinstance(c, E.EQ):
+        return None
+    for a, b in ((c.a, c.b), (c.b, c.a)):
+        if a is r and b.dtype in ("int32", "int64") \
+                and not any(v is r for v in free_vars(b)) \
+                and to_pwaff(b, dom.space) is None:
+            return b
+    return None
+
+
+def solve_residual(axis, raxes, where):
+    """Eliminate one reduction axis fixed by a residual equality ``r == L`` (see the
+    module docstring). Returns :class:`simplify.domain.Solved` or None.
+
+    The conjuncts of ``where`` keep their order (one may guard a load of the next),
+    except that those before the equality that mention ``r`` move after the bounds
+    check of ``L`` (they read through ``L`` now)."""
+    try:
+        dom = Domain(tuple(axis) + tuple(raxes), where)
+    except isl.Error:
+        return None
+    if dom.residual is None:
+        return None
+    parts = conjuncts(where)
+    for pos, c in enumerate(parts):
+        for r in raxes:
+            value = _residual_value(c, r, dom)
+            if value is None:
+                continue
+            lo, hi = r.dom
+            if value.dtype != "int64":
+                value = E.cast(value, "int64")
+            mapping = {r: value}
+            before = [x for x in parts[:pos] if not _mentions(x, r)]
+            moved = [substitute(x, mapping) for x in parts[:pos] if _mentions(x, r)]
+            after = [substitute(x, mapping) for x in parts[pos + 1:]]
+            new_where = all_expr(before + [value >= lo, value < hi] + moved + after)
+            return Solved({r: value}, tuple(a for a in raxes if a is not r), new_where)
+    return None
+
+
+def _mentions(e, v):
+    return any(x is v for x in free_vars(e))

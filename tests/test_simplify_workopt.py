@@ -1,0 +1,410 @@
+"""Work-optimal gradients beyond the quasi-affine fragment (issue 16).
+
+Each kind is a general rule of the simplifier; each test builds the issue's case
+or a variant, differentiates it with a placeholder head ``H``, and asserts
+
+* the iteration count of the simplified gradient (``simplify.iteration_count``)
+  against the ideal: the structurally nonzero (iteration point, input element)
+  pairs, counted independently here (numpy on concrete index data), and
+* the values: equal to the raw adjoint (``te.evaluate``) and to float64 central
+  finite differences of ``sum(H * Y)``.
+"""
+
+import numpy as np
+import pytest
+
+import texpr as te
+from texpr import simplify
+from texpr.testing import numeric_jacobian
+
+F64 = "float64"
+
+
+def _feed(tensors, ints=None, seed=0):
+    rng = np.random.default_rng(seed)
+    feed = {}
+    for op in te.topo_order(list(tensors)):
+        t = op.output(0)
+        if not isinstance(op, te.PlaceholderOp):
+            continue
+        if ints and t in ints:
+            feed[t] = np.asarray(ints[t], dtype=t.dtype)
+        elif t.dtype.startswith("float"):
+            feed[t] = rng.uniform(-1.0, 1.0, t.shape).astype(t.dtype)
+        else:
+            raise AssertionError(f"give the int placeholder {t.name} data")
+    return feed
+
+
+def check(Y, X, ideal, ints=None, exact=True, seed=0):
+    """Simplified dX of ``Y`` with a placeholder head: count <= ideal (== when
+    ``exact``), values equal to the raw adjoint and to finite differences.
+    Returns the simplified gradient."""
+    H = te.placeholder(Y.shape, "H", dtype=F64)
+    (g,) = te.differentiate(Y, [X], head=H)
+    (raw,) = te.differentiate(Y, [X], head=H, simplify=False)
+    count = simplify.iteration_count([g])
+    assert count <= ideal, (count, ideal, te.graph_str(g))
+    if exact:
+        assert count == ideal, (count, ideal, te.graph_str(g))
+    feed = _feed([Y, H, g, raw], ints, seed)
+    got, want = te.evaluate([g, raw], feed)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    jac = numeric_jacobian(Y, X, feed)
+    fd = np.tensordot(feed[H], jac, axes=len(Y.shape))
+    np.testing.assert_allclose(got, fd, rtol=1e-6, atol=1e-8)
+    return g
+
+
+# ---- 1. multi-term local derivatives read by a reduction ----------------------------
+
+
+def _layer(act, n=4, m=16, o=16):
+    X = te.placeholder((n, m), "X", dtype=F64)
+    W = te.placeholder((m, o), "W", dtype=F64)
+    S = te.compute((n, m), lambda i, j: act(X[i, j]), name="S")
+    k = te.reduce_axis(m, "k")
+    Y = te.compute((n, o), lambda i, j: te.sum(S[i, k] * W[k, j], axis=k), name="Y")
+    return Y, X
+
+
+@pytest.mark.parametrize("act", [
+    lambda x: te.sigmoid(x) * x,          # the issue's case: three derivative terms
+    lambda x: te.tanh(x),                 # two terms (1 - tanh^2)
+    lambda x: x * te.tanh(te.exp(x)),     # a chain of intrinsics
+    lambda x: te.log(x * x + 1.0) / (x * x + 2.0),  # a quotient
+], ids=["silu", "tanh", "x_tanh_exp", "quotient"])
+def test_multi_term_derivative_computes_the_matmul_once(act):
+    # dS = H @ W^T once (4*16*16 points), then dX = dS * S'(X) (4*16)
+    Y, X = _layer(act)
+    g = check(Y, X, 4 * 16 * 16 + 4 * 16)
+    names = [op.tag for op in simplify.materialized_stages([g])]
+    assert len(names) == 2, names
+
+
+def test_cheap_local_derivative_folds_into_the_reduction():
+    # S = X * X: S' = 2X is cheap, so dX = sum_j H W (2 X) folds into one reduction
+    # (the matmul's points only: no extra elementwise pass)
+    Y, X = _layer(lambda x: x * x + x)
+    check(Y, X, 4 * 16 * 16)
+
+
+def test_multi_term_derivative_of_two_consumers():
+    # S read by two matmuls: its adjoint is their sum (fused into one reduction over
+    # the disjoint union of both domains), then one elementwise pass with S'(X)
+    X = te.placeholder((3, 8), "X", dtype=F64)
+    W1 = te.placeholder((8, 5), "W1", dtype=F64)
+    W2 = te.placeholder((8, 6), "W2", dtype=F64)
+    S = te.compute((3, 8), lambda i, j: te.sigmoid(X[i, j]) * X[i, j], name="S")
+    k1, k2 = te.reduce_axis(8, "k1"), te.reduce_axis(8, "k2")
+    Y1 = te.compute((3, 5), lambda i, j: te.sum(S[i, k1] * W1[k1, j], axis=k1), name="Y1")
+    Y2 = te.compute((3, 6), lambda i, j: te.sum(S[i, k2] * W2[k2, j], axis=k2), name="Y2")
+    Y = te.compute((3, 11), lambda i, j: te.if_then_else(j < 5, Y1[i, te.min(j, 4)],
+                                                          Y2[i, te.max(j - 5, 0)]), name="Y")
+    check(Y, X, 3 * 8 * 5 + 3 * 8 * 6 + 3 * 8)
+
+
+# ---- 2. abs in indices and conditions ---------------------------------------------
+
+
+def test_abs_in_an_index():
+    # the issue's case: |i - 1| is max(i - 1, 1 - i) for ISL (12 points, not 144)
+    X = te.placeholder((12,), "X", dtype=F64)
+    Y = te.compute((12,), lambda i: X[te.abs(i - 1)], name="Y")
+    check(Y, X, 12)
+
+
+def test_reflect_padding_written_with_abs():
+    n, p = 10, 3
+    X = te.placeholder((n,), "X", dtype=F64)
+    Y = te.compute((n + 2 * p,), lambda i: X[n - 1 - te.abs(n - 1 - te.abs(i - p))], name="Y")
+    check(Y, X, n + 2 * p)
+
+
+def test_reflect_padding_2d_with_abs():
+    n, p = 6, 2
+    X = te.placeholder((n, n), "X", dtype=F64)
+
+    def refl(i):
+        return n - 1 - te.abs(n - 1 - te.abs(i - p))
+
+    Y = te.compute((n + 2 * p, n), lambda i, j: X[refl(i), refl(j + p)] * 2.0, name="Y")
+    check(Y, X, (n + 2 * p) * n)
+
+
+@pytest.mark.parametrize("w", [0, 2])
+def test_band_condition_with_abs(w):
+    X = te.placeholder((12,), "X", dtype=F64)
+    k = te.reduce_axis(12, "k")
+    Y = te.compute((12,), lambda i: te.sum(X[k] * (i + 1.0), axis=k,
+                                           where=te.abs(k - i) <= w), name="Y")
+    i, kk = np.meshgrid(np.arange(12), np.arange(12))
+    check(Y, X, int(np.count_nonzero(np.abs(kk - i) <= w)))
+
+
+def test_diamond_condition_with_abs():
+    n, r = 8, 2
+    X = te.placeholder((n, n), "X", dtype=F64)
+    k, l = te.reduce_axis(n, "k"), te.reduce_axis(n, "l")
+    Y = te.compute((n, n), lambda i, j: te.sum(
+        X[k, l], axis=[k, l], where=te.abs(k - i) + te.abs(l - j) <= r), name="Y")
+    i, j, a, b = np.meshgrid(*[np.arange(n)] * 4, indexing="ij")
+    check(Y, X, int(np.count_nonzero(np.abs(a - i) + np.abs(b - j) <= r)))
+
+
+def test_abs_in_a_select_condition():
+    X = te.placeholder((12,), "X", dtype=F64)
+    Y = te.compute((12,), lambda i: te.if_then_else(te.abs(i - 5) <= 3, X[11 - i], 0.0),
+                   name="Y")
+    check(Y, X, 7)
+
+
+def test_abs_index_compiles():
+    from texpr import codegen
+
+    n, p = 10, 3
+    X = te.placeholder((n,), "X", dtype=F64)
+    Y = te.compute((n + 2 * p,), lambda i: X[n - 1 - te.abs(n - 1 - te.abs(i - p))], name="Y")
+    H = te.placeholder(Y.shape, "H", dtype=F64)
+    (g,) = te.differentiate(Y, [X], head=H)
+    feed = _feed([H, X])
+    kernel = codegen.build([g], [H, X])
+    np.testing.assert_allclose(kernel(feed[H], feed[X])[0], te.evaluate(g, feed))
+    h = feed[H]
+    want = np.zeros(n)
+    np.add.at(want, n - 1 - np.abs(n - 1 - np.abs(np.arange(n + 2 * p) - p)), h)
+    np.testing.assert_allclose(te.evaluate(g, feed), want)
+
+
+# ---- 3. data-dependent equalities that fix a reduction axis ------------------------
+
+SEG = np.array([3, 0, 0, 11, -1, 5, 5, 5, 12, 2, 7, 0])  # -1 and 12: no segment
+
+
+def test_segment_sum_gradient_is_a_gather():
+    # Y[i] = sum_k X[k] where I[k] == i: dX[k] = H[I[k]] (one term per k, not 144)
+    X = te.placeholder((12,), "X", dtype=F64)
+    I = te.placeholder((12,), "I", dtype="int64")
+    k = te.reduce_axis(12, "k")
+    Y = te.compute((12,), lambda i: te.sum(X[k], axis=k, where=I[k] == i), name="Y")
+    g = check(Y, X, 12, ints={I: SEG})
+    assert not any(isinstance(op, te.ScatterAddOp) for op in te.topo_order([g]))
+
+
+def test_segment_sum_condition_in_a_select():
+    X = te.placeholder((12,), "X", dtype=F64)
+    I = te.placeholder((12,), "I", dtype="int64")
+    k = te.reduce_axis(12, "k")
+    Y = te.compute((12,), lambda i: te.sum(te.if_then_else(I[k] == i, X[k] * X[k], 0.0),
+                                           axis=k), name="Y")
+    check(Y, X, 12, ints={I: SEG})
+
+
+def test_segment_sum_2d_with_offset_and_affine_condition():
+    # Y[i, c] = sum_k X[k, c] where I[k] + 1 == i and k % 2 == 0 (the int32 index cast)
+    X = te.placeholder((12, 3), "X", dtype=F64)
+    I = te.placeholder((12,), "I", dtype="int32")
+    k = te.reduce_axis(12, "k")
+    Y = te.compute((8, 3), lambda i, c: te.sum(X[k, c] * (c + 1.0), axis=k,
+                                               where=te.all(k % 2 == 0, I[k] + 1 == i)),
+                   name="Y")
+    check(Y, X, 6 * 3, ints={I: SEG}, exact=False)
+
+
+# ---- 4. several loads of one tensor, some data-dependent ---------------------------
+
+IDX = np.array([3, 0, 0, 11, 4, 5, 5, 5, 1, 2, 7, 0])
+JDX = np.array([3, 1, 9, 10, 4, 2, 8, 5, 1, 6, 0, 0])
+
+
+def test_two_gathers_of_one_tensor_scatter_once_each():
+    # the issue's case: one scatter-add per load (12 + 12), not 144
+    X = te.placeholder((12,), "X", dtype=F64)
+    I = te.placeholder((12,), "I", dtype="int64")
+    J = te.placeholder((12,), "J", dtype="int64")
+    Y = te.compute((12,), lambda i: X[I[i]] * X[J[i]], name="Y")
+    g = check(Y, X, 24, ints={I: IDX, J: JDX})
+    assert sum(isinstance(op, te.ScatterAddOp) for op in te.topo_order([g])) == 2
+
+
+def test_gather_beside_an_affine_load_of_the_same_tensor():
+    X = te.placeholder((12,), "X", dtype=F64)
+    I = te.placeholder((12,), "I", dtype="int64")
+    Y = te.compute((12,), lambda i: te.sin(X[I[i]]) + X[i] * 2.0, name="Y")
+    check(Y, X, 24, ints={I: IDX})
+
+
+def test_gather_and_modular_load_2d():
+    X = te.placeholder((4, 3), "X", dtype=F64)
+    I = te.placeholder((6,), "I", dtype="int64")
+    Y = te.compute((6, 3), lambda i, c: X[I[i], c] * X[i % 4, c], name="Y")
+    check(Y, X, 2 * 6 * 3, ints={I: IDX[:6] % 4})
+
+
+def test_three_gathers_compile():
+    from texpr import codegen
+
+    X = te.placeholder((12,), "X", dtype=F64)
+    I = te.placeholder((12,), "I", dtype="int64")
+    J = te.placeholder((12,), "J", dtype="int64")
+    Y = te.compute((12,), lambda i: X[I[i]] * X[J[i]] + X[(I[i] + J[i]) % 12], name="Y")
+    g = check(Y, X, 36, ints={I: IDX, J: JDX})
+    H = [t for t in te.topo_order([g]) if t.name == "H"][0].output(0)
+    feed = _feed([H, X, I, J], {I: IDX, J: JDX})
+    kernel = codegen.build([g], [H, X, I, J])
+    got = kernel(feed[H], feed[X], feed[I], feed[J])[0]
+    x, h = feed[X], feed[H]
+    want = np.zeros(12)
+    np.add.at(want, IDX, h * x[JDX])
+    np.add.at(want, JDX, h * x[IDX])
+    np.add.at(want, (IDX + JDX) % 12, h)
+    np.testing.assert_allclose(got, want)
+
+
+# ---- 5. indices of loop variables only, not quasi-affine ---------------------------
+
+
+def test_product_of_loop_variables_in_an_index():
+    # the issue's case: X[i * j], 8x8 over X of 50: one term per point (64, not 3,200)
+    X = te.placeholder((50,), "X", dtype=F64)
+    Y = te.compute((8, 8), lambda i, j: X[i * j], name="Y")
+    check(Y, X, 64)
+
+
+def test_float_index_floor_cast():
+    X = te.placeholder((6,), "X", dtype=F64)
+    Y = te.compute((12,), lambda i: X[te.cast(te.floor(i * 0.5), "int64")], name="Y")
+    check(Y, X, 12)
+
+
+@pytest.mark.parametrize("n,m", [(64, 128), (16, 4)])
+def test_nearest_resize_with_a_float_scale(n, m):
+    # BUGS.md C15: Y[i] = X[min(int(floor(i * s)), n - 1)], s = n / m
+    X = te.placeholder((n,), "X", dtype=F64)
+    s = n / m
+    Y = te.compute((m,), lambda i: X[te.min(te.cast(te.floor(i * s), "int64"), n - 1)],
+                   name="Y")
+    check(Y, X, m)
+
+
+def test_quadratic_index_and_a_reduction():
+    # Y[i] = sum_k X[i * k] * X[k]: two loads per point (i * k not quasi-affine)
+    X = te.placeholder((50,), "X", dtype=F64)
+    k = te.reduce_axis(8, "k")
+    Y = te.compute((8,), lambda i: te.sum(X[i * k] * X[(k * k) % 50], axis=k), name="Y")
+    check(Y, X, 2 * 64)
+
+
+# ---- 6. property test: random programs of these kinds vs a brute-force ideal -------
+#
+# Each draw builds one program (X read by Y, sometimes through a stage S) and, in
+# numpy, its ideal: the (iteration point, load of X) pairs that are structurally
+# nonzero, found by evaluating the index maps and the loop-variable conditions at
+# every point. A data-dependent index or condition, or one that is not
+# quasi-affine in the loop variables (``i * j``), counts as possibly nonzero: the
+# gradient cannot know the data when it is built, and testing a non-affine
+# condition is work at every point (O(points), never O(points x |X|)). The
+# simplified gradient
+# must visit at most 1.5x that, and equal the raw adjoint on concrete data.
+
+from hypothesis import HealthCheck, given, note, seed, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+def _inb(e, n):
+    return te.all(e >= 0, e < n)
+
+
+@st.composite
+def programs(draw):
+    kind = draw(st.sampled_from(["abs_index", "abs_band", "diamond", "product", "float",
+                                 "segment", "two_loads", "multi_term"]))
+    n = draw(st.integers(3, 9))
+    m = draw(st.integers(2, 8))
+    a = draw(st.integers(1, 2))
+    c = draw(st.integers(-3, 3))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    X = te.placeholder((n,), "X", dtype=F64)
+    ints = {}
+    i_ = np.arange(m)
+    if kind == "abs_index":      # Y[i] = X[|a*i + c|] where in range
+        Y = te.compute((m,), lambda i: te.if_then_else(
+            te.abs(a * i + c) < n, X[te.min(te.abs(a * i + c), n - 1)], 0.0), name="Y")
+        ideal = np.count_nonzero(np.abs(a * i_ + c) < n)
+    elif kind == "abs_band":     # Y[i] = sum_k X[k] * (i+1) where |a*k - i| <= w
+        w = draw(st.integers(0, 2))
+        k = te.reduce_axis(n, "k")
+        Y = te.compute((m,), lambda i: te.sum(X[k] * (i + 1.0), axis=k,
+                                              where=te.abs(a * k - i + c) <= w), name="Y")
+        ii, kk = np.meshgrid(i_, np.arange(n), indexing="ij")
+        ideal = np.count_nonzero(np.abs(a * kk - ii + c) <= w)
+    elif kind == "diamond":
+        r = draw(st.integers(0, 2))
+        X = te.placeholder((n, n), "X", dtype=F64)
+        k, l = te.reduce_axis(n, "k"), te.reduce_axis(n, "l")
+        Y = te.compute((m, m), lambda i, j: te.sum(
+            X[k, l], axis=[k, l], where=te.abs(k - i) + te.abs(l - j - c) <= r), name="Y")
+        ii, jj, kk, ll = np.meshgrid(i_, i_, np.arange(n), np.arange(n), indexing="ij")
+        ideal = np.count_nonzero(np.abs(kk - ii) + np.abs(ll - jj - c) <= r)
+    elif kind == "product":      # Y[i, j] = X[i * j + c] where in range
+        Y = te.compute((m, m), lambda i, j: te.if_then_else(
+            _inb(i * j + c, n), X[te.max(te.min(i * j + c, n - 1), 0)], 0.0), name="Y")
+        ideal = m * m  # the guard on i * j is tested at every point
+    elif kind == "float":        # nearest resize with a float scale
+        s = draw(st.sampled_from([0.25, 0.5, 0.75, 1.5, 2.0]))
+        Y = te.compute((m,), lambda i: X[te.min(te.cast(te.floor(i * s), "int64"), n - 1)],
+                       name="Y")
+        ideal = m
+    elif kind == "segment":      # Y[i] = sum_k X[k] where I[k] == i + c (or in a select)
+        I = te.placeholder((n,), "I", dtype="int64")
+        ints[I] = rng.integers(-1, m + 1, n)
+        k = te.reduce_axis(n, "k")
+        if draw(st.booleans()):
+            Y = te.compute((m,), lambda i: te.sum(X[k] * X[k], axis=k, where=I[k] == i + c),
+                           name="Y")
+        else:
+            Y = te.compute((m,), lambda i: te.sum(te.if_then_else(I[k] - c == i, X[k], 0.0),
+                                                  axis=k), name="Y")
+        ideal = n
+    elif kind == "two_loads":    # Y[i] = X[I[i]] * X[g(i)], g a gather, abs or product
+        I = te.placeholder((m,), "I", dtype="int64")
+        ints[I] = rng.integers(0, n, m)
+        other = draw(st.sampled_from(["gather", "abs", "product"]))
+        if other == "gather":
+            J = te.placeholder((m,), "J", dtype="int64")
+            ints[J] = rng.integers(0, n, m)
+            g, valid = (lambda i: J[i]), np.ones(m, bool)
+        elif other == "abs":
+            g, valid = (lambda i: te.abs(i + c)), np.abs(i_ + c) < n
+        else:
+            g, valid = (lambda i: i * i + c), np.ones(m, bool)  # tested at every point
+        Y = te.compute((m,), lambda i: X[I[i]] * te.if_then_else(
+            _inb(g(i), n), X[te.max(te.min(g(i), n - 1), 0)], 1.0), name="Y")
+        ideal = m + np.count_nonzero(valid)
+    else:                        # S = act(X) read by a matmul
+        o = draw(st.integers(1, 6))
+        act = draw(st.sampled_from([lambda x: te.sigmoid(x) * x, te.tanh,
+                                    lambda x: te.exp(x) * x + x * x]))
+        W = te.placeholder((n, o), "W", dtype=F64)
+        S = te.compute((n,), lambda i: act(X[i]), name="S")
+        k = te.reduce_axis(n, "k")
+        Y = te.compute((o,), lambda j: te.sum(S[k] * W[k, j], axis=k), name="Y")
+        ideal = n * o + n
+    return kind, Y, X, ints, int(ideal)
+
+
+@seed(20261130)
+@settings(max_examples=60, deadline=None, derandomize=True, print_blob=True,
+          suppress_health_check=list(HealthCheck))
+@given(programs())
+def test_fuzz_gradients_within_the_ideal(case):
+    kind, Y, X, ints, ideal = case
+    H = te.placeholder(Y.shape, "H", dtype=F64)
+    (raw,) = te.differentiate(Y, [X], head=H, simplify=False)
+    (g,) = simplify.simplify([raw])
+    note(f"{kind}: ideal {ideal}\n{te.graph_str(g)}")
+    count = simplify.iteration_count([g])
+    assert count <= 1.5 * max(ideal, 1), (kind, count, ideal)
+    feed = _feed([Y, H, raw, g], ints)
+    got, want = te.evaluate([g, raw], feed)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
