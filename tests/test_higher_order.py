@@ -231,7 +231,7 @@ def test_manual_function_returning_none_is_an_error_naming_the_edge():
     loss = te.compute((), lambda: te.sum(y[s], axis=s), name="L")
 
     def forgot_return(out, inp, head):
-        te.compute(inp.shape, lambda j: 2.0 * head[()] * inp[j])
+        te.compute(inp.shape, lambda j: 2.0 * head[j] * inp[j])
 
     with pytest.raises(te.TexprError, match=r"\(Y, X\) returned None"):
         te.differentiate(loss, [x], manual={(y, x): forgot_return})
