@@ -104,6 +104,9 @@ def test_fuzz_higher_order(data):
     compiled = bool(LONG) and _COUNT["programs"] % COMPILE_EVERY == 0
     _COUNT["compiled"] += compiled
     check_program(prog, order, simp, via_head, compiled, dir_seed=value_seed)
+    if LONG and _COUNT["programs"] % 100 == 0:
+        print(f"test_fuzz_higher_order: {_COUNT['programs']} programs checked "
+              f"({_COUNT['compiled']} compiled), seed {FUZZ_SEED}", flush=True)
 
 
 # a few fixed programs through compiled kernels (each one kernel for all levels)
