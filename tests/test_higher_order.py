@@ -200,6 +200,44 @@ def test_split_of_an_axis_starting_above_zero():
     np.testing.assert_allclose(codegen.build(y, [x], s)(xv)[0], np.sum(xv[3:] ** 2))
 
 
+def test_reductions_starting_above_zero_compile():
+    # a long sum (unrolled in scalar mode), a short one (lanes in buffer mode), a max,
+    # a prod and their first and second derivatives, over axes that start above 0
+    x = te.placeholder((3, 40), "X", "float64")
+    k1, k2, k3, k4 = (te.reduce_axis(d, n) for d, n in
+                      (((3, 40), "k1"), ((2, 5), "k2"), ((1, 6), "k3"), ((4, 9), "k4")))
+    long_ = te.compute((3,), lambda i: te.sum(x[i, k1] * x[i, k1], axis=k1), name="Long")
+    short = te.compute((3, 8), lambda i, j: te.sum(x[i, j + k2] * x[i, k2], axis=k2), name="Short")
+    mx = te.compute((3,), lambda i: te.max(x[i, 2 * k3], axis=k3), name="Mx")
+    pr = te.compute((3,), lambda i: te.prod(x[i, k4], axis=k4), name="Pr")
+    r, c = te.reduce_axis(3, "r"), te.reduce_axis(8, "c")
+    loss = te.compute((), lambda: te.sum(te.sin(long_[r]) + mx[r] * pr[r], axis=r)
+                      + te.sum(te.sum(short[r, c] * short[r, c], axis=c), axis=r), name="L")
+    (g,) = te.differentiate(loss, [x])
+    v = te.placeholder((3, 40), "V", "float64")
+    (hv,) = te.differentiate(g, [x], head=v)
+    rng = np.random.default_rng(5)
+    feed = {x: spread_rows(rng), v: rng.uniform(-0.5, 0.5, (3, 40))}
+    tensors = [long_, short, mx, pr, g, hv]
+    got = codegen.build(tensors, [x, v])(feed[x], feed[v])
+    for t, a, b in zip(tensors, got, te.evaluate(tensors, feed)):
+        np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12, err_msg=t.name)
+    xv = feed[x]
+    np.testing.assert_allclose(got[0], np.sum(xv[:, 3:] ** 2, axis=1))
+    np.testing.assert_allclose(got[2], np.max(xv[:, 2:12:2], axis=1))
+    np.testing.assert_allclose(got[3], np.prod(xv[:, 4:9], axis=1))
+    # the Hessian-vector product against a finite difference of the gradient
+    eps = 1e-6
+    gp = te.evaluate(g, {x: xv + eps * feed[v]})
+    gm = te.evaluate(g, {x: xv - eps * feed[v]})
+    assert_close(got[5], (gp - gm) / (2 * eps), "HVP", rtol=1e-6, atol=1e-7)
+
+
+def spread_rows(rng):
+    """(3, 40) values, distinct and far apart within each row (max without near-ties)."""
+    return np.stack([rng.permutation(np.linspace(-1.2, 1.2, 40)) for _ in range(3)])
+
+
 # ---- max/min ties at second order: the documented rule ------------------------------------
 
 
