@@ -21,6 +21,7 @@ Profiles:
 
 import os
 import random
+import time
 
 import numpy as np
 import pytest
@@ -103,8 +104,13 @@ def test_fuzz_higher_order(data):
     _COUNT["programs"] += 1
     compiled = bool(LONG) and _COUNT["programs"] % COMPILE_EVERY == 0
     _COUNT["compiled"] += compiled
+    start = time.process_time()
     check_program(prog, order, simp, via_head, compiled, dir_seed=value_seed)
-    if LONG and _COUNT["programs"] % 100 == 0:
+    spent = time.process_time() - start
+    if LONG and spent > 10:
+        print(f"  slow ({spent:.0f} s cpu): order {order} simplify={simp} {prog.text}",
+              flush=True)
+    if LONG and _COUNT["programs"] % 25 == 0:
         print(f"test_fuzz_higher_order: {_COUNT['programs']} programs checked "
               f"({_COUNT['compiled']} compiled), seed {FUZZ_SEED}", flush=True)
 
