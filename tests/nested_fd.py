@@ -8,7 +8,10 @@ mixed central difference
     sum over signs s in {+1, -1}^n of  prod(s) * L(X + h * sum_i s_i d_i) / (2h)^n,
 
 an even function of ``h`` (error ``c2 h^2 + c4 h^4 + ...``), so one Richardson
-step ``(4 D(h/2) - D(h)) / 3`` leaves ``O(h^4)``. Nesting it over the unit
+step ``(4 D(h/2) - D(h)) / 3`` leaves ``O(h^4)``. ``h = 5e-3``: at ``1e-2`` the
+long fuzz profile found a relative error of 1.5e-5 on a second derivative of an
+``oplus`` reduction of cubes (the symbolic value was right: the differences
+converge to it as ``h`` shrinks); the rounding error stays near 1e-10 at third order. Nesting it over the unit
 vectors ``e_j`` gives gradients, Hessian-vector products and third
 derivatives element by element.
 
@@ -25,7 +28,7 @@ import numpy as np
 import texpr as te
 
 
-def directional_fd(loss, x, feed, dirs, h=1e-2):
+def directional_fd(loss, x, feed, dirs, h=5e-3):
     """``D^n loss(x) [dirs]`` (``n = len(dirs)``) by Richardson-extrapolated mixed
     central differences through ``te.evaluate`` (float64 feeds)."""
     base = np.asarray(feed[x], dtype=np.float64)
@@ -42,7 +45,7 @@ def directional_fd(loss, x, feed, dirs, h=1e-2):
     return (4.0 * est(h / 2) - est(h)) / 3.0
 
 
-def fd_level(loss, x, feed, dirs, h=1e-2):
+def fd_level(loss, x, feed, dirs, h=5e-3):
     """The array over ``j`` (``x``'s shape) of ``D^(len(dirs)+1) loss [dirs, e_j]``."""
     out = np.zeros(x.shape)
     for j in np.ndindex(*x.shape):
