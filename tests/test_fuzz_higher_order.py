@@ -201,4 +201,4 @@ def test_fd_oracle_is_exact_enough():
     v, u = np.array([0.2, -0.4, 0.1]), np.array([0.5, 0.3, -0.2])
     f3 = -np.cos(xv) * xv ** 2 - 6 * np.sin(xv) * xv + 6 * np.cos(xv)  # d^3/dx^3
     got = fd_level(loss, x, {x: xv}, [v, u])
-    np.testing.assert_allclose(got, f3 * v * u, rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(got, f3 * v * u, rtol=1e-6, atol=1e-7)  # 10x the fuzz tolerance
