@@ -129,8 +129,12 @@ class Stage:
         if isinstance(factor, bool) or not isinstance(factor, int) or factor < 1:
             raise ScheduleError(f"stage {self.name}: split factor must be a positive int, "
                                 f"got {factor!r}")
-        ext = axis.extent
-        outer = iter_var(0, max(-(-ext // factor), 0), f"{axis.name}.outer", axis.kind)
+        lo, hi = axis.dom
+        # outer = axis // factor, inner = axis % factor (axis_value): over [lo, hi)
+        # outer runs over [lo // factor, (hi - 1) // factor + 1)
+        o_lo = lo // factor
+        o_hi = (hi - 1) // factor + 1 if hi > lo else o_lo
+        outer = iter_var(o_lo, o_hi, f"{axis.name}.outer", axis.kind)
         inner = iter_var(0, factor, f"{axis.name}.inner", axis.kind)
         k = next(i for i, a in enumerate(self.leaf_axes) if a is axis)
         self.leaf_axes[k:k + 1] = [outer, inner]

@@ -210,13 +210,16 @@ def accumulate(output, inputs=None, head=None, manual=None):
         manual: dict ``{(out, inp): fn}``; ``fn(out, inp, head) -> Tensor`` of shape
             ``prefix + inp.shape`` replaces the automatic contribution of ``out``
             to ``inp`` (``out``'s adjoint ``head``); either key may be ``None``
-            (wildcard); the most specific entry wins.
+            (wildcard); the most specific entry wins. ``fn`` must return a
+            Tensor (zeros for an edge that contributes nothing): ``None`` is an
+            error, not a silent zero.
     Returns:
         DifferentiationResult.
     Raises:
         NotDifferentiableError: ``output`` or an input is not a float tensor.
         ShapeError: ``head`` or a manual result has the wrong shape.
-        TexprError: a manual entry matches no edge; bad arguments.
+        TexprError: a manual entry matches no edge, or a manual function returns
+            None or a non-Tensor (the message names the edge); bad arguments.
     """
     if not isinstance(output, Tensor):
         raise TexprError(f"differentiate: output must be a Tensor, got {output!r}")
@@ -272,8 +275,7 @@ def accumulate(output, inputs=None, head=None, manual=None):
                 fn = manual.lookup(out, inp)
                 if fn is not None:
                     c = fn(out, inp, h)
-                    if c is not None:
-                        _check_manual(c, out, inp, prefix)
+                    _check_manual(c, out, inp, prefix)
                 else:
                     c = contribution(out, inp, h, cache)
                 if c is not None:
@@ -301,6 +303,13 @@ def _finalize(t, summands, adjoints):
 
 
 def _check_manual(c, out, inp, prefix):
+    if c is None:
+        # a function that forgot its ``return`` would silently drop the edge
+        raise TexprError(
+            f"differentiate: the manual function for the edge ({out.name}, {inp.name}) "
+            f"returned None; it must return the contribution of {out.name} to the "
+            f"adjoint of {inp.name}, a Tensor of shape prefix + {inp.name}.shape "
+            f"(for an edge that contributes nothing, return a stage of zeros)")
     if not isinstance(c, Tensor):
         raise TexprError(f"differentiate: the manual function for ({out.name}, {inp.name}) "
                          f"returned {c!r}, not a Tensor")

@@ -25,7 +25,9 @@ def differentiate(output, inputs=None, head=None, manual=None, simplify=True):
             adjoint contribution of the consumer ``out`` to its input ``inp`` when
             ``out``'s adjoint is ``head`` (shape ``prefix + out.shape`` ->
             ``prefix + inp.shape``), replacing the automatic one. Either key may
-            be ``None`` (a wildcard); the most specific entry wins.
+            be ``None`` (a wildcard); the most specific entry wins. ``fn``
+            returning ``None`` raises ``TexprError`` naming the edge (return a
+            stage of zeros for an edge that contributes nothing).
         simplify: hand the adjoints to the Jacobian simplifier
             (:func:`texpr.simplify.simplify`, docs/pipeline.md) before returning
             them, and keep the record of that run (``res.explain()``,
@@ -45,7 +47,8 @@ def differentiate(output, inputs=None, head=None, manual=None, simplify=True):
     Raises:
         NotDifferentiableError: ``output``, ``head`` or an input is not a float tensor.
         ShapeError: ``head`` (or a manual function's result) has the wrong shape.
-        TexprError: a manual entry matches no edge of the graph; bad arguments.
+        TexprError: a manual entry matches no edge of the graph, or a manual
+            function returns None or a non-Tensor; bad arguments.
 
     The algorithm follows TVM's tensor-expression autodiff (Grechanik, TVM
     RFC #1996): per-stage Jacobians contracted with the head, accumulated in

@@ -105,9 +105,14 @@ def _flat(offsets, extents):
     return flat
 
 
+def offsets(axes):
+    """The positions ``a - lo`` of the IterVars ``axes`` in their domains ``[lo, hi)``."""
+    return tuple(a - a.dom[0] if a.dom[0] else a for a in axes)
+
+
 def flat_index(axes):
     """Row-major flat position of the point ``axes`` (IterVars) in their box (int64)."""
-    return _flat([a - a.dom[0] if a.dom[0] else a for a in axes], [a.extent for a in axes])
+    return _flat(offsets(axes), [a.extent for a in axes])
 
 
 def _arg_reducer(kind):
@@ -127,12 +132,18 @@ def _arg_reducer(kind):
 ARG_REDUCERS = {"max": _arg_reducer("max"), "min": _arg_reducer("min")}
 
 
+def _axis_copy(axes, kind, prefix=""):
+    """Fresh IterVars over the same domains ``[lo, hi)`` as ``axes`` (lower bounds
+    kept: a scatter's axes, a reduction's axes may start above 0)."""
+    return tuple(iter_var(a.dom[0], a.dom[1], prefix + a.name, kind) for a in axes)
+
+
 def _spatial_copy(op):
-    return tuple(iter_var(0, a.extent, a.name, "spatial") for a in op.axis)
+    return _axis_copy(op.axis, "spatial")
 
 
 def _reduce_copy(axes, prefix=""):
-    return tuple(iter_var(a.dom[0], a.dom[1], prefix + a.name, "reduce") for a in axes)
+    return _axis_copy(axes, "reduce", prefix)
 
 
 def arg_stage(out, cache=None):
@@ -209,7 +220,7 @@ def _rule_argextreme(out, red, ctx):
     if d is None:
         return None
     arg = arg_stage(out, ctx.cache)
-    hit = flat_index(ctx.k_axes) == arg[ctx.i_axes]
+    hit = flat_index(ctx.k_axes) == arg[offsets(ctx.i_axes)]
     term = ctx.head_load * d
     return select(hit, term, const(0, term.dtype))
 
@@ -228,8 +239,7 @@ def _rule_generic(out, red, ctx):
     if not any(d is not None for d in ctx.d_sources):
         return None
     before, after = rest_stages(out, ctx.cache)
-    m_index = ctx.i_axes + tuple(k - a.dom[0] if a.dom[0] else k
-                                 for k, a in zip(ctx.k_axes, red.axes))
+    m_index = offsets(ctx.i_axes) + offsets(ctx.k_axes)
     n = len(comb.lhs)
     bind_inner = {}
     for c in range(n):
@@ -356,10 +366,10 @@ def contribution(out, inp, head, cache=None, name=None):
 
     body = op.body[out.value_index]
     red = body if isinstance(body, Reduce) else None
-    i_axes = tuple(iter_var(0, a.extent, "r_" + a.name, "reduce") for a in op.axis)
+    i_axes = _reduce_copy(op.axis, "r_")
     k_axes = _reduce_copy(red.axes, "r_") if red is not None else ()
     mapping = dict(zip(op.axis + (red.axes if red is not None else ()), i_axes + k_axes))
-    head_load = head[p + i_axes]
+    head_load = head[p + offsets(i_axes)]
     if red is None:
         e = substitute(body, mapping)
         d = derivative(e, inp, j)
@@ -379,7 +389,7 @@ def _scatter_contribution(out, inp, head, p, j, name, dtype, attrs):
     """``out = init; out[idx(q)] += value(q)``: ``init`` gets ``head`` itself, a tensor
     read by ``value`` gets ``sum_q head[p, idx(q)] * d value(q) / d inp[j]``."""
     op = out.op
-    q_axes = tuple(iter_var(0, a.extent, "r_" + a.name, "reduce") for a in op.axis)
+    q_axes = _reduce_copy(op.axis, "r_")  # the scatter's domain, lower bounds kept
     mapping = dict(zip(op.axis, q_axes))
     value = substitute(op.value, mapping)
     where = substitute(op.where, mapping)

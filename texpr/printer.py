@@ -1,7 +1,8 @@
 """Deterministic text of expressions, stages and graphs (errors, golden tests, hashing).
 
 ``expr_str(e)`` prints infix with minimal parentheses; ``tensor_str(t)`` prints
-one stage's definition; ``graph_str(outputs)`` every stage reachable from the
+one stage's definition (a compute's axes as ``i<n``: they run over ``[0, n)``;
+reduction axes and a scatter's domain as ``k:lo..hi``, lower bound included); ``graph_str(outputs)`` every stage reachable from the
 outputs, producers first. With ``canonical=True`` variables are renamed in
 order of first appearance (``v0, v1, ...``; reduction axes ``r0, ...``) and
 tensors ``t0, t1, ...``, so that two structurally equal graphs print the same
@@ -83,7 +84,7 @@ def _p(e, names):
     if isinstance(e, Load):
         return f"{names.tensor(e.tensor)}[" + ", ".join(_s(a, names) for a in e.args) + "]", _ATOM
     if isinstance(e, Reduce):
-        axes = ", ".join(f"{names.var(a)}:{a.dom[0]}..{a.dom[1]}" for a in e.axes)
+        axes = ", ".join(_domain_str(a, names) for a in e.axes)
         src = ", ".join(_s(s, names) for s in e.source)
         text = f"{e.combiner.name}({src}, axis=[{axes}]"
         if not (isinstance(e.where, Const) and e.where.value is True):
@@ -96,6 +97,11 @@ def _p(e, names):
             text += f".{e.value_index}"
         return text, _ATOM
     raise TypeError(f"printer: unknown node {type(e).__name__}")
+
+
+def _domain_str(a, names):
+    """An axis with its whole domain: ``k:lo..hi`` for ``lo <= k < hi``."""
+    return f"{names.var(a)}:{a.dom[0]}..{a.dom[1]}"
 
 
 def _s(e, names):
@@ -114,12 +120,14 @@ def _stage_str(t, names):
     if isinstance(op, PlaceholderOp):
         return f"{names.tensor(t)} = placeholder({op.shape}, {t.dtype})"
     if isinstance(op, ComputeOp):
+        # a compute's axes run over [0, extent) (ComputeOp checks it): ``i<n``
         lhs = ", ".join(f"{names.var(a)}<{a.extent}" for a in op.axis)
         outs = [names.tensor(o) for o in op.outputs]
         body = " ; ".join(_s(b, names) for b in op.body)
         return f"{', '.join(outs)}[{lhs}] = {body}  # {', '.join(op.dtypes)}"
     if isinstance(op, ScatterAddOp):
-        dom = ", ".join(f"{names.var(a)}<{a.extent}" for a in op.axis)
+        # a scatter's domain may start anywhere: always ``p:lo..hi``
+        dom = ", ".join(_domain_str(a, names) for a in op.axis)
         idx = ", ".join(_s(i, names) for i in op.indices)
         init = names.tensor(op.init) if op.init is not None else "0"
         cond = "" if (isinstance(op.where, Const) and op.where.value is True) else \

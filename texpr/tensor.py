@@ -219,6 +219,9 @@ def _collect_inputs(exprs):
 class ComputeOp(Operation):
     """``out[axis] = body`` over the box ``0 <= axis[d] < shape[d]``.
 
+    The spatial axes always start at 0 (``AxisError`` otherwise); reduction
+    axes may run over any ``[lo, hi)``, and so may a scatter-add's domain.
+
     ``axis`` is the tuple of spatial IterVars, ``body`` a tuple of Exprs (one
     per output; several only for tuple reductions, all Reduces over the same
     axes). ``reduce_axis`` lists the reduction IterVars (empty when the stage
@@ -229,6 +232,12 @@ class ComputeOp(Operation):
     def __init__(self, name, axis, body, tag="", attrs=None):
         self.name = name
         self.axis = tuple(axis)
+        for a in self.axis:
+            if not isinstance(a, IterVar) or a.dom[0] != 0:
+                raise AxisError(
+                    f"compute {name}: spatial axis `{getattr(a, 'name', a)}` runs over "
+                    f"{getattr(a, 'dom', '?')}; a compute's axes run over [0, extent) "
+                    "(the element out[i] is stored at position i); shift the body instead")
         self.body = tuple(body)
         self.shape = tuple(a.extent for a in self.axis)
         self.dtypes = tuple(b.dtype for b in self.body)
@@ -471,11 +480,22 @@ def compute(shape, fcompute, name=None, tag="", attrs=None):
 
 
 def scatter_add(shape, dtype, domain, findices, fvalue, where=None, init=None, name=None):
-    """A scatter-add stage: for every point ``p`` of ``domain`` (a shape), add
-    ``fvalue(*p)`` at ``out[findices(*p)]``; ``out`` starts as ``init`` or zeros.
+    """A scatter-add stage: for every point ``p`` of ``domain`` (where ``where(*p)``
+    holds), add ``fvalue(*p)`` at ``out[findices(*p)]``; ``out`` starts as ``init``
+    or zeros.
 
+    Args:
+        shape, dtype: the output's.
+        domain: the iteration domain, one entry per dimension: an int ``n``
+            (``0 <= p < n``) or a pair ``(lo, hi)`` (``lo <= p < hi``; the
+            index variable takes the values ``lo .. hi-1`` themselves).
+        findices: ``(*p) -> index Expr or tuple`` (one per output dimension).
+        fvalue: ``(*p) -> Expr``; where: ``(*p) -> bool Expr`` or None.
+        init: a Tensor of ``shape`` or None (zeros).
     Returns a Tensor of ``shape``/``dtype``. Duplicated target indices accumulate
     (``np.add.at``); see docs/stages.md.
+    Raises:
+        ShapeError: a bad shape or domain entry (negative extent, non-int bound).
 
     >>> import numpy as np
     >>> import texpr as te
@@ -486,14 +506,37 @@ def scatter_add(shape, dtype, domain, findices, fvalue, where=None, init=None, n
     """
     name = check_name(name, "scatter_add", "scatter")
     shape = _check_shape(shape, f"scatter_add {name}")
-    domain = _check_shape(domain, f"scatter_add {name} domain")
-    axis = tuple(iter_var(0, n, f"p{d}", "spatial") for d, n in enumerate(domain))
+    if isinstance(domain, (int, np.integer)):
+        domain = (domain,)
+    try:
+        domain = tuple(domain)
+    except TypeError:
+        raise ShapeError(f"scatter_add {name}: domain must be a tuple of ints or (lo, hi) "
+                         f"pairs, got {domain!r}") from None
+    axis = tuple(_domain_axis(f"scatter_add {name}", d, n, f"p{d}")
+                 for d, n in enumerate(domain))
     idx = findices(*axis)
     idx = tuple(idx) if isinstance(idx, (tuple, list)) else (idx,)
     idx = tuple(as_expr(i, like=dt.INDEX_DTYPE) for i in idx)
     value = as_expr(fvalue(*axis))
     w = None if where is None else as_expr(where(*axis))
     return ScatterAddOp(name, shape, dt.normalize(dtype), axis, idx, value, w, init).output(0)
+
+
+def _domain_axis(what, d, entry, name):
+    """One domain axis from ``n`` (``[0, n)``) or ``(lo, hi)``."""
+    if isinstance(entry, (tuple, list)):
+        if len(entry) != 2:
+            raise ShapeError(f"{what}: domain entry {d} must be n or (lo, hi), got {entry!r}")
+        lo, hi = entry
+    else:
+        lo, hi = 0, entry
+    for v in (lo, hi):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise ShapeError(f"{what}: domain entry {d} has a non-integer bound: {entry!r}")
+    if hi < lo:
+        raise ShapeError(f"{what}: domain entry {d} has a negative extent: {entry!r}")
+    return iter_var(int(lo), int(hi), name, "spatial")
 
 
 def topo_order(outputs):
