@@ -662,9 +662,18 @@ class _StageLowering:
                 par = []
             em = self._emitter()
             ck = _BoundsChecker(op.name, sp_space, sp_box)
-            ck.walk(body[0], sp_box, False)
+            for b in body:
+                ck.walk(b, sp_box, False)
             em.checks = ck.need
-            stmts = {"S": lambda d: w(d, f"{self._store(outs[0])} = {em(body[0])}")}
+
+            def write_all(d):
+                # every output of the stage: a tuple reduction whose domain the
+                # simplifier collapsed (one point, equalities solved) is an
+                # elementwise stage with several outputs (BUGS.md C14)
+                for o, b in zip(outs, body):
+                    w(d, f"{self._store(o)} = {em.cast(b, o.dtype)}")
+
+            stmts = {"S": write_all}
             st = [LA.Statement(f"S{self.k}", spatial, sp_box, [self._val(a) for a in order])]
             loop_pos = {id(a): p for p, a in enumerate(order)}
             return self._emit_nest(depth, st, len(order), stmts,

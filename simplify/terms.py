@@ -10,9 +10,12 @@ so their relative order is never changed.
 
 Under the convention of symbolic zeros, ``select(c, v, 0) * w`` is zero where
 ``c`` fails even if ``w`` is infinite there (the raw adjoint's indicators say
-"this term does not exist", not "multiply by 0.0").
+"this term does not exist", not "multiply by 0.0"). A zero written as a
+constant factor is a number: ``w * 0.0`` and ``0.0 / w`` stay one unguarded
+term (IEEE: NaN for a non-finite ``w``), never an empty sum.
 """
 
+from texpr import dtypes as dt
 from texpr import expr as E
 
 #: give up splitting a product when it would have more terms than this
@@ -46,6 +49,14 @@ def all_expr(parts):
 
 def _is_zero(e):
     return isinstance(e, E.Const) and not isinstance(e.value, bool) and e.value == 0
+
+
+def _literal_float_zero(e):
+    """A float constant ``0.0`` (or ``-0.0``), possibly behind casts: multiplying by
+    it or dividing it is not 0 for a non-finite operand."""
+    while isinstance(e, E.Cast) and dt.is_float(e.dtype):
+        e = e.value
+    return _is_zero(e) and dt.is_float(e.dtype)
 
 
 def _false(parts):
@@ -91,6 +102,10 @@ def guarded_terms(e):
             return [(c, _to(v, x.dtype)) for c, v in ta + tb]
         if isinstance(x, E.Mul):
             ta, tb = go(x.a), go(x.b)
+            if (not ta and _literal_float_zero(x.a)) or (not tb and _literal_float_zero(x.b)):
+                # ``w * 0.0`` is NaN for an infinite or NaN ``w`` (IEEE): a zero the
+                # user wrote is a number, not a symbolic zero
+                return [((), x)]
             if not ta or not tb:
                 return []
             if len(ta) * len(tb) > MAX_TERMS:
@@ -103,6 +118,8 @@ def guarded_terms(e):
                         out.append((parts, _to(E.mul(va, vb), x.dtype)))
             return out
         if isinstance(x, E.Div):
+            if _literal_float_zero(x.a):
+                return [((), x)]  # 0.0 / w is NaN where w is 0 or NaN
             return [(c, _to(E.div(v, x.b), x.dtype)) for c, v in go(x.a)]
         if isinstance(x, E.Cast):
             if x.value.dtype == "bool":

@@ -24,6 +24,9 @@ Two levels:
   - ``sum``: ``d out[i] / d src(i, k) = 1``.
   - ``max``/``min``: the **first** maximal (minimal) point in row-major order
     of the reduction axes gets the whole adjoint; tied points elsewhere get 0.
+    NaN propagates (as numpy and PyTorch): a domain holding a NaN has the
+    value NaN, and its first NaN point (row-major) is the argmax and gets the
+    whole adjoint.
     An *argmax stage* (a tuple reducer over ``(value, flat index)`` in which
     the larger value, then the smaller flat index wins) computes that point
     once per output element, and the rule is ``select(flat(k) == argidx[i],
@@ -119,7 +122,12 @@ def _arg_reducer(kind):
     better = (lambda y, x: y > x) if kind == "max" else (lambda y, x: y < x)
 
     def combine(x, y):
+        # NaN ranks above every number, as numpy's and PyTorch's max propagate it:
+        # the first NaN point (smallest flat index) wins. Comparisons with a NaN
+        # are false, so the second line never takes a number over a NaN.
         take = better(y[0], x[0]) | ((y[0] == x[0]) & (y[1] < x[1]))
+        if dt.is_float(y[0].dtype):
+            take = ((y[0] != y[0]) & ((x[0] == x[0]) | (y[1] < x[1]))) | take
         return select(take, y[0], x[0]), select(take, y[1], x[1])
 
     def identity(vd, idd):
