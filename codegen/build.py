@@ -26,7 +26,8 @@ class Kernel:
     and dtypes) and returns a tuple of arrays, one per output (declared shapes
     and dtypes): fresh ones, or the caller's ``out=`` buffers (a tuple with one
     entry per output, None to allocate that one; each C-contiguous, writeable,
-    of the output's shape and dtype, overlapping no input).
+    of the output's shape and dtype, overlapping no input). An output listed
+    twice gives two distinct arrays, and an input listed as an output is a copy.
 
     A Kernel pickles: the loader takes the compiled code from the cache
     (memory, then disk) or recompiles the source.
@@ -83,15 +84,17 @@ class Kernel:
                 arr = np.empty(b.size, dtype=b.dtype)
             by_id[id(b.tensor)] = arr
             args.append(arr)
-        err = np.zeros(1, dtype=np.int64)
+        err = np.zeros(2, dtype=np.int64)  # [error code, the offending index]
         args.append(err)
         self._fn(*args)
         code = int(err[0])
         if code:
             msg = self._program.errors[code - 1]
-            cls = TexprError if "division by zero" in msg else OutOfBoundsError
-            raise cls(msg)
+            if "division by zero" in msg:
+                raise TexprError(msg)
+            raise OutOfBoundsError(f"{msg} (index value {int(err[1])})")
         outs = []
+        given = set()
         for k, t in enumerate(self.outputs):
             a = by_id[id(t)]
             o = None if outs_given is None else outs_given[k]
@@ -100,9 +103,11 @@ class Kernel:
                         u is t for u in self.outputs[:k]):
                     np.copyto(o, a.reshape(t.shape))
                 outs.append(o)
+                given.add(id(t))
                 continue
-            if isinstance(t.op, PlaceholderOp):
-                a = a.copy()
+            if isinstance(t.op, PlaceholderOp) or id(t) in given:
+                a = a.copy()  # never the caller's array, never one array twice
+            given.add(id(t))
             outs.append(a.reshape(t.shape))
         return tuple(outs)
 

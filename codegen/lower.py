@@ -611,6 +611,7 @@ def _fmin(a, b):
 @njit(inline="always", cache=True)
 def _ck(i, n, err, code):
     if i < 0 or i >= n:
+        err[1] = i
         err[0] = code
         return 0
     return i
@@ -771,8 +772,11 @@ class _StageLowering:
         stmts = {"U": lambda d, lane=None: combine(d, targets)}
         rest = dom
         temps = [f"t{self.k}_{c}" for c in range(ncomp)]
+        # inside an unrolled lane loop the update goes to the element's scalar copy;
+        # a statement isl placed outside one (a residue split, a loop of one
+        # value substituted away) updates the element itself
         lane_stmts = {
-            "U": lambda d, lane=None: combine(d, temps),
+            "U": lambda d, lane=None: combine(d, targets if lane is None else temps),
             "load": lambda d: [w(d, f"{t} = {g}") for t, g in zip(temps, targets)],
             "store": lambda d: [w(d, f"{g} = {t}") for t, g in zip(temps, targets)]}
         lane_axis = split_axis = None

@@ -8,7 +8,9 @@ that ISL cannot see. Computed as written it costs ``size(X) * len(I)``.
 some output dimensions ``j_d == L_d`` (``L_d`` data-dependent and free of the
 fixed dimensions) into a :class:`texpr.ScatterAddOp` over the reduction domain
 and the remaining output dimensions: ``dX[L(k)] += dY[k]``, work ``O(len(I))``.
-Duplicated indices accumulate (``np.add.at`` semantics), as the sum did.
+Duplicated indices accumulate (``np.add.at`` semantics), as the sum did. An
+index outside the output's shape is an error (OutOfBoundsError from the
+evaluator and the kernel), as it is for the forward gather.
 
 An index that depends on loop variables only but is not quasi-affine (a product
 ``X[i * j]``, float arithmetic then floor and cast ``X[int(floor(i * 0.5))]``)
@@ -136,16 +138,12 @@ def _scatter(op, where, source, init=None, name=None):
     free_axes = [a for a in axis if id(a) not in fixed]
     dom_vars = list(raxes) + free_axes
     new_vars = {v: iter_var(v.dom[0], v.dom[1], v.name, "spatial") for v in dom_vars}
-    indices = []
-    bounds = []
-    for d, a in enumerate(axis):
-        ix = fixed.get(id(a), a)
-        ix = substitute(ix, new_vars)
-        indices.append(ix)
-        if id(a) in fixed:
-            bounds.append((ix >= 0) & (ix < op.shape[d]))
-    where = all_expr([substitute(c, new_vars) for c in cond_parts]
-                     + [c for c in bounds])
+    # the fixed indices are NOT guarded by ``0 <= ix < n``: an index outside the
+    # tensor makes the forward gather fail, so the scatter fails too (the
+    # evaluator and the kernel check its indices) rather than dropping the term
+    # and returning a plausible gradient
+    indices = [substitute(fixed.get(id(a), a), new_vars) for a in axis]
+    where = all_expr([substitute(c, new_vars) for c in cond_parts])
     if any(id(v) in spatial_ids and id(v) in fixed_ids
            for v in free_vars([value, where] + indices)):
         return None

@@ -564,7 +564,8 @@ def check_input_array(tensor, value, who, convert=False):
     """Check a value given for placeholder ``tensor``: shape and dtype exactly as declared.
 
     With ``convert``, non-arrays (lists, scalars) are converted to the declared
-    dtype first. Returns the array. Raises ``FeedError`` naming ``who`` (the
+    dtype first. Returns the array: in native byte order (a big-endian ``'>f4'``
+    array is converted, values unchanged) and a plain ``np.ndarray``. Raises ``FeedError`` naming ``who`` (the
     caller: "evaluate", "kernel"), the tensor, and the expected shape/dtype.
     """
     if not isinstance(value, np.ndarray):
@@ -581,4 +582,13 @@ def check_input_array(tensor, value, who, convert=False):
     if value.dtype.name != tensor.dtype:
         raise FeedError(f"{who}: placeholder {tensor.name} expects dtype {tensor.dtype}, got "
                         f"{value.dtype.name} (convert it with .astype('{tensor.dtype}'))")
+    if isinstance(value, np.ma.MaskedArray):
+        raise FeedError(f"{who}: the value for {tensor.name} is a masked array; its mask "
+                        "would be ignored (pass .filled(...) or .data)")
+    if type(value) is not np.ndarray:
+        value = np.asarray(value)  # a subclass (np.matrix, memmap) as a plain array
+    if not value.dtype.isnative:
+        # a non-native byte order (e.g. '>f4' on a little-endian machine) has the
+        # declared dtype's name but no kernel can read it: the same values, native
+        value = value.astype(value.dtype.newbyteorder("="))
     return value
