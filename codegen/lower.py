@@ -1201,7 +1201,11 @@ def lower(schedule, inputs, materialized, inlined, parallel=True):
     names = []
     for k, op in enumerate(mat_ops):
         sl = _StageLowering(k, op, schedule[op], buffers, inlined, errors, parallel, w)
-        sl.run(1)
+        try:
+            sl.run(1)
+        except isl.Error as exc:
+            raise TexprError(f"stage {op.name}: isl failed while lowering it ({exc}); "
+                             "please report the program") from None
         uses_prange |= sl.uses_prange
         names.append(op.name)
     w(1, "return 0")

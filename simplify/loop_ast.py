@@ -129,16 +129,37 @@ def generate(statements, loop_vars):
         umap = m if umap is None else umap.union(m)
     if umap is None:
         return None
-    build = isl.AstBuild.from_context(isl.Set.universe(isl.Space.params_alloc(CTX, 0)))
-    ids = isl.IdList.alloc(CTX, len(loop_vars))
-    for lv in loop_vars:
-        ids = ids.add(isl.Id(dim_name(lv)))
-    build = build.set_iterators(ids)
-    node = build.node_from_schedule_map(umap)
+    node = _ast_node(umap, loop_vars, statements)
     by_name = {dim_name(v): v for v in loop_vars}
     for st in statements:
         by_name.update({dim_name(v): v for v in st.vars})
     return _convert(node, by_name)
+
+
+def _ast_node(umap, loop_vars, statements):
+    """isl's AST of a schedule map. Some unions of pieces with existentially
+    quantified divisions make isl's default (separating) generator fail inside
+    ``isl_map_simplify`` ("total dimensionality changed unexpectedly", isl
+    0.26/0.27); the *atomic* option (one loop per statement and level, guards
+    where the pieces differ) generates the same points, so it is the fallback."""
+    ids = isl.IdList.alloc(CTX, len(loop_vars))
+    for lv in loop_vars:
+        ids = ids.add(isl.Id(dim_name(lv)))
+    context = isl.Set.universe(isl.Space.params_alloc(CTX, 0))
+    build = isl.AstBuild.from_context(context).set_iterators(ids)
+    try:
+        return build.node_from_schedule_map(umap)
+    except isl.Error:
+        pass
+    dims = ", ".join(f"c{k}" for k in range(len(loop_vars)))
+    options = isl.UnionMap(f"{{ [{dims}] -> atomic[x] }}", context=CTX)
+    build = isl.AstBuild.from_context(context).set_iterators(ids).set_options(options)
+    try:
+        return build.node_from_schedule_map(umap)
+    except isl.Error as exc:
+        raise TexprError(
+            "loop_ast: isl could not generate the loop nest of the statements "
+            f"{', '.join(st.name for st in statements)} ({exc})") from None
 
 
 def _convert(node, by_name):
