@@ -265,8 +265,8 @@ def test_data_dependent_index_arithmetic_is_checked_at_run_time():
 # ---- valid programs that failed to build -------------------------------------------------
 
 
-@pytest.mark.parametrize("n,m,kext", [(4, 5, 3), (6, 7, 4), (3, 6, 3)])
-def test_guarded_load_and_gather_of_one_tensor_in_a_strided_sum(n, m, kext):
+@pytest.mark.parametrize("n,m,kext,off", [(4, 5, 3, 0), (5, 4, 4, 1), (6, 5, 3, 0)])
+def test_guarded_load_and_gather_of_one_tensor_in_a_strided_sum(n, m, kext, off):
     # was: CompileError "Variable 't1_0' is not defined" (a lane statement that isl
     # placed outside the unrolled lane loop, after a residue split)
     X, W, H = ph((n, 3), "X"), ph((kext,), "W"), ph((m,), "H")
@@ -276,7 +276,8 @@ def test_guarded_load_and_gather_of_one_tensor_in_a_strided_sum(n, m, kext):
     def body(i):
         def load(e):
             return te.if_then_else(te.all(e >= 0, e < n), X[e, i % 3], 0.0)
-        return te.sum((load(i) + load(I[i % 4])) * W[k], axis=k, where=(i + k) % 2 == 0)
+        return te.sum((load(i + off) + load(I[i % 4])) * W[k], axis=k,
+                      where=(i + k) % 2 == 0)
 
     Y = te.compute((m,), body, name="Y")
     L = weighted(Y, H, "L")
@@ -294,18 +295,19 @@ def _clamp(e, lo, hi):
     return te.max(te.min(e, hi), lo)
 
 
-@pytest.mark.parametrize("variant", ["case", "shifted", "two_axes"])
+@pytest.mark.parametrize("variant", ["case", "three_rows", "two_axes"])
 def test_clamped_strided_indices_build(variant):
     # was: a raw islpy Error (isl_ast_build_node_from_schedule_map failed inside
     # isl_map_simplify) while building the gradient
-    X, H = ph((2, 5), "X"), ph((5, 3), "H")
+    rows = 3 if variant == "three_rows" else 2
+    X, H = ph((rows, 5), "X"), ph((5, 3), "H")
     k = te.reduce_axis(3, "k")
     if variant == "case":
         S = te.compute((5, 3), lambda a, b: te.sum(
             X[_clamp(1 - 2 * a, 0, 1), _clamp((2 * k + 1) % 3 + a, 0, 4)], axis=k), name="S")
-    elif variant == "shifted":
+    elif variant == "three_rows":
         S = te.compute((5, 3), lambda a, b: te.sum(
-            X[_clamp(2 - 2 * a, 0, 1), _clamp((2 * k + 2) % 3 + a - 1, 0, 4)], axis=k), name="S")
+            X[_clamp(3 - 2 * a, 0, 2), _clamp((2 * k) % 3 + a, 0, 4)], axis=k), name="S")
     else:
         S = te.compute((5, 3), lambda a, b: te.sum(
             X[_clamp(1 - 2 * a + b, 0, 1), _clamp((2 * k + 1) % 3 + a, 0, 4)] * (b + 1.0),
@@ -313,7 +315,7 @@ def test_clamped_strided_indices_build(variant):
     L = weighted(S, H, "L")
     (dX,) = te.differentiate(L, [X])
     rng = np.random.default_rng(3)
-    feed = {X: rng.normal(size=(2, 5)), H: rng.normal(size=(5, 3))}
+    feed = {X: rng.normal(size=(rows, 5)), H: rng.normal(size=(5, 3))}
     got, want = run([S, dX], [X, H], feed)
     assert_same(got, want, ["S", "dX"])
     np.testing.assert_allclose(got[1], numeric_gradient(L, X, feed), rtol=1e-6, atol=1e-8)
