@@ -40,9 +40,11 @@ class Kernel:
     in memory).
 
     Raises (on call): FeedError (wrong number/shape/dtype of arrays, an unknown,
-    ambiguous or repeated name, a bad ``out=`` buffer),
-    OutOfBoundsError (a data-dependent index leaves its tensor), TexprError
-    (integer division by zero).
+    ambiguous or repeated name, a bad ``out=`` buffer, a masked array),
+    OutOfBoundsError (a data-dependent index leaves its tensor, or a loaded
+    int64 value used in index arithmetic leaves ``[-2**31, 2**31)``; the
+    message names the stage, the expression and the offending value),
+    TexprError (integer division by zero).
     """
 
     def __init__(self, program, compiled, inputs, outputs):
@@ -212,7 +214,9 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
         TexprError: a non-Tensor output, a non-placeholder input, a placeholder
         missing from ``inputs``; ScheduleError: a schedule of another graph or
         an impossible request; OutOfBoundsError: a load provably outside its
-        tensor; codegen.CompileError: numba rejected the generated code.
+        tensor; codegen.CompileError: numba rejected the generated code;
+        TexprError: index arithmetic that cannot be proven to stay in int64
+        (the message names the stage and the subexpression).
     """
     single = isinstance(outputs, Tensor)
     outs = [outputs] if single else list(outputs)

@@ -396,6 +396,7 @@ class _BoundsChecker:
         self.stage_name, self.space, self.domain = stage_name, space, domain
         self.need = set()   # ids of Load nodes to check at run time
         self.values = set()  # ids of int loads / float->int casts to range-check at run time
+        self.var_ranges = {}  # id(Var) -> (lo, hi) for variables that are not axes
         self._seen = set()
         self._ranges = {}
 
@@ -423,6 +424,8 @@ class _BoundsChecker:
             return (int(e.value), int(e.value))
         if isinstance(e, E.IterVar):
             return (e.dom[0], e.dom[1] - 1)
+        if isinstance(e, E.Var):
+            return self.var_ranges.get(id(e), full)
         if isinstance(e, (E.Load, E.Cast)):
             if isinstance(e, E.Load):
                 for a in e.args:
@@ -490,6 +493,8 @@ class _BoundsChecker:
 
     def _isl_range(self, e, path):
         """The exact range of a quasi-affine ``e`` on ``path`` (isl), or None."""
+        if self.space is None:
+            return None
         try:
             pa = to_pwaff(e, self.space)
             if pa is None or path.is_empty():
@@ -1118,9 +1123,34 @@ class _StageLowering:
         if tree is None:
             self.w(depth, "pass")
             return
+        self._check_loop_arithmetic(tree, statements, loop_vars)
         par_vars = {id(loop_vars[d]) for d in par_dims}
         stmt_vars = {st.name: st.vars for st in statements}
         self._emit_tree(tree, depth, par_vars, stmt_vars, stmt_code)
+
+    def _check_loop_arithmetic(self, tree, statements, loop_vars):
+        """The loop bounds, guards and statement arguments isl generated stay in
+        int64 (intervals: each loop variable ranges over the values of its
+        schedule dimension); else a TexprError as for the stage's own indices."""
+        ck = _BoundsChecker(self.op.name, None, None)
+        for d, lv in enumerate(loop_vars):
+            lo = hi = None
+            for st in statements:
+                x = st.schedule[d]
+                r = ck.index(x if isinstance(x, E.Expr) else E.const(int(x)), None)
+                lo = r[0] if lo is None else min(lo, r[0])
+                hi = r[1] if hi is None else max(hi, r[1])
+            if lo is not None:
+                ck.var_ranges[id(lv)] = (lo, hi)
+        for node in LA.walk(tree):
+            if isinstance(node, LA.For):
+                ck.index(node.lo, None)
+                ck.index(node.hi, None)
+            elif isinstance(node, LA.If):
+                ck.condition(node.cond, None)
+            elif isinstance(node, LA.Stmt):
+                for a in node.args:
+                    ck.index(a, None)
 
     def _emit_tree(self, node, depth, par_vars, stmt_vars, stmt_code):
         w = self.w
