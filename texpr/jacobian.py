@@ -127,7 +127,7 @@ def _arg_reducer(kind):
         # are false, so the second line never takes a number over a NaN.
         take = better(y[0], x[0]) | ((y[0] == x[0]) & (y[1] < x[1]))
         if dt.is_float(y[0].dtype):
-            take = ((y[0] != y[0]) & ((x[0] == x[0]) | (y[1] < x[1]))) | take
+            take = take | ((y[0] != y[0]) & ((x[0] == x[0]) | (y[1] < x[1])))
         return select(take, y[0], x[0]), select(take, y[1], x[1])
 
     def identity(vd, idd):
