@@ -220,7 +220,7 @@ def _run_python(source, arrays):
     code = code.replace("@njit(", "@(lambda *a, **k: (lambda f: f))(")
     exec(compile(code, "<kernel>", "exec"), g)
     args = [a.copy() for a in arrays]
-    err = np.zeros(1, dtype=np.int64)
+    err = np.zeros(2, dtype=np.int64)  # [error code, offending index]
     g["kernel"](*args, err)
     return args, int(err[0])
 
