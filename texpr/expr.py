@@ -52,7 +52,49 @@ def _key_of(cls, attr, args, dtype):
     return (cls, attr, tuple(id(a) for a in args), dtype)
 
 
-class Expr:
+class NeedsValue:
+    """Python protocols that need a concrete value (``float(e)``, ``math.exp(e)``,
+    ``range(e)``, ``np.exp(e)``): each raises a ConcretizationError naming the
+    texpr spelling (see :mod:`texpr.habits`). Shared by :class:`Expr` and
+    :class:`texpr.tensor.Tensor`."""
+
+    __slots__ = ()
+
+    def __float__(self):
+        from .habits import no_float
+
+        raise no_float(self)
+
+    def __int__(self):
+        from .habits import no_int
+
+        raise no_int(self)
+
+    def __complex__(self):
+        from .habits import no_complex
+
+        raise no_complex(self)
+
+    def __index__(self):
+        from .habits import no_index
+
+        raise no_index(self)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        from .habits import array_ufunc
+
+        out = array_ufunc(self, ufunc, method, inputs, kwargs)
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    def __array_function__(self, func, types, args, kwargs):
+        from .habits import array_function
+
+        raise array_function(self, func)
+
+
+class Expr(NeedsValue):
     """Base class of all expression nodes (see the module docstring for fields)."""
 
     __slots__ = ("args", "attr", "dtype", "__weakref__")
@@ -101,39 +143,6 @@ class Expr:
         from .habits import no_bool
 
         raise no_bool(self)
-
-    def __float__(self):
-        from .habits import no_float
-
-        raise no_float(self)
-
-    def __int__(self):
-        from .habits import no_int
-
-        raise no_int(self)
-
-    def __complex__(self):
-        from .habits import no_complex
-
-        raise no_complex(self)
-
-    def __index__(self):
-        from .habits import no_index
-
-        raise no_index(self)
-
-    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        from .habits import array_ufunc
-
-        out = array_ufunc(self, ufunc, method, inputs, kwargs)
-        if isinstance(out, Exception):
-            raise out
-        return out
-
-    def __array_function__(self, func, types, args, kwargs):
-        from .habits import array_function
-
-        raise array_function(self, func)
 
     def __round__(self, ndigits=None):
         if ndigits is not None:

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import dtypes as dt
 from .errors import AxisError, FeedError, OutOfBoundsError, ShapeError, TexprError
-from .expr import Expr, IterVar, Reduce, as_expr, iter_var, load
+from .expr import Expr, IterVar, NeedsValue, Reduce, as_expr, iter_var, load
 from .visitor import post_order, substitute
 
 _NAME_COUNTER = itertools.count()
@@ -54,7 +54,7 @@ def _check_shape(shape, what):
     return tuple(out)
 
 
-class Tensor:
+class Tensor(NeedsValue):
     """One output of an operation: ``shape`` (tuple of ints), ``dtype``, ``name``, ``op``.
 
     ``T[i, j]`` (or ``T[(i, j)]``, ``T[()]`` for a scalar) builds a load whose
@@ -118,40 +118,6 @@ class Tensor:
     def __truediv__(self, o): return self._scalar() / o
     def __rtruediv__(self, o): return o / self._scalar()
     def __neg__(self): return -self._scalar()
-
-    # ---- Python protocols that need a value (see texpr.habits) -------------------
-    def __float__(self):
-        from .habits import no_float
-
-        raise no_float(self)
-
-    def __int__(self):
-        from .habits import no_int
-
-        raise no_int(self)
-
-    def __complex__(self):
-        from .habits import no_complex
-
-        raise no_complex(self)
-
-    def __index__(self):
-        from .habits import no_index
-
-        raise no_index(self)
-
-    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        from .habits import array_ufunc
-
-        out = array_ufunc(self, ufunc, method, inputs, kwargs)
-        if isinstance(out, Exception):
-            raise out
-        return out
-
-    def __array_function__(self, func, types, args, kwargs):
-        from .habits import array_function
-
-        raise array_function(self, func)
 
 
 def _no_negative_constants(tensor, indices):
