@@ -36,7 +36,7 @@ import numpy as np
 from texpr import expr as E
 from texpr.errors import TexprError
 from texpr.expr import Reduce
-from texpr.tensor import ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, topo_order
+from texpr.tensor import ComputeOp, PlaceholderOp, ScatterAddOp, as_tensor_list, topo_order
 from texpr.visitor import post_order
 
 from .domain import access_is_injective, domain_count
@@ -88,22 +88,6 @@ def should_inline(op, accs, output_ids):
     return access_is_injective(consumer.axis + red.axes, red.where, ld.args)
 
 
-def as_tensor_list(tensors, allow_single=True):
-    """``tensors`` as a list of Tensors (one Tensor too, unless ``allow_single`` is False).
-
-    Raises:
-        TexprError: an element is not a Tensor, or a lone Tensor where a list is required.
-    """
-    if isinstance(tensors, Tensor):
-        if not allow_single:
-            raise TexprError("simplify: expected a list of Tensors, got one Tensor; "
-                             "wrap it: simplify([t])")
-        return [tensors]
-    out = list(tensors)
-    for t in out:
-        if not isinstance(t, Tensor):
-            raise TexprError(f"simplify: expected Tensors, got {type(t).__name__}: {t!r}")
-    return out
 
 
 def materialized_stages(tensors):
@@ -115,7 +99,7 @@ def materialized_stages(tensors):
         list of Operations (ComputeOp / ScatterAddOp), topologically ordered;
         placeholders and inlined elementwise stages are left out.
     """
-    outs = as_tensor_list(tensors)
+    outs = as_tensor_list(tensors, "iteration_count")
     output_ids = {id(t) for t in outs}
     accs = accesses(outs)
     result = []

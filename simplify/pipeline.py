@@ -26,12 +26,12 @@ import numpy as np
 from texpr.errors import TexprError
 from texpr.printer import graph_str
 from texpr.testing import random_feed
-from texpr.tensor import PlaceholderOp, Tensor
+from texpr.tensor import PlaceholderOp, Tensor, as_tensor_list
 
 from .cleanup import algebraic_cleanup, eliminate_common_stages
 from .inline import inline_elementwise, inline_tail_accesses
 from .lift import lift_conditions, split_sums
-from .materialize import as_tensor_list, iteration_count
+from .materialize import iteration_count
 from .propagate import propagate_zero_conditions
 from .scatter import gathers_to_scatters
 from .solve import solve_equalities, tighten_domains
@@ -135,7 +135,7 @@ def simplify_with_record(tensors):
     Raises:
         as :func:`simplify`.
     """
-    tensors = as_tensor_list(tensors, allow_single=False)
+    tensors = as_tensor_list(tensors, "simplify", allow_single=False)
     record = SimplifyRecord(tensors)
     fp = _fingerprint(tensors)
     for rnd in range(MAX_ROUNDS):
@@ -181,7 +181,7 @@ class SimplifyRecord:
             TexprError: a tensor is not one of the outputs of this run.
         """
         out = []
-        for t in as_tensor_list(tensors):
+        for t in as_tensor_list(tensors, "explain"):
             pos = [n for n, o in enumerate(self.outputs) if o is t]
             if not pos:
                 raise TexprError(f"explain: {t.name} is not one of the tensors this "

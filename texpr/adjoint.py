@@ -48,7 +48,7 @@ from . import dtypes as dt
 from .errors import NotDifferentiableError, ShapeError, TexprError
 from .expr import all_of, const, iter_var, select
 from .jacobian import check_head, contribution
-from .tensor import ComputeOp, PlaceholderOp, Tensor, topo_order
+from .tensor import ComputeOp, PlaceholderOp, Tensor, as_tensor_list, topo_order
 
 
 class DifferentiationResult:
@@ -136,18 +136,6 @@ def _sum_stage(t, parts, name):
     return ComputeOp(name, axis, (body,), tag="adjoint_sum", attrs={"of": t.name}).output(0)
 
 
-def _as_tensor_list(inputs, what):
-    if isinstance(inputs, Tensor):
-        return [inputs]
-    try:
-        out = list(inputs)
-    except TypeError:
-        raise TexprError(
-            f"{what}: expected a Tensor or a list of Tensors, got {inputs!r}") from None
-    for t in out:
-        if not isinstance(t, Tensor):
-            raise TexprError(f"{what}: expected Tensors, got {type(t).__name__}: {t!r}")
-    return out
 
 
 class _Manual:
@@ -232,7 +220,7 @@ def accumulate(output, inputs=None, head=None, manual=None):
         inputs = [op.output(0) for op in ops
                   if isinstance(op, PlaceholderOp) and dt.is_float(op.output(0).dtype)]
     else:
-        inputs = _as_tensor_list(inputs, "differentiate: inputs")
+        inputs = as_tensor_list(inputs, "differentiate: inputs")
     for t in inputs:
         if not dt.is_float(t.dtype):
             raise NotDifferentiableError(

@@ -16,7 +16,7 @@ import itertools
 
 from . import dtypes as dt
 from .errors import FeedError, TexprError
-from .tensor import ComputeOp, PlaceholderOp, Tensor
+from .tensor import ComputeOp, PlaceholderOp, Tensor, as_tensor_list
 
 __all__ = ["OpSpec", "SPECS"]
 
@@ -40,8 +40,8 @@ class OpSpec:
 
     def __init__(self, outputs, inputs, who="op"):
         self.single = isinstance(outputs, Tensor)
-        outs = [outputs] if self.single else _tensor_list(outputs, f"{who}: outputs")
-        ins = [inputs] if isinstance(inputs, Tensor) else _tensor_list(inputs, f"{who}: inputs")
+        outs = [outputs] if self.single else as_tensor_list(outputs, f"{who}: outputs")
+        ins = [inputs] if isinstance(inputs, Tensor) else as_tensor_list(inputs, f"{who}: inputs")
         if not outs:
             raise TexprError(f"{who}: no outputs")
         for t in ins:
@@ -138,15 +138,6 @@ class OpSpec:
                                 f"got a {kind} tensor of dtype {d}")
 
 
-def _tensor_list(ts, what):
-    try:
-        ts = list(ts)
-    except TypeError:
-        raise TexprError(f"{what}: expected a Tensor or a list of Tensors, got {ts!r}") from None
-    for t in ts:
-        if not isinstance(t, Tensor):
-            raise TexprError(f"{what}: expected Tensors, got {type(t).__name__}: {t!r}")
-    return ts
 
 
 def _placeholder_like(t, name):

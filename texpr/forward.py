@@ -25,23 +25,12 @@ from .errors import NotDifferentiableError, ShapeError, TexprError
 from .expr import Load, Reduce, const, iter_var
 from .jacobian import REDUCTION_RULES, _Context, _reduce_copy
 from .rules import jvp
-from .tensor import ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, topo_order
+from .tensor import ComputeOp, PlaceholderOp, ScatterAddOp, as_tensor_list, topo_order
 from .visitor import post_order, substitute
 
 __all__ = ["tangents"]
 
 
-def _as_list(ts, what):
-    if isinstance(ts, Tensor):
-        return [ts]
-    try:
-        ts = list(ts)
-    except TypeError:
-        raise TexprError(f"jvp: {what} must be a Tensor or a list of Tensors, got {ts!r}") from None
-    for t in ts:
-        if not isinstance(t, Tensor):
-            raise TexprError(f"jvp: {what} must be Tensors, got {type(t).__name__}: {t!r}")
-    return ts
 
 
 def _seeds(expr, tan):
@@ -122,9 +111,9 @@ def tangents(outputs, inputs, tangent_tensors):
         ShapeError: a tangent's shape differs from its input's.
         TexprError: bad arguments, or as many tangents as inputs not given.
     """
-    outs = _as_list(outputs, "outputs")
-    ins = _as_list(inputs, "inputs")
-    tans = _as_list(tangent_tensors, "tangents")
+    outs = as_tensor_list(outputs, "jvp: outputs")
+    ins = as_tensor_list(inputs, "jvp: inputs")
+    tans = as_tensor_list(tangent_tensors, "jvp: tangents")
     if len(tans) != len(ins):
         raise TexprError(f"jvp: {len(ins)} inputs ({', '.join(t.name for t in ins)}) but "
                          f"{len(tans)} tangents")

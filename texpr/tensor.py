@@ -505,6 +505,31 @@ def _domain_axis(what, d, entry, name):
     return iter_var(int(lo), int(hi), name, "spatial")
 
 
+def as_tensor_list(tensors, what, allow_single=True):
+    """``tensors`` (a Tensor or an iterable of Tensors) as a list of Tensors.
+
+    Args:
+        tensors: a Tensor, or an iterable of Tensors.
+        what: the caller and argument, for messages (``"differentiate: inputs"``).
+        allow_single: whether a lone Tensor is accepted (as a one-element list).
+    Raises:
+        TexprError: not iterable, an element is not a Tensor, or a lone Tensor
+            where a list is required.
+    """
+    if isinstance(tensors, Tensor):
+        if not allow_single:
+            raise TexprError(f"{what}: expected a list of Tensors, got one Tensor; wrap it in [...]")
+        return [tensors]
+    try:
+        out = list(tensors)
+    except TypeError:
+        raise TexprError(f"{what}: expected a Tensor or a list of Tensors, got {tensors!r}") from None
+    for t in out:
+        if not isinstance(t, Tensor):
+            raise TexprError(f"{what}: expected Tensors, got {type(t).__name__}: {t!r}")
+    return out
+
+
 def topo_order(outputs):
     """Operations reachable from ``outputs`` (Tensors), producers before consumers."""
     if isinstance(outputs, Tensor):
