@@ -144,8 +144,11 @@ def _scatter(op, where, source, init=None, name=None):
         indices.append(ix)
         if id(a) in fixed:
             bounds.append((ix >= 0) & (ix < op.shape[d]))
-    where = all_expr([substitute(c, new_vars) for c in cond_parts]
-                     + [c for c in bounds])
+    # the bounds of the substituted data-dependent indices come first: the
+    # conditions after them may load through those indices (e.g. I[argmax[j]]
+    # when the max over an empty domain left the argmax at its sentinel), and
+    # `&&` evaluates its right side only where the left holds
+    where = all_expr(list(bounds) + [substitute(c, new_vars) for c in cond_parts])
     if any(id(v) in spatial_ids and id(v) in fixed_ids
            for v in free_vars([value, where] + indices)):
         return None
