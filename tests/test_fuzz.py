@@ -23,7 +23,16 @@ CI_COMPILE_EVERY = 10
 
 #: CI-profile findings of kinds another branch is fixing (seed -> reason); each is
 #: re-run alone below as a strict xfail, so the fix shows up as an XPASS to remove here
-KNOWN = {}
+_C14 = ("cgfix (issue 10 item 1, BUGS.md C14): a max/min/argmax over a single point; the "
+        "kernel never writes the argmax buffer and reads it uninitialised")
+_OOB = ("cgfix (issue 10 item 5): the simplified gradient's scatter is guarded by the bounds "
+        "of a data-dependent index, so an out-of-range index the forward rejects is dropped")
+KNOWN = {
+    20261140: _C14,  # argmax tuple reducer over k<1
+    20261160: _C14,  # argmax tuple reducer over k<1, then a gather through the index
+    20261180: _C14,  # max over k<1
+    20261242: _OOB,  # min over a gather X[.., I[..]] with I out of range
+}
 
 
 def _progress():
@@ -47,8 +56,6 @@ def test_fuzz_ci_profile():
     findings = fuzz.check_programs(seeds, compile_every=CI_COMPILE_EVERY)
     unknown = [f for f in findings if f.seed not in KNOWN]
     assert not unknown, _report(unknown)
-    # every known finding is still found (else move it out of KNOWN)
-    assert {f.seed for f in findings} == set(KNOWN), _report(findings)
 
 
 @pytest.mark.parametrize("seed", sorted(KNOWN))
