@@ -57,6 +57,12 @@ def test_sizes_are_exact_and_checked_against_the_address_space():
     Z = te.compute((2**31, 2**31), lambda i, j: 1.0, name="Z")  # 2**62 elements fit int64
     with pytest.raises(te.ShapeError, match="Z .*address space"):
         te.evaluate(Z, {})
+    # the kernel's buffers too (int64 products wrapped to 4 elements: a segfault)
+    X = te.placeholder((4,), "X", F)
+    W = te.compute((2**62 + 1, 4), lambda i, j: X[j] * 2.0, name="W")
+    for out in (W, Z):
+        with pytest.raises(te.ShapeError, match="build: tensor .* address space"):
+            codegen.build([out], [X] if out is W else [])
 
 
 def _chain(levels, kind):
