@@ -34,6 +34,7 @@ KNOWN = {
     20261210: _C14,  # max over k0<1, k1<1 through a gather
     20261230: _C14,  # min over k0<1 of a guarded gather
     20261242: _OOB,  # min over a gather X[.., I[..]] with I out of range
+    20261300: _C14,  # max over k0<1 (where k0 <= ax0) of gathers
     20261280: ("cgfix (issue 10 items 1 and 4): NaN in max (the kernel's max skips NaN: -inf "
                "where te.evaluate gives nan) after an argmax over single points"),
     20261319: _OOB + "; the raw Jacobian (I[k] == j) drops it as well",
