@@ -4,7 +4,8 @@ import numpy as np
 
 from texpr.errors import FeedError, OutOfBoundsError, ScheduleError, TexprError
 from texpr.printer import tensor_str
-from texpr.tensor import PlaceholderOp, ScatterAddOp, Tensor, check_input_array
+from texpr.tensor import (PlaceholderOp, ScatterAddOp, Tensor, check_allocatable,
+                          check_input_array)
 
 from . import compile as _compile
 from .lower import lower
@@ -253,6 +254,10 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
                                     f"{op.name} and cannot be inlined")
             inl.discard(id(op.init.op))
             mat.add(id(op.init.op))
+    for op in schedule.ops:  # exact sizes: a buffer beyond the address space is an error
+        if id(op) in mat or op in [t.op for t in outs]:
+            for t in op.outputs:
+                check_allocatable(t, "build")
     program = lower(schedule, inputs, mat, inl, parallel=parallel)
     specs = [(b.dtype, 1) for b in program.buffers] + [("int64", 1)]
     defs = [tensor_str(op.output(0)) for op in schedule.ops if id(op) in mat]

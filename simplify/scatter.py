@@ -138,12 +138,21 @@ def _scatter(op, where, source, init=None, name=None):
     free_axes = [a for a in axis if id(a) not in fixed]
     dom_vars = list(raxes) + free_axes
     new_vars = {v: iter_var(v.dom[0], v.dom[1], v.name, "spatial") for v in dom_vars}
-    # the fixed indices are NOT guarded by ``0 <= ix < n``: an index outside the
-    # tensor makes the forward gather fail, so the scatter fails too (the
-    # evaluator and the kernel check its indices) rather than dropping the term
-    # and returning a plausible gradient
-    indices = [substitute(fixed.get(id(a), a), new_vars) for a in axis]
-    where = all_expr([substitute(c, new_vars) for c in cond_parts])
+    # A fixed index is NOT guarded by ``0 <= ix < n``: an index outside the tensor
+    # makes the forward gather fail, so the scatter fails too (the evaluator and the
+    # kernel check its indices) rather than dropping the term and returning a
+    # plausible gradient. The one exception is an index read from an argmax/argmin
+    # stage: there an out-of-range value is the documented sentinel of an empty
+    # domain (the forward read nothing), so the term is dropped -- and that bound
+    # comes first, because the conditions after it may load through the index
+    # (``I[argmax[j]]``) and ``&&`` evaluates its right side only where the left holds.
+    indices, bounds = [], []
+    for d, a in enumerate(axis):
+        ix = substitute(fixed.get(id(a), a), new_vars)
+        indices.append(ix)
+        if id(a) in fixed and _reads_argmax(ix):
+            bounds.append((ix >= 0) & (ix < op.shape[d]))
+    where = all_expr(bounds + [substitute(c, new_vars) for c in cond_parts])
     if any(id(v) in spatial_ids and id(v) in fixed_ids
            for v in free_vars([value, where] + indices)):
         return None
@@ -151,3 +160,10 @@ def _scatter(op, where, source, init=None, name=None):
     return ScatterAddOp(name or op.name, op.shape, op.dtypes[0],
                         tuple(new_vars[v] for v in dom_vars), tuple(indices), value, where,
                         init)
+
+
+def _reads_argmax(ix):
+    """Whether the index expression ``ix`` loads from an argmax/argmin stage (whose
+    value ``2**63 - 1`` marks an empty reduction domain)."""
+    return any(isinstance(n, Load) and getattr(n.tensor.op, "tag", None) == "argmax"
+               for n in post_order(ix))

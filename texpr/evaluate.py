@@ -26,8 +26,8 @@ from .errors import FeedError, OutOfBoundsError, TexprError
 from .expr import (Add, And, Call, Cast, Const, Div, EQ, FloorDiv, FloorMod, GE, GT, LE, LT,
                    Load, Max, Min, Mul, NE, Not, Or, Reduce, Select, Sub, Var)
 from .printer import expr_str
-from .tensor import (ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, check_input_array,
-                     topo_order)
+from .tensor import (ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, check_allocatable,
+                     check_input_array, topo_order)
 
 #: elements of one chunk's index grid (stage points times reduction points)
 CHUNK_ELEMENTS = 1 << 23
@@ -128,7 +128,11 @@ class _StageEval:
 
     def _load(self, e, mask):
         t = e.tensor
-        arr = self.values[id(t)]
+        arr = self.values.get(id(t))
+        if arr is None:
+            raise TexprError(
+                f"stage {self.stage_name}: reads {t.name}, which is not computed before it "
+                "(the graph has a cycle, or a body was changed after te.compute built it)")
         idx = [self(i, mask) for i in e.args]
         if not idx:
             return arr[()]
@@ -147,11 +151,14 @@ class _StageEval:
             clipped.append(np.clip(i, 0, max(n - 1, 0)) if n > 0 else i)
         if bad_any is not None:
             d, bad = bad_any
-            point = tuple(int(x) for x in np.argwhere(bad)[0])
-            values = [int(np.broadcast_to(i, shape)[point]) for i in idx]
-            where = ", ".join(
-                f"{name}={int(np.broadcast_to(self.env[id(v)], shape)[point])}"
-                for name, v in self.point_axes if id(v) in self.env)
+            # report at a point of the whole grid: an index may be constant (shape ())
+            # while the stage's axes are not
+            axes = [(name, self.env[id(v)]) for name, v in self.point_axes if id(v) in self.env]
+            full = np.broadcast_shapes(shape, *(a.shape for _, a in axes))
+            point = tuple(int(x) for x in np.argwhere(np.broadcast_to(bad, full))[0])
+            values = [int(np.broadcast_to(i, full)[point]) for i in idx]
+            where = ", ".join(f"{name}={int(np.broadcast_to(a, full)[point])}"
+                              for name, a in axes) or "the only point"
             raise OutOfBoundsError(
                 f"stage {self.stage_name}: load `{expr_str(e)}` reads {t.name} at index "
                 f"{tuple(values)}, outside its shape {t.shape} (dimension {d}), at {where}; "
@@ -207,6 +214,8 @@ def _reduce_custom(ev, comb, srcs, mask, grid_shape, n):
 
 
 def _eval_compute(op, values):
+    for t in op.outputs:
+        check_allocatable(t, "evaluate")
     shape = op.shape
     n = len(shape)
     outs = [np.empty(shape, dtype=d) for d in op.dtypes]
@@ -253,6 +262,7 @@ def _eval_compute(op, values):
 
 
 def _eval_scatter(op, values):
+    check_allocatable(op.output(0), "evaluate")
     out = (np.array(values[id(op.init)], dtype=op.dtypes[0], copy=True) if op.init is not None
            else np.zeros(op.shape, dtype=op.dtypes[0]))
     dom = tuple(a.extent for a in op.axis)

@@ -255,6 +255,10 @@ def const(value, dtype=None):
         if isinstance(value, (float, np.floating)) and not float(value).is_integer():
             raise DTypeError(f"constant {value!r} is not an integer but dtype {dtype} was asked")
         value = int(value)
+        info = np.iinfo(np.dtype(dtype))
+        if not info.min <= value <= info.max:
+            raise DTypeError(f"the integer constant {value} does not fit {dtype} "
+                             f"([{info.min}, {info.max}]); index arithmetic is int64")
     else:
         value = float(value)
     return Const._make(value, (), dtype)

@@ -51,7 +51,7 @@ import numpy as np
 
 from . import dtypes as dt
 from .errors import NotDifferentiableError, ShapeError, TexprError
-from .expr import (Const, Reduce, all_of, cast, const, iter_var, make_reduce, select)
+from .expr import (Const, Reduce, Select, all_of, cast, const, iter_var, make_reduce, select)
 from .reduction import CommReducer
 from .printer import expr_str
 from .rules import jvp, t_add
@@ -219,8 +219,24 @@ def rest_stages(out, cache=None):
     return result
 
 
+def head_times(head_load, d):
+    """``head_load * d`` with the head moved into the branches of ``d``'s selects:
+    ``h * select(c, a, 0)`` is ``select(c, h * a, 0)``, so a head that is inf or
+    NaN at points where the Jacobian is structurally zero does not turn those
+    zeros into NaN. The simplifier lifts such conditions into domains (it never
+    reads the head there), so raw and simplified adjoints agree on NaN patterns.
+    """
+    if isinstance(d, Select):
+        t = head_times(head_load, d.true_value)
+        f = head_times(head_load, d.false_value)
+        return select(d.cond, t, f)
+    if isinstance(d, Const) and d.value == 0:
+        return const(0, dt.promote(head_load.dtype, d.dtype))
+    return head_load * d
+
+
 def _rule_sum(out, red, ctx):
-    return ctx.head_load * ctx.d_sources[0] if ctx.d_sources[0] is not None else None
+    return head_times(ctx.head_load, ctx.d_sources[0]) if ctx.d_sources[0] is not None else None
 
 
 def _rule_argextreme(out, red, ctx):
@@ -229,7 +245,7 @@ def _rule_argextreme(out, red, ctx):
         return None
     arg = arg_stage(out, ctx.cache)
     hit = flat_index(ctx.k_axes) == arg[offsets(ctx.i_axes)]
-    term = ctx.head_load * d
+    term = head_times(ctx.head_load, d)
     return select(hit, term, const(0, term.dtype))
 
 
@@ -271,7 +287,7 @@ def _rule_generic(out, red, ctx):
             chain = t_add(chain, substitute(outer, bind_outer) * substitute(inner, bind_inner))
         if chain is not None:
             total = t_add(total, chain * d)
-    return None if total is None else ctx.head_load * total
+    return None if total is None else head_times(ctx.head_load, total)
 
 
 #: combiner kind -> rule(out, reduce node, context) -> the summand (or None)
@@ -381,7 +397,7 @@ def contribution(out, inp, head, cache=None, name=None):
     if red is None:
         e = substitute(body, mapping)
         d = derivative(e, inp, j)
-        term = None if d is None else head_load * d
+        term = None if d is None else head_times(head_load, d)
         where = const(True)
     else:
         sources = tuple(substitute(s, mapping) for s in red.source)

@@ -10,13 +10,15 @@ of their own), so every stage is either elementwise or one reduction.
 
 import inspect
 import itertools
+import math
+import sys
 
 import numpy as np
 
 from . import dtypes as dt
 from .errors import AxisError, FeedError, OutOfBoundsError, ShapeError, TexprError
 from .expr import Expr, IterVar, NeedsValue, Reduce, as_expr, iter_var, load
-from .visitor import post_order, substitute
+from .visitor import MAX_DEPTH, depth, post_order, substitute
 
 _NAME_COUNTER = itertools.count()
 
@@ -50,8 +52,26 @@ def _check_shape(shape, what):
             raise ShapeError(f"{what}: shape {shape!r} has a non-integer extent {d!r}")
         if d < 0:
             raise ShapeError(f"{what}: shape {shape!r} has a negative extent {d}")
+        if d > MAX_EXTENT:
+            raise ShapeError(f"{what}: shape {shape!r} has the extent {d}, more than an int64 "
+                             f"index can address (at most {MAX_EXTENT})")
         out.append(int(d))
     return tuple(out)
+
+
+#: the largest extent of an axis: index arithmetic is int64
+MAX_EXTENT = 2**63 - 1
+
+
+def check_allocatable(tensor, who):
+    """Raise ShapeError when ``tensor`` (exact size, a Python int, times its item
+    size) cannot be allocated in this process's address space (``sys.maxsize``
+    bytes, numpy's limit); ``who`` names the caller in the message."""
+    nbytes = tensor.size * np.dtype(tensor.dtype).itemsize
+    if nbytes > sys.maxsize:
+        raise ShapeError(f"{who}: tensor {tensor.name} of shape {tensor.shape} ({tensor.dtype}) "
+                         f"needs {nbytes} bytes, more than the address space ({sys.maxsize} "
+                         "bytes)")
 
 
 class Tensor(NeedsValue):
@@ -87,7 +107,8 @@ class Tensor(NeedsValue):
 
     @property
     def size(self):
-        return int(np.prod(self.op.shape, dtype=np.int64))
+        """The number of elements, exactly (a Python int: no int64 wrap-around)."""
+        return math.prod(self.op.shape)
 
     def __getitem__(self, indices):
         if not isinstance(indices, tuple):
@@ -288,6 +309,9 @@ def reduce_axis(dom, name=None):
     for v in (lo, hi):
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
             raise ShapeError(f"reduce_axis {name}: bounds must be ints, got {dom!r}")
+        if not -MAX_EXTENT - 1 <= v <= MAX_EXTENT or hi - lo > MAX_EXTENT:
+            raise ShapeError(f"reduce_axis {name}: the range {dom!r} leaves int64 (index "
+                             f"arithmetic is int64: bounds and extent at most {MAX_EXTENT})")
     if hi < lo:
         raise ShapeError(f"reduce_axis {name}: negative extent in {dom!r}")
     return iter_var(lo, hi, name, "reduce")
@@ -417,7 +441,12 @@ def compute(shape, fcompute, name=None, tag="", attrs=None):
                          f"fcompute does not take {len(shape)} index argument(s)") from None
     except ValueError:  # no signature (a builtin): let the call decide
         pass
-    result = fcompute(*axis)
+    try:
+        result = fcompute(*axis)
+    except TexprError as exc:  # name the tensor being built (an operator alone is vague)
+        if str(exc).startswith(f"compute {name}:"):
+            raise
+        raise type(exc)(f"compute {name}: {exc}") from None
     multi = isinstance(result, (tuple, list))
     outs = list(result) if multi else [result]
     if not outs:
@@ -439,6 +468,11 @@ def compute(shape, fcompute, name=None, tag="", attrs=None):
                 raise TexprError(
                     f"compute {name}: several outputs are only allowed for the components "
                     "of one tuple reduction")
+    d = depth(body)
+    if d > MAX_DEPTH:
+        raise TexprError(f"compute {name}: the body is {d} levels deep, more than the limit "
+                         f"texpr.visitor.MAX_DEPTH = {MAX_DEPTH}; split it into stages (an "
+                         "intermediate te.compute per part)")
     _check_axes_usage(name, axis, body)
     body = _lift_nested_reductions(name, axis, body)
     op = ComputeOp(name, axis, body, tag=tag, attrs=attrs)
@@ -534,12 +568,13 @@ def topo_order(outputs):
     """Operations reachable from ``outputs`` (Tensors), producers before consumers."""
     if isinstance(outputs, Tensor):
         outputs = [outputs]
-    seen, order = set(), []
+    seen, done, order = set(), set(), []
     stack = [(t.op, False) for t in reversed(list(outputs))]
     while stack:
         op, expanded = stack.pop()
         if expanded:
             order.append(op)
+            done.add(id(op))
             continue
         if id(op) in seen:
             continue
@@ -548,6 +583,11 @@ def topo_order(outputs):
         for t in reversed(op.input_tensors()):
             if id(t.op) not in seen:
                 stack.append((t.op, False))
+            elif id(t.op) not in done:  # on the current path: a cycle
+                raise TexprError(
+                    f"stage {op.name} reads {t.name}, which depends on {op.name} itself: the "
+                    "graph has a cycle (was a body or an input list changed after "
+                    "te.compute built it?)")
     return order
 
 

@@ -90,3 +90,22 @@ def loads(root, tensor=None):
 def contains(root, pred):
     """Whether any node of ``root`` satisfies ``pred``."""
     return any(pred(n) for n in post_order(root))
+
+
+#: the deepest expression a compute body may be (nodes on the longest root-to-leaf
+#: path). Deeper bodies are rejected where they are built: the recursive walks of
+#: the evaluator, the derivative rules, the printer and SymPy, and the parentheses
+#: of the generated source (Python's parser allows 200 levels) all stay within
+#: bounds below it, for the body and its gradient. Split a deeper expression into
+#: stages (each its own te.compute).
+MAX_DEPTH = 64
+
+
+def depth(root):
+    """Nodes on the longest root-to-leaf path of ``root`` (an Expr or several),
+    computed without recursion; 0 for no expressions."""
+    d = {}
+    for n in post_order(root):
+        d[id(n)] = 1 + max((d[id(c)] for c in n.args), default=0)
+    roots = [root] if isinstance(root, Expr) else list(root)
+    return max((d[id(r)] for r in roots), default=0)

@@ -112,9 +112,11 @@ def cross_entropy(logits, labels, reduction="mean", name="cross_entropy"):
     """Softmax cross-entropy with integer class labels, as
     ``torch.nn.functional.cross_entropy(logits, labels)``.
 
-    ``loss[n] = logsumexp_c(logits[n, c]) - logits[n, labels[n]]`` (a data-dependent
-    index), then the mean (default), the sum, or nothing (``reduction="none"``) over
-    the batch. Stages: ``{name}_lse_max``, ``{name}_lse_sum``, ``{name}_lse``, ``{name}``.
+    ``loss[n] = -log_softmax(logits)[n, labels[n]]`` (a data-dependent index),
+    computed stably as ``log(sum_c exp(z - m)) - (z[labels[n]] - m)`` with ``m`` the
+    row's max (never as the difference of two large numbers), then the mean
+    (default), the sum, or nothing (``reduction="none"``) over the batch. Stages:
+    ``{name}_lse_max``, ``{name}_lse_sum``, ``{name}``.
 
     Args:
         logits: float ``(N, C)``. labels: int ``(N,)`` with values in ``[0, C)`` (an
@@ -136,14 +138,21 @@ def cross_entropy(logits, labels, reduction="mean", name="cross_entropy"):
                          f"{logits.name} {logits.shape} has a batch of {n}")
     if c == 0:
         raise ShapeError(f"{op}: logits {logits.name} {logits.shape} has no classes")
-    lse = logsumexp(logits, axis=1, name=f"{name}_lse")
+    _, shift, s = _shifted_exp_sum(logits, 1, op, f"{name}_lse")
+
+    def nll(i):
+        # -log_softmax at the label: log(sum exp(z - m)) - (z_label - m), never
+        # logsumexp - z_label (the difference of two large numbers loses the
+        # digits: ln 2 came out as 0.69336 for logits [1e4, 1e4] in float32)
+        return intr.log(s[i]) - (logits[i, labels[i]] - shift(i))
+
     if reduction == "none":
-        return compute((n,), lambda i: lse[i] - logits[i, labels[i]], name=name, tag=op)
+        return compute((n,), lambda i: nll(i), name=name, tag=op)
     r = reduce_axis(n, "n")
     scale = 1.0 / n if reduction == "mean" and n else 1.0
 
     def body():
-        v = lse[r] - logits[r, labels[r]]
+        v = nll(r)
         if scale != 1.0:
             v = v * float_const(scale, v)
         return red.sum(v, axis=r)

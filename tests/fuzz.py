@@ -1,0 +1,448 @@
+"""A random program generator and the oracle checks every fuzzed program goes through.
+
+One program is a few stages over float placeholders (and int index lists),
+then a scalar loss ``L = sum(C * Y)`` with ``C`` a fed head. The generator is a
+seeded :class:`random.Random`: :func:`make_program` ``(seed)`` always builds the
+same program (``dtype=`` rebuilds it at another float dtype for finite
+differences). It covers
+
+* affine and quasi-affine indices (``a*i + b*k + c``, ``// d``, ``% d``),
+  guarded by ``te.if_then_else`` or clamped with ``te.max/te.min``;
+* extent-1 axes (spatial and reduction), ``where=`` domains that are empty for
+  some outputs (then a max gives -inf), sums, max/min, ``(value, index)``
+  argmax tuple reducers whose index is gathered through later;
+* data-dependent gathers ``X[I[...]]``, guarded or not, whose index lists may
+  hold out-of-range entries (then every path must raise OutOfBoundsError);
+* elementwise selects on data, intrinsics, non-finite inputs (inf, -inf, nan);
+* placeholder and stage names with odd (printable) characters.
+
+:func:`check_programs` runs, for a batch of programs: ``te.evaluate`` of the
+forward, raw and simplified gradients (NaN/inf patterns equal, values close);
+one compiled kernel (texpr.codegen.build) of every program's forward, loss
+and simplified gradients against ``te.evaluate``; and, for smooth programs with
+finite inputs, the raw gradients in float64 against central finite
+differences. Findings are returned as :class:`Finding` records (seed, kind,
+message, program text), so a run reports all of them, not the first.
+"""
+
+import dataclasses
+import random
+import traceback
+
+import numpy as np
+
+import texpr as te
+from texpr import codegen, simplify
+from texpr.testing import numeric_gradient
+
+#: names with odd, printable characters (control characters are the names check's job)
+ODD_NAMES = ["x y", "Ω", "a'b", 'q"r', "#c", "a-b", "1x", "x.y", "\\", "é_ü", "in", "def",
+             "X_0", "{z}", "%s"]
+
+
+@dataclasses.dataclass
+class Program:
+    """One fuzzed program.
+
+    ``floats``: the differentiable float placeholders; ``ints``: the int64
+    index lists; ``head``: ``C``; ``y``: the last stage; ``loss``: ``L``;
+    ``feed``: dict placeholder -> array; ``smooth``: no construct whose
+    derivative has kinks at the fed point that finite differences would see
+    (max/min/argmax, abs, data selects, floor); ``text``: the printed graph.
+    """
+
+    seed: int
+    dtype: str
+    floats: list
+    ints: list
+    head: object
+    y: object
+    loss: object
+    feed: dict
+    smooth: bool
+    finite_inputs: bool
+    text: str
+
+    @property
+    def inputs(self):
+        return self.floats + self.ints + [self.head]
+
+
+@dataclasses.dataclass
+class Finding:
+    """A mismatch or unexpected error: ``seed`` replays it with :func:`make_program`."""
+
+    seed: int
+    kind: str
+    message: str
+    text: str
+
+    def __str__(self):
+        return f"[seed {self.seed}] {self.kind}: {self.message}\n{self.text}"
+
+
+class _Gen:
+    def __init__(self, seed, dtype):
+        self.rng = random.Random(seed)
+        # draw the dtype even when it is given: the twin must draw the same program
+        self.dtype = self.rng.choice(["float32", "float64"])
+        if dtype:
+            self.dtype = dtype
+        self.smooth = True
+        self.ints = []
+        self.int_values = {}
+        self.names = 0
+
+    def name(self, base):
+        self.names += 1
+        if self.rng.random() < 0.25:
+            return self.rng.choice(ODD_NAMES) + str(self.names)
+        return f"{base}{self.names}"
+
+    def extent(self, lo=1, hi=5):
+        r = self.rng
+        return 1 if r.random() < 0.2 else r.randint(lo, hi)
+
+    # ---- indices ---------------------------------------------------------------
+    def affine(self, vars):
+        r = self.rng
+        v = r.choice(vars)
+        w = r.choice(vars)
+        a, b, c = r.randint(-2, 3), r.randint(-1, 2), r.randint(-2, 3)
+        e = a * v + b * w + c if (a or b) else v + c
+        kind = r.choice(["plain", "plain", "div", "mod", "divmod"])
+        d = r.randint(2, 3)
+        if kind == "div":
+            e = e // d
+        elif kind == "mod":
+            e = e % d + v
+        elif kind == "divmod":
+            e = (e // d) * 2 + e % d
+        return e
+
+    def gather_index(self, vars, n):
+        """``I[clamp(affine)] (+ c)`` with a new int list ``I`` whose values target [0, n)."""
+        r = self.rng
+        m = r.randint(1, 4)
+        I = te.placeholder((m,), self.name("I"), dtype="int64")
+        vals = np.array([r.randrange(max(n, 1)) for _ in range(m)], dtype=np.int64)
+        if r.random() < 0.12:  # an out-of-range entry
+            vals[r.randrange(m)] = r.choice([n, n + 2, -1])
+        self.ints.append(I)
+        self.int_values[I] = vals
+        e = self.affine(vars)
+        return I[te.max(te.min(e, m - 1), 0)]
+
+    def load(self, t, vars):
+        """A load of ``t`` with random indices; guarded by a select or clamped."""
+        r = self.rng
+        idx, conds = [], []
+        guard = r.choice(["select", "clamp", "clamp"])
+        for n in t.shape:
+            if r.random() < 0.15:
+                e = self.gather_index(vars, n)
+                if r.random() < 0.5:
+                    conds += [e >= 0, e < n]
+                idx.append(e)
+                continue
+            e = self.affine(vars)
+            if guard == "clamp":
+                e = te.max(te.min(e, n - 1), 0)
+            else:
+                conds += [e >= 0, e < n]
+            idx.append(e)
+        if conds:
+            return te.if_then_else(te.all(*conds), t[tuple(idx)], 0.0)
+        return t[tuple(idx)]
+
+    # ---- values --------------------------------------------------------------------
+    def value(self, sources, vars, depth=0):
+        r = self.rng
+        x = self.load(r.choice(sources), vars)
+        op = r.random()
+        if depth < 2 and op < 0.35:
+            y = self.value(sources, vars, depth + 1)
+            return r.choice([lambda: x + y, lambda: x * y, lambda: x - y * 0.5])()
+        if op < 0.45:
+            self.smooth = False
+            return te.if_then_else(x > 0.25, x * 2.0, x - 1.0)
+        if op < 0.55:
+            return te.tanh(x)
+        if op < 0.62:
+            return te.sigmoid(x) * 3.0
+        if op < 0.67:
+            self.smooth = False
+            return te.max(x, 0.5 * x)
+        if op < 0.72:
+            return te.exp(te.tanh(x))
+        if op < 0.76:
+            self.smooth = False
+            return te.abs(x)
+        return x * r.choice([1.5, -0.75, 2.0])
+
+    def where(self, i, k):
+        r = self.rng
+        w = r.choice(["none", "none", "tri", "mod", "lin"])
+        if w == "tri":
+            return k <= i
+        if w == "mod":
+            return (i + k) % r.randint(2, 3) == 0
+        if w == "lin":
+            return k * r.randint(-1, 2) + i < r.randint(0, 3)
+        return None
+
+    def stage(self, sources, last):
+        r = self.rng
+        ndim = r.choice([1, 1, 2])
+        shape = tuple(self.extent() for _ in range(ndim))
+        kind = r.choice(["elem", "sum", "sum", "max", "min", "argmax"])
+        name = self.name("Y")
+        if kind == "elem":
+            return te.compute(shape, lambda *ax: self.value(sources, list(ax)), name=name)
+        naxes = r.choice([1, 1, 2]) if kind != "argmax" else 1
+        ks = [te.reduce_axis(self.extent(), f"k{d}") for d in range(naxes)]
+
+        def body(*ax):
+            vars = list(ax) + ks
+            src = self.value(sources, vars)
+            where = self.where(ax[0], ks[0]) if ax else None
+            if kind == "sum":
+                return te.sum(src, axis=ks, where=where)
+            self.smooth = False
+            if kind == "max":
+                return te.max(src, axis=ks, where=where)
+            if kind == "min":
+                return te.min(src, axis=ks, where=where)
+            return ARGMAX((src, ks[0]), axis=ks, where=where)
+
+        out = te.compute(shape, body, name=name)
+        if kind != "argmax":
+            return out
+        v, idx = out
+        # use both: the value, and a gather through the index (guarded: -1 when empty)
+        t = r.choice(sources)
+        n0 = t.shape[0]
+
+        def use(*ax):
+            j = idx[ax]
+            rest = tuple(te.max(te.min(self.affine(list(ax)), n - 1), 0) for n in t.shape[1:])
+            g = te.if_then_else(te.all(j >= 0, j < n0), t[(j,) + rest], 0.0)
+            return te.if_then_else(v[ax] > -1e30, v[ax], 0.0) + g
+        return te.compute(shape, use, name=self.name("G"))
+
+
+ARGMAX = te.comm_reducer(
+    lambda x, y: (te.if_then_else(x[0] >= y[0], x[0], y[0]),
+                  te.if_then_else(x[0] >= y[0], x[1], y[1])),
+    lambda vd, idd: (te.const(-np.inf, vd), te.const(-1, idd)), name="argmax")
+
+
+def make_program(seed, dtype=None):
+    """The program of ``seed`` (deterministic); ``dtype`` overrides its float dtype."""
+    g = _Gen(seed, dtype)
+    r = g.rng
+    floats = []
+    for _ in range(r.choice([1, 1, 2])):
+        shape = tuple(g.extent() for _ in range(r.choice([1, 2, 2])))
+        floats.append(te.placeholder(shape, g.name("X"), g.dtype))
+    sources = list(floats)
+    y = None
+    for s in range(r.choice([1, 1, 1, 2, 2, 3])):
+        y = g.stage(sources, s)
+        sources.append(y)
+    C = te.placeholder(y.shape, g.name("C"), g.dtype)
+    axes = [te.reduce_axis(n, f"s{d}") for d, n in enumerate(y.shape)]
+    if axes:
+        loss = te.compute((), lambda: te.sum(C[tuple(axes)] * y[tuple(axes)], axis=axes),
+                          name=g.name("L"))
+    else:
+        loss = te.compute((), lambda: C[()] * y[()], name=g.name("L"))
+    feed = {}
+    finite = True
+    frng = np.random.default_rng(seed)
+    for x in floats:
+        a = frng.uniform(-2, 2, x.shape)
+        if x.size and r.random() < 0.12:
+            finite = False
+            for _ in range(r.randint(1, 2)):
+                a.flat[r.randrange(x.size)] = r.choice([np.inf, -np.inf, np.nan])
+        feed[x] = a.astype(g.dtype)
+    feed[C] = frng.uniform(-1, 1, C.shape).astype(g.dtype)
+    feed.update(g.int_values)
+    text = te.graph_str([y, loss])
+    return Program(seed, g.dtype, floats, list(g.ints), C, y, loss, feed, g.smooth, finite,
+                   text)
+
+
+# ---- checks ------------------------------------------------------------------------
+
+
+def _tol(dtype):
+    return (2e-4, 1e-4) if dtype == "float32" else (1e-9, 1e-10)
+
+
+def compare(got, want, dtype, what):
+    """None when ``got`` matches ``want`` (same NaN and inf positions, finite values
+    close at the dtype's tolerance, scaled by the largest magnitude), else a message."""
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    if got.shape != want.shape:
+        return f"{what}: shape {got.shape} != {want.shape}"
+    if not np.array_equal(np.isnan(got), np.isnan(want)):
+        return f"{what}: NaN patterns differ:\n got  {got!r}\n want {want!r}"
+    inf_g = np.where(np.isinf(got), np.sign(got), 0)
+    inf_w = np.where(np.isinf(want), np.sign(want), 0)
+    if not np.array_equal(inf_g, inf_w):
+        return f"{what}: inf patterns differ:\n got  {got!r}\n want {want!r}"
+    fin = np.isfinite(want)
+    rtol, atol = _tol(dtype)
+    scale = max(1.0, float(np.max(np.abs(want[fin]), initial=0.0)))
+    if not np.allclose(got[fin], want[fin], rtol=rtol, atol=atol * scale):
+        return f"{what}: values differ:\n got  {got!r}\n want {want!r}"
+    return None
+
+
+class _Prepared:
+    """A program with its reference results (or the OutOfBoundsError the forward raised)."""
+
+    def __init__(self, p):
+        self.p = p
+        self.oob = False
+        self.raw = list(te.differentiate(p.loss, p.floats, simplify=False))
+        self.simp = list(simplify.simplify(self.raw))
+        try:
+            self.ref_fwd = te.evaluate([p.y, p.loss], p.feed)
+        except te.OutOfBoundsError:
+            self.oob = True
+            return
+        self.ref_raw = te.evaluate(self.raw, p.feed)
+        self.ref_simp = te.evaluate(self.simp, p.feed)
+
+    @property
+    def outputs(self):
+        return [self.p.y, self.p.loss] + self.simp
+
+
+def _finding(p, kind, msg):
+    return Finding(p.seed, kind, msg, p.text)
+
+
+def _check_reference(q, findings):
+    """Raw vs simplified gradients through te.evaluate; OOB on every path or none."""
+    p = q.p
+    if q.oob:
+        for what, ts in (("raw gradient", q.raw), ("simplified gradient", q.simp)):
+            try:
+                te.evaluate(ts, p.feed)
+            except te.OutOfBoundsError:
+                continue
+            findings.append(_finding(p, "oob-path", f"the forward raises OutOfBoundsError "
+                                     f"but te.evaluate of the {what} does not"))
+        return
+    for x, a, b in zip(p.floats, q.ref_raw, q.ref_simp):
+        msg = compare(b, a, p.dtype, f"simplified vs raw d{p.loss.name}/d{x.name}")
+        if msg:
+            findings.append(_finding(p, "raw-vs-simplified", msg))
+
+
+def _check_kernel(qs, findings):
+    """One kernel for all ``qs`` (none expecting OOB); on a build error, one per program."""
+    outs = [t for q in qs for t in q.outputs]
+    ins = [t for q in qs for t in q.p.inputs]
+    try:
+        kernel = codegen.build(outs, ins)
+        got = kernel(*[q.p.feed[t] for q in qs for t in q.p.inputs])
+    except Exception:  # noqa: BLE001 - isolate the program at fault
+        if len(qs) > 1:
+            for q in qs:
+                _check_kernel([q], findings)
+            return
+        q = qs[0]
+        findings.append(_finding(q.p, "kernel-error", traceback.format_exc(limit=-3)))
+        return
+    pos = 0
+    for q in qs:
+        p = q.p
+        n = len(q.outputs)
+        mine = got[pos:pos + n]
+        pos += n
+        wants = list(q.ref_fwd) + list(q.ref_simp)
+        names = [p.y.name, p.loss.name] + [f"d{p.loss.name}/d{x.name}" for x in p.floats]
+        for g, w, nm in zip(mine, wants, names):
+            msg = compare(g, w, p.dtype, f"kernel vs te.evaluate of {nm}")
+            if msg:
+                findings.append(_finding(p, "kernel-vs-evaluate", msg))
+
+
+def _check_kernel_oob(q, findings):
+    p = q.p
+    try:
+        kernel = codegen.build(q.outputs, p.inputs)
+    except Exception:  # noqa: BLE001
+        findings.append(_finding(p, "kernel-error", traceback.format_exc(limit=-3)))
+        return
+    try:
+        kernel(*[p.feed[t] for t in p.inputs])
+    except te.OutOfBoundsError:
+        return
+    except Exception:  # noqa: BLE001
+        findings.append(_finding(p, "oob-path", "the kernel raised something else than "
+                                 "OutOfBoundsError:\n" + traceback.format_exc(limit=-3)))
+        return
+    findings.append(_finding(p, "oob-path", "the forward raises OutOfBoundsError in "
+                             "te.evaluate but the kernel returns values"))
+
+
+def _check_fd(q, findings):
+    """Raw gradients of the float64 twin against central finite differences."""
+    p = make_program(q.p.seed, dtype="float64")
+    raw = te.differentiate(p.loss, p.floats, simplify=False).result
+    got = te.evaluate(list(raw), p.feed)
+    for x, g in zip(p.floats, got):
+        fd = numeric_gradient(p.loss, x, p.feed)
+        if not np.allclose(g, fd, rtol=1e-5, atol=1e-6):
+            findings.append(_finding(p, "gradient-vs-fd",
+                                     f"d{p.loss.name}/d{x.name}:\n got {g!r}\n fd  {fd!r}"))
+
+
+def check_programs(seeds, batch=8, fd=True, compile_every=1, log=None):
+    """Run every check on the programs of ``seeds``; returns the list of findings.
+
+    Programs are compiled ``batch`` at a time into one kernel (one numba compile
+    for many programs); a program whose forward raises OutOfBoundsError is
+    built alone and must raise it too. Only every ``compile_every``-th program
+    (by position) is compiled; the rest get the evaluator checks only.
+    """
+    findings = []
+    ready = []
+    for pos, s in enumerate(seeds):
+        compiled = pos % compile_every == 0
+        if log is not None:
+            log(f"program {pos}: seed {s}, {len(findings)} finding(s) so far", findings)
+        try:
+            p = make_program(s)
+        except Exception:  # noqa: BLE001 - the generator should never fail
+            findings.append(Finding(s, "generator", traceback.format_exc(limit=-3), ""))
+            continue
+        try:
+            q = _Prepared(p)
+        except Exception:  # noqa: BLE001
+            findings.append(_finding(p, "reference-error", traceback.format_exc(limit=-3)))
+            continue
+        _check_reference(q, findings)
+        if q.oob:
+            if compiled:
+                _check_kernel_oob(q, findings)
+            continue
+        if fd and p.smooth and p.finite_inputs and np.all(np.isfinite(q.ref_fwd[1])):
+            _check_fd(q, findings)
+        if compiled:
+            ready.append(q)
+        if len(ready) == batch:
+            _check_kernel(ready, findings)
+            ready = []
+    if ready:
+        _check_kernel(ready, findings)
+    if log is not None:
+        log(f"done: {len(findings)} finding(s)", findings)
+    return findings

@@ -1,0 +1,141 @@
+"""Bad programs get TexprErrors where they enter, never raw numpy/islpy/Python errors:
+constant out-of-range loads, extents and constants beyond int64, exact sizes and the
+address space, the expression depth limit, cycles, messages naming the tensor."""
+
+import numpy as np
+import pytest
+
+import texpr as te
+from texpr import codegen
+from texpr.visitor import MAX_DEPTH, depth
+
+F = "float32"
+
+
+@pytest.mark.parametrize("shape,index", [((4,), (4, 0)), ((), (4, 0)), ((2, 3), (0, 3))])
+def test_constant_out_of_range_index_is_an_out_of_bounds_error(shape, index):
+    X = te.placeholder((4, 3), "X", F)
+    Y = te.compute(shape, lambda *i: X[index] + 1.0, name="Y")
+    with pytest.raises(te.OutOfBoundsError, match=r"stage Y: load `X\[.*reads X at index"):
+        te.evaluate(Y, {X: np.zeros((4, 3), F)})
+
+
+def test_out_of_range_point_is_reported_on_the_whole_grid():
+    X = te.placeholder((4,), "X", F)
+    Y = te.compute((2, 3), lambda i, j: X[i * 3 + j], name="Y")
+    with pytest.raises(te.OutOfBoundsError, match=r"index \(4,\).*at i=1, j=1"):
+        te.evaluate(Y, {X: np.zeros(4, F)})
+
+
+@pytest.mark.parametrize("make", [
+    lambda: te.compute((2**63,), lambda i: i * 1.0, name="B"),
+    lambda: te.placeholder((3, 2**64), "P"),
+    lambda: te.reduce_axis(2**63, "k"),
+    lambda: te.reduce_axis((-(2**63) - 1, 0), "k"),
+])
+def test_extents_beyond_int64_are_shape_errors(make):
+    with pytest.raises(te.ShapeError, match="int64"):
+        make()
+
+
+@pytest.mark.parametrize("big", [2**63, 2**64 + 5, -(2**63) - 1])
+def test_integer_constants_beyond_int64_are_dtype_errors(big):
+    X = te.placeholder((4,), "X", F)
+    with pytest.raises(te.DTypeError, match=r"compute Y: the integer constant .* does not fit int64"):
+        te.compute((3,), lambda i: X[te.min(i + big, 3)], name="Y")
+    with pytest.raises(te.DTypeError, match="does not fit int32"):
+        te.const(2**31, "int32")
+
+
+def test_sizes_are_exact_and_checked_against_the_address_space():
+    Y = te.compute((2**62 + 1, 4), lambda i, j: 1.0, name="Y")
+    assert Y.size == (2**62 + 1) * 4
+    P = te.placeholder((2**32, 2**32), "P", F)
+    assert P.size == 2**64
+    with pytest.raises(te.ShapeError, match="Y .*address space"):
+        te.evaluate(Y, {})
+    Z = te.compute((2**31, 2**31), lambda i, j: 1.0, name="Z")  # 2**62 elements fit int64
+    with pytest.raises(te.ShapeError, match="Z .*address space"):
+        te.evaluate(Z, {})
+    # the kernel's buffers too (int64 products wrapped to 4 elements: a segfault)
+    X = te.placeholder((4,), "X", F)
+    W = te.compute((2**62 + 1, 4), lambda i, j: X[j] * 2.0, name="W")
+    for out in (W, Z):
+        with pytest.raises(te.ShapeError, match="build: tensor .* address space"):
+            codegen.build([out], [X] if out is W else [])
+
+
+def _chain(levels, kind):
+    """A body of exactly ``levels`` levels (or the deepest below it)."""
+    P = te.placeholder((3,), "P", "float64")
+
+    def body(i):
+        e = P[i]
+        while True:
+            new = te.tanh(e) * 1.01 + 0.1 if kind == "chain" else e + P[(i + 1) % 3]
+            if depth(new) > levels:
+                return e
+            e = new
+    return P, body
+
+
+@pytest.mark.parametrize("kind", ["chain", "sum"])
+def test_bodies_at_the_depth_limit_evaluate_differentiate_simplify_and_build(kind):
+    P, body = _chain(MAX_DEPTH, kind)
+    D = te.compute((3,), body, name="D")
+    assert MAX_DEPTH - 3 <= depth(D.op.body) <= MAX_DEPTH
+    L = te.compute((), lambda: D[0] + D[1] + D[2], name="L")
+    feed = {P: np.array([0.1, -0.2, 0.3])}
+    (raw,) = te.differentiate(L, [P], simplify=False)
+    (simp,) = te.differentiate(L, [P])
+    g_raw, g_simp = te.evaluate([raw, simp], feed)
+    np.testing.assert_allclose(g_simp, g_raw, rtol=1e-12)
+    eps = 1e-6
+    fd = [(te.evaluate(L, {P: feed[P] + eps * e}) - te.evaluate(L, {P: feed[P] - eps * e}))
+          / (2 * eps) for e in np.eye(3)]
+    np.testing.assert_allclose(g_raw, fd, rtol=1e-5, atol=1e-7)
+    loss, g = codegen.build([L, simp], [P])(feed[P])
+    np.testing.assert_allclose(loss, te.evaluate(L, feed), rtol=1e-12)
+    np.testing.assert_allclose(g, g_raw, rtol=1e-12)
+
+
+@pytest.mark.parametrize("levels", [MAX_DEPTH + 1, 10_000])
+def test_bodies_deeper_than_the_limit_are_rejected_naming_it(levels):
+    P = te.placeholder((3,), "P", F)
+
+    def body(i):
+        e = P[i]
+        for _ in range(levels // 2):
+            e = te.tanh(e) + 1.0
+        return e
+    with pytest.raises(te.TexprError, match=f"compute D: the body is .* levels deep.*MAX_DEPTH = {MAX_DEPTH}"):
+        te.compute((3,), body, name="D")
+
+
+def test_a_body_mutated_into_a_cycle_is_a_texpr_error():
+    X = te.placeholder((3,), "X", F)
+    Y = te.compute((3,), lambda i: X[i] + 1.0, name="Y")
+    Z = te.compute((3,), lambda i: Y[i] * 2.0, name="Z")
+    # the body alone: Y now reads Z (its consumer), its input list is stale
+    Y.op.body = (Z[Y.op.axis[0]] + 1.0,)
+    with pytest.raises(te.TexprError, match="stage Y: reads Z, which is not computed before it"):
+        te.evaluate(Z, {X: np.zeros(3, F)})
+    # body and input list: topo_order sees the cycle
+    Y.op._inputs = [Z]
+    with pytest.raises(te.TexprError, match="cycle"):
+        te.evaluate(Z, {X: np.zeros(3, F)})
+    with pytest.raises(te.TexprError, match="cycle"):
+        te.topo_order([Z])
+
+
+@pytest.mark.parametrize("body,match", [
+    (lambda X: lambda i: te.sum(X[i], axis=i), "compute Y: sum: axis="),
+    (lambda X: lambda i: te.sum(X[i], axis=te.reduce_axis(3, "k"), where=X[i]),
+     "compute Y: where= expects a boolean"),
+    (lambda X: lambda i: te.cast(X[i], "complex64"), "compute Y: .*complex64"),
+    (lambda X: lambda i: te.if_then_else(X[i], 1.0, 0.0), "compute Y: if_then_else expects"),
+])
+def test_messages_for_malformed_axes_conditions_casts_name_the_tensor(body, match):
+    X = te.placeholder((3,), "X", F)
+    with pytest.raises(te.TexprError, match=match):
+        te.compute((3,), body(X), name="Y")
