@@ -141,17 +141,17 @@ def _scatter(op, where, source, init=None, name=None):
     # A fixed index is NOT guarded by ``0 <= ix < n``: an index outside the tensor
     # makes the forward gather fail, so the scatter fails too (the evaluator and the
     # kernel check its indices) rather than dropping the term and returning a
-    # plausible gradient. The one exception is an index read from an argmax/argmin
-    # stage: there an out-of-range value is the documented sentinel of an empty
-    # domain (the forward read nothing), so the term is dropped -- and that bound
-    # comes first, because the conditions after it may load through the index
-    # (``I[argmax[j]]``) and ``&&`` evaluates its right side only where the left holds.
+    # plausible gradient. The one exception is an argmax/argmin value inside the
+    # index: its sentinel 2**63 - 1 marks an empty domain (the forward read nothing),
+    # so such a term is dropped -- and that test comes first, because the conditions
+    # after it may load through the index (``I[argmax[j]]``) and ``&&`` evaluates its
+    # right side only where the left holds.
     indices, bounds = [], []
     for d, a in enumerate(axis):
         ix = substitute(fixed.get(id(a), a), new_vars)
         indices.append(ix)
-        if id(a) in fixed and _reads_argmax(ix):
-            bounds.append((ix >= 0) & (ix < op.shape[d]))
+        if id(a) in fixed:
+            bounds.extend(n < _EMPTY_ARGMAX for n in _argmax_loads(ix))
     where = all_expr(bounds + [substitute(c, new_vars) for c in cond_parts])
     if any(id(v) in spatial_ids and id(v) in fixed_ids
            for v in free_vars([value, where] + indices)):
@@ -162,8 +162,12 @@ def _scatter(op, where, source, init=None, name=None):
                         init)
 
 
-def _reads_argmax(ix):
-    """Whether the index expression ``ix`` loads from an argmax/argmin stage (whose
-    value ``2**63 - 1`` marks an empty reduction domain)."""
-    return any(isinstance(n, Load) and getattr(n.tensor.op, "tag", None) == "argmax"
-               for n in post_order(ix))
+
+#: the value an argmax/argmin stage holds for an empty reduction domain (texpr.jacobian)
+_EMPTY_ARGMAX = 2**63 - 1
+
+
+def _argmax_loads(ix):
+    """The loads from argmax/argmin stages inside the index expression ``ix``."""
+    return [n for n in post_order(ix)
+            if isinstance(n, Load) and getattr(n.tensor.op, "tag", None) == "argmax"]
