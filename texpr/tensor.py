@@ -300,20 +300,7 @@ def reduce_axis(dom, name=None):
         ShapeError: a negative extent or non-integer bounds.
     """
     name = check_name(name, "reduce_axis", "k")
-    if isinstance(dom, (tuple, list)):
-        if len(dom) != 2:
-            raise ShapeError(f"reduce_axis {name}: expected (lo, hi), got {dom!r}")
-        lo, hi = dom
-    else:
-        lo, hi = 0, dom
-    for v in (lo, hi):
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-            raise ShapeError(f"reduce_axis {name}: bounds must be ints, got {dom!r}")
-        if not -MAX_EXTENT - 1 <= v <= MAX_EXTENT or hi - lo > MAX_EXTENT:
-            raise ShapeError(f"reduce_axis {name}: the range {dom!r} leaves int64 (index "
-                             f"arithmetic is int64: bounds and extent at most {MAX_EXTENT})")
-    if hi < lo:
-        raise ShapeError(f"reduce_axis {name}: negative extent in {dom!r}")
+    lo, hi = axis_bounds(dom, f"reduce_axis {name}")
     return iter_var(lo, hi, name, "reduce")
 
 
@@ -525,18 +512,33 @@ def scatter_add(shape, dtype, domain, findices, fvalue, where=None, init=None, n
 
 def _domain_axis(what, d, entry, name):
     """One domain axis from ``n`` (``[0, n)``) or ``(lo, hi)``."""
+    lo, hi = axis_bounds(entry, f"{what}: domain entry {d}")
+    return iter_var(lo, hi, name, "spatial")
+
+
+def axis_bounds(entry, what):
+    """``(lo, hi)`` of an axis given as ``n`` (``[0, n)``) or ``(lo, hi)``, as Python ints.
+
+    Raises:
+        ShapeError: not an int or a pair of ints, a negative extent, or bounds or an
+            extent outside int64 (index arithmetic is int64); ``what`` names the axis.
+    """
     if isinstance(entry, (tuple, list)):
         if len(entry) != 2:
-            raise ShapeError(f"{what}: domain entry {d} must be n or (lo, hi), got {entry!r}")
+            raise ShapeError(f"{what}: expected n or (lo, hi), got {entry!r}")
         lo, hi = entry
     else:
         lo, hi = 0, entry
     for v in (lo, hi):
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-            raise ShapeError(f"{what}: domain entry {d} has a non-integer bound: {entry!r}")
+            raise ShapeError(f"{what}: bounds must be ints, got {entry!r}")
+    lo, hi = int(lo), int(hi)
+    if not -MAX_EXTENT - 1 <= min(lo, hi) <= max(lo, hi) <= MAX_EXTENT or hi - lo > MAX_EXTENT:
+        raise ShapeError(f"{what}: the range {entry!r} leaves int64 (index arithmetic is "
+                         f"int64: bounds and extent at most {MAX_EXTENT})")
     if hi < lo:
-        raise ShapeError(f"{what}: domain entry {d} has a negative extent: {entry!r}")
-    return iter_var(int(lo), int(hi), name, "spatial")
+        raise ShapeError(f"{what}: negative extent in {entry!r}")
+    return lo, hi
 
 
 def as_tensor_list(tensors, what, allow_single=True):
