@@ -38,6 +38,11 @@ class OpSpec:
     inputs that are not distinct placeholders.
     """
 
+    def signature(self):
+        """``"X, W -> Y"``: the input and output names, for reprs and messages."""
+        return (f"{', '.join(t.name for t in self.inputs)} -> "
+                f"{', '.join(t.name for t in self.outputs)}")
+
     def __init__(self, outputs, inputs, who="op"):
         self.single = isinstance(outputs, Tensor)
         outs = [outputs] if self.single else as_tensor_list(outputs, f"{who}: outputs")

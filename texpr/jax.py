@@ -96,8 +96,7 @@ class JaxOp:
         return outs[0] if self.spec.single else tuple(outs)
 
     def __repr__(self):
-        return (f"texpr.jax.op({', '.join(t.name for t in self.spec.inputs)} -> "
-                f"{', '.join(t.name for t in self.spec.outputs)})")
+        return f"texpr.jax.op({self.spec.signature()})"
 
 
 def op(outputs, inputs):

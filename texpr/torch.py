@@ -165,8 +165,7 @@ class TorchOp:
         return outs[0] if self.spec.single else tuple(outs)
 
     def __repr__(self):
-        return (f"texpr.torch.op({', '.join(t.name for t in self.spec.inputs)} -> "
-                f"{', '.join(t.name for t in self.spec.outputs)})")
+        return f"texpr.torch.op({self.spec.signature()})"
 
 
 def op(outputs, inputs):
