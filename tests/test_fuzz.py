@@ -23,13 +23,10 @@ CI_COMPILE_EVERY = 10
 
 #: seeds whose programs the fuzzer found wrong once (issue 10: single-point
 #: max/min/argmax, NaN in max, out-of-range gathers dropped by a gradient
-#: scatter); each is re-run alone, compiled, as a regression test
-REGRESSIONS = (20261140, 20261160, 20261180, 20261210, 20261230, 20261280, 20261300)
-
-#: open findings: the raw (unsimplified) adjoint of a data-dependent gather sums
-#: over ``I[k] == j`` and so never reads out of range: it drops an out-of-range
-#: index that the forward and the simplified gradient reject (issue 10, open)
-RAW_GATHER_OOB = (20261242, 20261319)
+#: scatter, out-of-range gathers dropped by the raw (unsimplified) adjoint);
+#: each is re-run alone, compiled, as a regression test
+REGRESSIONS = (20261140, 20261160, 20261180, 20261210, 20261230, 20261280, 20261300,
+               20261242, 20261319)
 
 
 def _progress():
@@ -56,13 +53,6 @@ def test_fuzz_ci_profile():
 
 def test_fuzz_regression_seeds():
     findings = fuzz.check_programs(REGRESSIONS)
-    assert not findings, _report(findings)
-
-
-@pytest.mark.xfail(strict=True, reason="raw adjoint of a gather drops out-of-range indices")
-@pytest.mark.parametrize("seed", RAW_GATHER_OOB)
-def test_fuzz_open_finding(seed):
-    findings = fuzz.check_programs([seed])
     assert not findings, _report(findings)
 
 

@@ -36,6 +36,12 @@ is ONE compute stage (tag ``"adjoint_contribution"``, ``attrs`` ``{"out",
   points before and after ``k'`` (tag ``"reduction_rest"``).
 * Scatter-add stages ``out[idx(q)] += value(q)``: the same form with ``H[p, idx(q')]``
   summed over the domain ``q'``; the ``init`` tensor receives ``H`` itself.
+* A load whose index reads data (``inp[I[k]]``, a *gather*) is left out of ``D``:
+  its term is a scatter-add stage ``d[p, I[k']] += H[p, i'] * dB/dL`` over
+  ``(p, i', k')`` where ``W`` holds and the load is evaluated
+  (:func:`texpr.jacobian.gather_loads`), added onto the compute stage above
+  (its ``init``; that stage is then named ``d_inp__out_dense``). Its index is
+  checked like the forward's: out of range raises, never drops the term.
 * ``head=None`` means the identity head: an inlineable compute (tag
   ``"identity_head"``) ``I[p, i] = select(all(p == i), 1, 0)`` of shape
   ``out.shape + out.shape`` (for a scalar output: the constant 1).

@@ -51,12 +51,13 @@ import numpy as np
 
 from . import dtypes as dt
 from .errors import NotDifferentiableError, ShapeError, TexprError
-from .expr import (Const, Reduce, Select, all_of, cast, const, iter_var, make_reduce, select)
+from .expr import (And, Const, Load, Or, Reduce, Select, all_of, any_of, cast, const, iter_var,
+                   logical_not, make_reduce, select)
 from .reduction import CommReducer
 from .printer import expr_str
 from .rules import jvp, t_add
 from .tensor import ComputeOp, PlaceholderOp, ScatterAddOp
-from .visitor import loads, substitute
+from .visitor import loads, post_order, substitute
 
 _BIG_INDEX = int(np.iinfo(np.int64).max)
 
@@ -80,22 +81,71 @@ def indicator(ld, index):
     return all_of([f == j for f, j in zip(ld.indices, index)])
 
 
-def derivative(expr, tensor, index):
+def derivative(expr, tensor, index, skip=()):
     """``d expr / d tensor[index]`` as an expression, or ``None`` if structurally zero.
 
     Args:
         expr: an Expr without reductions.
         tensor: the Tensor differentiated by (float dtype).
         index: tuple of integer Exprs, one per dimension of ``tensor``.
+        skip: loads left out (the data-dependent gathers, which get scatter-add
+            stages instead: see :func:`gather_loads`).
     Returns:
         ``sum over loads L of tensor: select(all(L.indices == index), dexpr/dL, 0)``
         (the select folds away for a scalar tensor), of ``expr``'s dtype.
     """
     d = None
     for ld, p in load_partials(expr, tensor):
+        if any(ld is s for s in skip):
+            continue
         term = select(indicator(ld, index), p, const(0, p.dtype))
         d = t_add(d, term)
     return d
+
+
+def gather_loads(exprs, tensor):
+    """The distinct loads of ``tensor`` in ``exprs`` whose index reads data
+    (``X[I[k]]``): a *data-dependent gather*.
+
+    The indicator form ``select(I[k] == j, ..)`` of such a load would silently
+    drop the terms of an index outside ``tensor`` -- while the forward gather
+    raises OutOfBoundsError for it. Their adjoint is a scatter-add instead
+    (:func:`contribution`), whose index the evaluator and the kernel check.
+    """
+    out = []
+    for e in exprs:
+        for ld in loads(e, tensor):
+            if any(isinstance(n, Load) for i in ld.indices for n in post_order(i)) \
+                    and not any(ld is o for o in out):
+                out.append(ld)
+    return out
+
+
+def evaluation_guard(root, target):
+    """The condition under which the node ``target`` is evaluated when ``root`` is:
+    ``select`` evaluates a branch only where it is taken, ``a && b`` evaluates
+    ``b`` only where ``a`` holds, ``a || b`` only where ``a`` does not (as
+    :func:`texpr.evaluate` and the kernels do). The OR over every path from
+    ``root`` to ``target`` of the conditions along it; ``True`` for an
+    unconditional node."""
+    guard = {id(root): const(True)}
+    for n in reversed(post_order(root)):
+        g = guard.get(id(n))
+        if g is None:
+            continue
+        if isinstance(n, Select):
+            edges = (const(True), n.args[0], logical_not(n.args[0]))
+        elif isinstance(n, And):
+            edges = (const(True), n.args[0])
+        elif isinstance(n, Or):
+            edges = (const(True), logical_not(n.args[0]))
+        else:
+            edges = (const(True),) * len(n.args)
+        for c, edge in zip(n.args, edges):
+            via = g if (isinstance(edge, Const) and edge.value is True) else all_of(g, edge)
+            old = guard.get(id(c))
+            guard[id(c)] = via if old is None else any_of(old, via)
+    return guard.get(id(target), const(False))
 
 
 # ---- the reduction rules ---------------------------------------------------------
@@ -396,17 +446,60 @@ def contribution(out, inp, head, cache=None, name=None):
     head_load = head[p + offsets(i_axes)]
     if red is None:
         e = substitute(body, mapping)
-        d = derivative(e, inp, j)
+        exprs = (e,)
+        gathers = gather_loads(exprs, inp)
+        d = derivative(e, inp, j, skip=gathers)
         term = None if d is None else head_times(head_load, d)
         where = const(True)
+
+        def term_of(ld):
+            dl = jvp(e, {ld: const(1, ld.dtype)})
+            return None if dl is None else head_times(head_load, dl)
     else:
-        sources = tuple(substitute(s, mapping) for s in red.source)
-        d_sources = tuple(derivative(s, inp, j) if dt.is_float(s.dtype) else None
+        exprs = sources = tuple(substitute(s, mapping) for s in red.source)
+        gathers = gather_loads(sources, inp)
+        d_sources = tuple(derivative(s, inp, j, skip=gathers) if dt.is_float(s.dtype) else None
                           for s in sources)
         where = substitute(red.where, mapping)
-        ctx = _Context(i_axes, k_axes, head_load, sources, d_sources, cache)
-        term = REDUCTION_RULES[red.combiner.kind](out, red, ctx)
-    return _finish(name, p, j, term, i_axes + k_axes, where, dtype, attrs=attrs)
+        rule = REDUCTION_RULES[red.combiner.kind]
+        term = rule(out, red, _Context(i_axes, k_axes, head_load, sources, d_sources, cache))
+
+        def term_of(ld):
+            ds = tuple(jvp(s, {ld: const(1, ld.dtype)}) if dt.is_float(s.dtype) else None
+                       for s in sources)
+            if all(x is None for x in ds):
+                return None
+            return rule(out, red, _Context(i_axes, k_axes, head_load, sources, ds, cache))
+    pieces = [(term, ld) for ld in gathers for term in [term_of(ld)] if term is not None]
+    dense = _finish(name if not pieces else name + "_dense", p, j, term, i_axes + k_axes,
+                    where, dtype, attrs=attrs)
+    return _gather_scatters(dense, name, p, inp, pieces, exprs, i_axes + k_axes, where, dtype)
+
+
+def _gather_scatters(acc, name, p, inp, pieces, exprs, dom_axes, where, dtype):
+    """Add to ``acc`` (the indicator-form contribution, or None) one scatter-add stage
+    per data-dependent gather (see :func:`gather_loads`): for a load ``L = inp[idx]``
+    with the contribution ``term`` (the head times ``d / dL``), ``out[p, idx] +=
+    term`` over the prefix and ``dom_axes``, where ``where`` holds and where ``L``
+    is evaluated at all (:func:`evaluation_guard`: an index guarded by a select,
+    ``select(I[k] < n, X[I[k]], 0)``, is only read where the forward reads it).
+    The scatter's index is checked (the evaluator and the kernels raise
+    OutOfBoundsError), as the forward gather's is. The last stage is ``name``."""
+    for n, (term, ld) in enumerate(pieces):
+        guard = any_of([evaluation_guard(e, ld) for e in exprs])
+        fresh = {a: iter_var(a.dom[0], a.dom[1], a.name, "spatial") for a in tuple(p) + dom_axes}
+        idx = tuple(substitute(i, fresh) for i in ld.indices)
+        # an argmax/argmin stage's sentinel (an empty domain: the forward read
+        # nothing) drops the term, as the simplifier's scatters do (simplify/scatter.py)
+        empty = [x < _BIG_INDEX for i in idx for x in post_order(i)
+                 if isinstance(x, Load) and getattr(x.tensor.op, "tag", None) == "argmax"]
+        cond = all_of(empty + [substitute(where, fresh), substitute(guard, fresh)])
+        value = substitute(term if term.dtype == dtype else cast(term, dtype), fresh)
+        stage = name if n == len(pieces) - 1 else f"{name}_g{n}"
+        acc = ScatterAddOp(stage, tuple(a.extent for a in p) + tuple(inp.shape), dtype,
+                           tuple(fresh[a] for a in tuple(p) + dom_axes),
+                           tuple(fresh[a] for a in p) + idx, value, cond, acc).output(0)
+    return acc
 
 
 def _scatter_contribution(out, inp, head, p, j, name, dtype, attrs):
@@ -418,9 +511,15 @@ def _scatter_contribution(out, inp, head, p, j, name, dtype, attrs):
     value = substitute(op.value, mapping)
     where = substitute(op.where, mapping)
     idx = tuple(substitute(i, mapping) for i in op.indices)
-    d = derivative(value, inp, j)
+    gathers = gather_loads((value,), inp)
+    d = derivative(value, inp, j, skip=gathers)
     term = None if d is None else head[p + idx] * d
-    from_value = _finish(name, p, j, term, q_axes, where, dtype, attrs=attrs)
+    pieces = [(head_times(head[p + idx], dl), ld) for ld in gathers
+              for dl in [jvp(value, {ld: const(1, ld.dtype)})] if dl is not None]
+    from_value = _finish(name if not pieces else name + "_dense", p, j, term, q_axes, where,
+                         dtype, attrs=attrs)
+    from_value = _gather_scatters(from_value, name, p, inp, pieces, (value,), q_axes, where,
+                                  dtype)
     if op.init is not inp:
         return from_value
     if from_value is None:
