@@ -139,3 +139,30 @@ def test_messages_for_malformed_axes_conditions_casts_name_the_tensor(body, matc
     X = te.placeholder((3,), "X", F)
     with pytest.raises(te.TexprError, match=match):
         te.compute((3,), body(X), name="Y")
+
+
+@pytest.mark.parametrize("index", [
+    lambda i: te.max(te.min(i * (2**62 - 5) + 2**62, 3), 0),   # the product wraps at i = 2
+    lambda i: te.max(te.min((2**62 + i) + 2**62, 3), 0),       # the sum wraps at i = 0
+    lambda i: te.max(te.min(-(2**62) - 2**62 - (i + 1), 3), 0),  # the difference wraps
+])
+def test_the_evaluator_never_wraps_integer_arithmetic(index):
+    # the exact index is min(huge, 3) = 3: a wrapped one reads X[0] (a silent wrong value)
+    X = te.placeholder((4,), name="X", dtype="float64")
+    Y = te.compute((4,), lambda i: X[index(i)], name="Y")
+    with pytest.raises(te.TexprError, match="would wrap around"):
+        te.evaluate(Y, {X: np.arange(4.0)})
+
+
+def test_integer_arithmetic_is_checked_only_where_it_is_evaluated():
+    X = te.placeholder((4,), name="X", dtype="float64")
+    Y = te.compute((4,), lambda i: te.if_then_else(
+        i < 2, X[te.max(te.min(i * (2**62 - 5) + 2**62, 3), 0)], -1.0), name="Y")
+    np.testing.assert_array_equal(te.evaluate(Y, {X: np.arange(4.0)}), [3.0, 3.0, -1.0, -1.0])
+    # a data-dependent product: the loaded value decides
+    I = te.placeholder((2,), name="I", dtype="int64")
+    Z = te.compute((2,), lambda i: X[te.max(te.min(I[i] * (2**40), 3), 0)], name="Z")
+    np.testing.assert_array_equal(te.evaluate(Z, {X: np.arange(4.0), I: np.array([0, 1])}),
+                                  [0.0, 3.0])
+    with pytest.raises(te.TexprError, match="would wrap around"):
+        te.evaluate(Z, {X: np.arange(4.0), I: np.array([0, 2**23])})

@@ -14,6 +14,9 @@ Semantics it pins down:
 * An unguarded load outside its tensor raises :class:`OutOfBoundsError` naming
   the tensor, the index expression, the bad index and the point.
 * A reduction over an empty domain gives the reducer's identity.
+* Integer ``+``, ``-``, ``*`` are exact: a result outside the dtype's range
+  raises TexprError (never wraps around), as the kernels reject index
+  arithmetic they cannot prove within int64.
 * ``round`` rounds half to even (as numpy); ``sigmoid`` is ``1/(1+exp(-x))``.
 """
 
@@ -45,6 +48,10 @@ _UNARY = {
 _BINARY = {Add: np.add, Sub: np.subtract, Mul: np.multiply, Min: np.minimum, Max: np.maximum,
            EQ: np.equal, NE: np.not_equal, LT: np.less, LE: np.less_equal, GT: np.greater,
            GE: np.greater_equal}
+
+
+#: integer arithmetic checked for wrap-around (:meth:`_StageEval._int_arith`)
+_EXACT_INT = (Add, Sub, Mul)
 
 
 def _and_mask(mask, cond):
@@ -80,6 +87,8 @@ class _StageEval:
             except KeyError:
                 raise TexprError(f"stage {self.stage_name}: variable `{e.name}` is not bound") from None
         cls = type(e)
+        if cls in _EXACT_INT and dt.is_int(e.dtype):
+            return self._int_arith(e, mask)
         if cls in _BINARY:
             return _BINARY[cls](self(e.args[0], mask), self(e.args[1], mask))
         if cls is Div:
@@ -125,6 +134,36 @@ class _StageEval:
             raise TexprError(f"stage {self.stage_name}: a reduction below the top of a body "
                              f"(`{expr_str(e)}`) reached the evaluator")
         raise TexprError(f"evaluate: unknown expression kind {cls.__name__}")
+
+    def _int_arith(self, e, mask):
+        """``+``, ``-``, ``*`` of integers, exactly: a result outside the dtype's
+        range (where ``mask`` holds) raises instead of wrapping around, as the
+        kernels reject index arithmetic they cannot prove within int64."""
+        a, b = self(e.args[0], mask), self(e.args[1], mask)
+        op = _BINARY[type(e)]
+        with np.errstate(over="ignore"):
+            out = np.asarray(op(a, b))
+        bits = np.iinfo(np.dtype(e.dtype)).bits
+        lim = 2.0 ** (bits - 1)
+        approx = op(np.asarray(a, np.float64), np.asarray(b, np.float64))
+        # float64 is exact below 2**53; above 2**62 an int64 result may be off: check exactly
+        risky = np.abs(approx) >= (lim if bits <= 32 else lim / 2)
+        if mask is not None:
+            risky = risky & mask
+        if not np.any(risky):
+            return out
+        shape = np.broadcast_shapes(np.shape(a), np.shape(b), np.shape(risky))
+        aa, bb = np.broadcast_to(a, shape), np.broadcast_to(b, shape)
+        for pos in zip(*np.nonzero(np.broadcast_to(risky, shape))):
+            x, y = int(aa[pos]), int(bb[pos])
+            exact = x + y if type(e) is Add else x - y if type(e) is Sub else x * y
+            if not -lim <= exact < lim:
+                raise TexprError(
+                    f"stage {self.stage_name}: the integer arithmetic `{expr_str(e)}` reaches "
+                    f"{exact}, outside {e.dtype} [{-int(lim)}, {int(lim) - 1}] (it would wrap "
+                    "around); keep index expressions within range (smaller coefficients "
+                    "or extents)")
+        return out
 
     def _load(self, e, mask):
         t = e.tensor
