@@ -12,9 +12,14 @@ which stages get buffers by default is the materialisation rule of
 ``docs/stages.md``, and the data flow up to here is ``docs/pipeline.md``.
 """
 
-from .build import Kernel, build
-from .compile import CacheWarning, CompileError, cache_dir, clear_memory_cache
-from .schedule import Schedule, Stage, create_schedule
+import os as _os
+
+if not _os.environ.get("_TEXPR_COMPILE_WORKER"):
+    # (a compile worker process, see texpr.codegen.compile, needs numba only: it
+    # skips the simplifier, sympy and islpy that build and lower import)
+    from .build import Kernel, build
+    from .compile import CacheWarning, CompileError, cache_dir, clear_memory_cache
+    from .schedule import Schedule, Stage, create_schedule
 
 __all__ = ["build", "Kernel", "create_schedule", "Schedule", "Stage", "CompileError",
            "CacheWarning", "cache_dir", "clear_memory_cache"]
