@@ -20,9 +20,13 @@ and two graphs that share a stage share its machine code.
 
 A unit gets ``parallel=True`` (numba's parfor pass) only when it has a
 ``prange`` loop: a stage of at least ``PARALLEL_MIN_POINTS`` points (or one the
-schedule marks parallel). The parfor pass costs compile time whether or not
-it finds a parallel loop, so a small stage compiled serially no longer pays
-it.
+schedule marks parallel). The parfor pass costs 2-3x the compile time of the
+same unit compiled serially (measured, CPU seconds of one unit on a loaded
+2-core machine, parallel vs serial: dense forward 7.6 vs 3.6, dense dX 3.3
+vs 1.1, dW 3.5 vs 1.3; conv2d forward 5.9 vs 2.5, dX 6.6 vs 3.0, dW 4.7 vs
+2.0). A stage large enough to be parallel gains more at run time than that;
+a small stage, compiled serially, no longer pays the pass (before units, one
+prange anywhere made numba run it over every stage).
 
 :attr:`Program.source` (``Kernel.source``) is the readable text of the whole
 program: the units with buffers named after their tensors and each stage's

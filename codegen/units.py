@@ -27,6 +27,8 @@ a class with the interface above, and register a factory
 their compilation can run concurrently; other kinds are built one by one.
 """
 
+import operator
+
 from . import compile as _compile
 
 __all__ = ["NumbaUnit", "FACTORIES", "make_units"]
@@ -49,9 +51,13 @@ class NumbaUnit:
         self.in_worker = compiled.in_worker
         self.fn = compiled.fn
         self._entry = compiled.entry
+        if len(self.args) == 1:
+            self._pick = lambda arrays, i=self.args[0]: (arrays[i],)
+        else:
+            self._pick = operator.itemgetter(*self.args)
 
     def run(self, arrays, err):
-        self._entry(*[arrays[i] for i in self.args], err)
+        self._entry(*self._pick(arrays), err)
 
     def __repr__(self):
         return f"NumbaUnit({self.stage!r}, args={self.args}, key={self.key})"
