@@ -71,7 +71,7 @@ class Kernel:
         self.compile_seconds = seconds
         self.units_compiled = sum(1 for u in self.units if u.compiled)
         self.units_reused = len(self.units) - self.units_compiled
-        self.from_memory_cache = all(u.from_memory_cache for u in self.units)
+        self.from_memory_cache = bool(self.units) and all(u.from_memory_cache for u in self.units)
         self.from_disk_cache = (self.units_compiled == 0
                                 and any(u.from_disk_cache for u in self.units))
         self.paths = [u.path for u in self.units]

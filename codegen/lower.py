@@ -58,7 +58,7 @@ __all__ = ["lower", "Program", "BufferInfo", "UnitSource", "default_order", "Exp
            "const_str", "element", "lift_zero_guards"]
 
 #: the numba helpers every unit module defines (NaN-propagating min/max, the checks)
-HELPERS = _EMIT_HELPERS + "\n\n" + CHECK_HELPERS
+HELPERS = _EMIT_HELPERS.strip() + "\n\n\n" + CHECK_HELPERS.strip() + "\n"
 
 _PRELUDE = "import math\n\nimport numpy as np\nfrom numba import njit, prange\n"
 
@@ -149,7 +149,7 @@ def _lower_unit(op, stage, buffers, order, idents, inlined, parallel):
     deco = (f"@njit(parallel={sl.uses_prange}, fastmath=False, cache=True, "
             "error_model='numpy', nogil=True)")
     body = f"{deco}\ndef unit({', '.join(params)}):\n" + "\n".join(w.lines) + "\n"
-    src = _PRELUDE + HELPERS + "\n\n" + body
+    src = _PRELUDE + "\n\n" + HELPERS + "\n\n" + body
     src = remove_dead_assignments(src, "unit")
     pos = {id(b): j for j, b in enumerate(order)}
     args = [pos[id(b)] for b in ub.used]
@@ -211,7 +211,8 @@ def lower(schedule, inputs, materialized, inlined, parallel=True):
                      f"{b.dtype}")
     head.comment(0, "argument err", "err: the error flag ([code, value]; code 0, or the "
                  "first failed check of the unit that stopped)")
-    parts = [_PRELUDE + HELPERS, "\n".join(head.comments[ln] for ln in head.lines)]
+    parts = [_PRELUDE + "\n\n" + HELPERS.rstrip("\n"),
+             "\n".join(head.comments[ln] for ln in head.lines)]
     driver = [f"def kernel({', '.join(idents + ['err'])}):",
               "    # the driver: each unit is compiled as a module of its own; the first "
               "error stops the run"]
