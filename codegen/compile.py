@@ -396,13 +396,29 @@ class _NoMain:
         return False
 
 
+def _watch_parent(ppid):
+    """(Runs in each worker as it starts.) Exit when the parent process is gone: a
+    parent killed without running its exit handlers (SIGKILL, a CI timeout)
+    would otherwise leave its idle workers waiting for work for ever."""
+    import threading
+
+    def watch():
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != ppid:
+                os._exit(0)
+
+    threading.Thread(target=watch, name="texpr-parent-watch", daemon=True).start()
+
+
 def _pool(n):
     global _POOL
     if _POOL is not None and _POOL[1] >= n:
         return _POOL[0]
     _shutdown_pool()
     ex = _futures.ProcessPoolExecutor(max_workers=n,
-                                      mp_context=multiprocessing.get_context("spawn"))
+                                      mp_context=multiprocessing.get_context("spawn"),
+                                      initializer=_watch_parent, initargs=(os.getpid(),))
     _POOL = [ex, n]
     return ex
 
