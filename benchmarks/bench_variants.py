@@ -1,6 +1,6 @@
 """Before/after timings of codegen tuning knobs, in one process, runs alternating.
 
-Each *variant* is a Python statement run with ``L`` bound to :mod:`codegen.lower`
+Each *variant* is a Python statement run with ``L`` bound to :mod:`codegen.stage`
 (its tuning constants are reset between variants), e.g. ``"L.SPLIT_LANES = 10**6"``
 (turns the grouped reductions off) or ``"pass"`` (the defaults). For every case
 of the gradient suite (docs/testing.md) the forward value and each gradient are built as separate kernels,
@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from texpr import codegen  # noqa: E402
-import texpr.codegen.lower as L  # noqa: E402
+import texpr.codegen.stage as L  # noqa: E402 - the tuning constants live there
 import texpr as te  # noqa: E402
 from cases import make_cases, random_inputs  # noqa: E402
 
@@ -57,7 +57,7 @@ def case_kernels(case, variant, defaults):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("variants", nargs="+", help="Python statements on L = codegen.lower")
+    ap.add_argument("variants", nargs="+", help="Python statements on L = codegen.stage")
     ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--scale", type=float, default=1.0)

@@ -5,16 +5,26 @@
     (y,) = k(x, w)
 
 See :mod:`texpr.codegen.schedule` (primitives), :mod:`texpr.codegen.lower`
-(how stages become loop nests), :mod:`texpr.codegen.source` (the kernel's text:
-user names only in escaped comments, ``Kernel.source`` readable) and
-:mod:`texpr.codegen.compile` (numba and the caches, their integrity checks);
+(buffers, and one compiled unit per materialised stage),
+:mod:`texpr.codegen.stage` (how a stage becomes loop nests; its values are
+written by :mod:`texpr.codegen.emit`, its checks decided by
+:mod:`texpr.codegen.bounds`), :mod:`texpr.codegen.source` (the text: user
+names only in escaped comments, ``Kernel.source`` readable),
+:mod:`texpr.codegen.units` (the unit interface the kernel's driver calls) and
+:mod:`texpr.codegen.compile` (numba, the caches and their integrity checks,
+worker processes);
 which stages get buffers by default is the materialisation rule of
 ``docs/stages.md``, and the data flow up to here is ``docs/pipeline.md``.
 """
 
-from .build import Kernel, build
-from .compile import CacheWarning, CompileError, cache_dir, clear_memory_cache
-from .schedule import Schedule, Stage, create_schedule
+import os as _os
+
+if not _os.environ.get("_TEXPR_COMPILE_WORKER"):
+    # (a compile worker process, see texpr.codegen.compile, needs numba only: it
+    # skips the simplifier, sympy and islpy that build and lower import)
+    from .build import Kernel, build
+    from .compile import CacheWarning, CompileError, cache_dir, clear_memory_cache
+    from .schedule import Schedule, Stage, create_schedule
 
 __all__ = ["build", "Kernel", "create_schedule", "Schedule", "Stage", "CompileError",
            "CacheWarning", "cache_dir", "clear_memory_cache"]

@@ -1,14 +1,21 @@
-"""``build``: a graph (and optionally a schedule) -> a compiled :class:`Kernel`."""
+"""``build``: a graph (and optionally a schedule) -> a compiled :class:`Kernel`.
+
+A Kernel is a thin driver over its units (:mod:`codegen.units`, one per
+materialised stage): ``__call__`` checks the arrays, allocates the outputs and
+temporaries, and runs the units in order on the flat buffers, raising after
+the first unit whose error flag is set.
+"""
+
+import time
 
 import numpy as np
 
 from texpr.errors import FeedError, OutOfBoundsError, ScheduleError, TexprError
-from texpr.printer import tensor_str
 from texpr.tensor import (PlaceholderOp, ScatterAddOp, Tensor, check_allocatable,
                           check_input_array)
 
-from . import compile as _compile
 from .lower import lower
+from .units import make_units
 from .schedule import Schedule, create_schedule, default_materialized
 
 __all__ = ["build", "Kernel"]
@@ -33,12 +40,19 @@ class Kernel:
     A Kernel pickles: the loader takes the compiled code from the cache
     (memory, then disk) or recompiles the source.
 
-    Attributes: ``source`` (generated Python), ``stages`` (names of the
-    materialised stages, in execution order), ``inputs``, ``outputs``,
-    ``compile_seconds``, ``from_disk_cache``, ``from_memory_cache``, ``path``
-    (the generated module on disk, with canonical identifiers and no user names;
-    None when the cache directory could not be used and the kernel was compiled
-    in memory).
+    Attributes: ``source`` (generated Python: the units, then the driver
+    ``kernel``), ``stages`` (names of the materialised stages, in execution
+    order), ``units`` (the runnable units, one per stage, see
+    :mod:`codegen.units`), ``inputs``, ``outputs``, ``compile_seconds`` (wall
+    seconds spent compiling or loading the units), ``units_compiled`` (units
+    numba compiled for this build, here or in a worker process),
+    ``units_reused`` (units taken from the memory or disk cache, including a
+    stage that occurs twice in the graph), ``from_disk_cache`` (no unit was
+    compiled and at least one came from disk), ``from_memory_cache`` (every
+    unit came from memory), ``paths`` (the generated module of each unit on
+    disk, with canonical identifiers and no user names; None for a unit
+    compiled in memory because the cache directory could not be used),
+    ``path`` (the first unit's module, or None).
 
     Raises (on call): FeedError (wrong number/shape/dtype of arrays, an unknown,
     ambiguous or repeated name, a bad ``out=`` buffer, a masked array),
@@ -48,16 +62,20 @@ class Kernel:
     TexprError (integer division by zero).
     """
 
-    def __init__(self, program, compiled, inputs, outputs):
+    def __init__(self, program, units, inputs, outputs, seconds):
         self._program = program
-        self._fn = compiled.fn
+        self.units = list(units)
         self.source = program.source
         self.stages = list(program.stages)
         self.inputs, self.outputs = list(inputs), list(outputs)
-        self.compile_seconds = compiled.compile_seconds
-        self.from_disk_cache = compiled.from_disk_cache
-        self.from_memory_cache = compiled.from_memory_cache
-        self.path = compiled.path
+        self.compile_seconds = seconds
+        self.units_compiled = sum(1 for u in self.units if u.compiled)
+        self.units_reused = len(self.units) - self.units_compiled
+        self.from_memory_cache = bool(self.units) and all(u.from_memory_cache for u in self.units)
+        self.from_disk_cache = (self.units_compiled == 0
+                                and any(u.from_disk_cache for u in self.units))
+        self.paths = [u.path for u in self.units]
+        self.path = self.paths[0] if self.paths else None
         self._bufs = program.buffers
 
     def __call__(self, *arrays, out=None, **named):
@@ -88,14 +106,10 @@ class Kernel:
             by_id[id(b.tensor)] = arr
             args.append(arr)
         err = np.zeros(2, dtype=np.int64)  # [error code, the offending index]
-        args.append(err)
-        self._fn(*args)
-        code = int(err[0])
-        if code:
-            msg = self._program.errors[code - 1]
-            if "division by zero" in msg:
-                raise TexprError(msg)
-            raise OutOfBoundsError(f"{msg} (index value {int(err[1])})")
+        for unit in self.units:
+            unit.run(args, err)
+            if err[0]:
+                _raise(unit, err)
         outs = []
         given = set()
         for k, t in enumerate(self.outputs):
@@ -122,6 +136,15 @@ class Kernel:
     def __repr__(self):
         return (f"Kernel({', '.join(t.name for t in self.inputs)} -> "
                 f"{', '.join(t.name for t in self.outputs)}; stages: {', '.join(self.stages)})")
+
+
+def _raise(unit, err):
+    """The error of the failed check ``err[0]`` of ``unit`` (its message names the
+    stage and the expression; an index or value gets the offending value)."""
+    msg = unit.errors[int(err[0]) - 1]
+    if "division by zero" in msg:
+        raise TexprError(msg)
+    raise OutOfBoundsError(f"{msg} (index value {int(err[1])})")
 
 
 def _bind_named(inputs, arrays, named):
@@ -190,11 +213,14 @@ def _check_out(outputs, out, args):
     return out
 
 
+def _compile_kernel(program, inputs, outputs):
+    t0 = time.perf_counter()
+    units = make_units(program)
+    return Kernel(program, units, inputs, outputs, time.perf_counter() - t0)
+
+
 def _load_kernel(program, inputs, outputs):
-    specs = [(b.dtype, 1) for b in program.buffers] + [("int64", 1)]
-    compiled = _compile.compile_source(program.module_source, specs,
-                                       describe="the stages " + ", ".join(program.stages))
-    return Kernel(program, compiled, inputs, outputs)
+    return _compile_kernel(program, inputs, outputs)
 
 
 def build(outputs, inputs, schedule=None, *, parallel=True):
@@ -259,9 +285,4 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
             for t in op.outputs:
                 check_allocatable(t, "build")
     program = lower(schedule, inputs, mat, inl, parallel=parallel)
-    specs = [(b.dtype, 1) for b in program.buffers] + [("int64", 1)]
-    defs = [tensor_str(op.output(0)) for op in schedule.ops if id(op) in mat]
-    describe = "the stages\n  " + "\n  ".join(d if len(d) < 400 else d[:400] + " ..."
-                                              for d in defs)
-    compiled = _compile.compile_source(program.module_source, specs, describe=describe)
-    return Kernel(program, compiled, inputs, outs)
+    return _compile_kernel(program, inputs, outs)

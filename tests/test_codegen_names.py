@@ -75,8 +75,8 @@ def test_any_str_name_is_only_a_comment(name, reference_kernel):
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((3, 4)), rng.standard_normal(4)
     np.testing.assert_allclose(kernel(a, b)[0], _expected(a, b), rtol=1e-12)
-    # one compiled kernel for every naming of this structure
-    assert kernel.path == reference_kernel.path
+    # one compiled unit per stage for every naming of this structure
+    assert kernel.paths == reference_kernel.paths and None not in kernel.paths
     ref_src = reference_kernel.source
     src = kernel.source
     # the readable text is code exactly like the reference's, up to the buffer names
@@ -87,9 +87,10 @@ def test_any_str_name_is_only_a_comment(name, reference_kernel):
     assert all(x == y or y.endswith("_") for x, y in zip(ref_tok, tok))
     assert src.encode("utf-8")  # lone surrogates are escaped
     # the module on disk (what Python runs) holds no user text
-    with open(kernel.path, encoding="utf-8") as f:
-        module = f.read()
-    assert "TEXPR_INJECTED" not in module and "\x00" not in module
+    for path in kernel.paths:
+        with open(path, encoding="utf-8") as f:
+            module = f.read()
+        assert "TEXPR_INJECTED" not in module and "\x00" not in module
     # the name is shown, escaped, in the stage comments
     assert f"# ---- stage {comment_text(name)}: " in src
 
@@ -105,7 +106,7 @@ def test_names_do_not_poison_later_programs(tmp_path, monkeypatch):
         codegen.clear_memory_cache()
         (A2, B2), T2 = _program("A", "B", "k", "S", "R", "T")
         later = codegen.build([T2], [A2, B2])  # reads the module the first build wrote
-        assert later.path == first.path and later.path.startswith(str(tmp_path))
+        assert later.paths == first.paths and later.path.startswith(str(tmp_path))
         a, b = np.ones((3, 4)), np.arange(4.0)
         np.testing.assert_allclose(later(a, b)[0], _expected(a, b))
         np.testing.assert_allclose(first(a, b)[0], _expected(a, b))
@@ -214,15 +215,20 @@ def test_readme_kernel_source_reads_as_documentation():
 
 # ---- dead assignments: the removal changes no value ---------------------------------------
 
-def _run_python(source, arrays):
-    g = {"prange": range}
-    code = source.replace("from numba import njit, prange", "")
-    code = code.replace("@njit(", "@(lambda *a, **k: (lambda f: f))(")
-    exec(compile(code, "<kernel>", "exec"), g)
+def _run_python(program, arrays):
+    """The units of ``program`` run in order as plain Python on copies of
+    ``arrays`` (its buffers); ``(arrays, (unit, code))`` of the first error."""
     args = [a.copy() for a in arrays]
     err = np.zeros(2, dtype=np.int64)  # [error code, offending index]
-    g["kernel"](*args, err)
-    return args, int(err[0])
+    for k, unit in enumerate(program.units):
+        g = {"prange": range}
+        code = unit.module_source.replace("from numba import njit, prange", "")
+        code = code.replace("@njit(", "@(lambda *a, **k: (lambda f: f))(")
+        exec(compile(code, "<unit>", "exec"), g)
+        g["unit"](*[args[i] for i in unit.args], err)
+        if err[0]:
+            return args, (k, int(err[0]))
+    return args, 0
 
 
 def test_dead_assignment_removal_keeps_every_value(monkeypatch):
@@ -253,16 +259,17 @@ def test_dead_assignment_removal_keeps_every_value(monkeypatch):
             inl.discard(id(op.init.op))
             mat.add(id(op.init.op))
     kept = lower_mod.lower(schedule, ins, mat, inl)
-    monkeypatch.setattr(lower_mod, "remove_dead_assignments", lambda s: s)
+    monkeypatch.setattr(lower_mod, "remove_dead_assignments", lambda s, func="kernel": s)
     full = lower_mod.lower(schedule, ins, mat, inl)
-    assert len(kept.module_source) < len(full.module_source)
+    assert sum(len(u.module_source) for u in kept.units) < sum(
+        len(u.module_source) for u in full.units)
     rng = np.random.default_rng(4)
     for idx in ([0, 5, 2, 3], [1, 6, 0, 2]):  # the second reads outside X: the flag is set
         feed = [rng.standard_normal(54), rng.standard_normal(45), np.array(idx)]
         arrays = feed + [np.full(b_.size, np.nan if b_.dtype.startswith("float") else -7, b_.dtype)
                           for b_ in full.buffers[3:]]
-        got, err = _run_python(kept.module_source, arrays)
-        want, err_want = _run_python(full.module_source, arrays)
+        got, err = _run_python(kept, arrays)
+        want, err_want = _run_python(full, arrays)
         assert err == err_want and (err != 0) == (max(idx) >= 6)
         for g_, w_ in zip(got[3:], want[3:]):
             np.testing.assert_array_equal(g_, w_)

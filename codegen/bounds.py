@@ -1,0 +1,255 @@
+"""Bounds checks of a stage: which loads need a run-time check, and proofs that
+the integer index arithmetic of the generated code is exact in int64.
+
+One job: decide, from the stage's iteration domain (isl), which accesses are
+proven in bounds, which are proven out of bounds (a build-time
+:class:`OutOfBoundsError`), which are checked at run time (``_ck``), and which
+loaded integers used in index arithmetic get a range check (``_rk``). The
+run-time checks are the numba helpers of :data:`CHECK_HELPERS`: they set the
+unit's error flag ``err`` (``[code, offending value]``) instead of raising, so
+that numba can still parallelise the loop.
+"""
+
+from texpr import expr as E
+from texpr.errors import OutOfBoundsError, TexprError
+from texpr.printer import expr_str
+from texpr.simplify.isl_bridge import isl, to_pwaff, to_set
+
+__all__ = ["DATA_INDEX_LIMIT", "CHECK_HELPERS"]
+
+#: an int64 value loaded (or cast from a float) inside index arithmetic is checked
+#: at run time to lie in [-DATA_INDEX_LIMIT, DATA_INDEX_LIMIT): the arithmetic
+#: over it is then proven to stay in int64
+DATA_INDEX_LIMIT = 1 << 31
+
+_INT_RANGE = {"int64": (-(1 << 63), (1 << 63) - 1), "int32": (-(1 << 31), (1 << 31) - 1)}
+_COMPARISONS = (E.EQ, E.NE, E.LT, E.LE, E.GT, E.GE)
+_INDEX_ARITH = (E.Add, E.Sub, E.Mul, E.FloorDiv, E.FloorMod, E.Min, E.Max)
+
+
+class _BoundsChecker:
+    """Finds the loads of a statement that need a run-time bounds check, and
+    proves its integer index arithmetic exact.
+
+    Loads with quasi-affine indices on a path of affine conditions are checked by
+    isl; proven out-of-bounds loads raise at build time.
+
+    isl reasons in exact integers, the kernel in int64: every integer
+    subexpression of an index or of a condition is bounded over the iteration
+    domain (interval arithmetic from the axes' extents, refined by isl over the
+    path for a quasi-affine subexpression whose interval is too wide) and must
+    stay within its dtype, or the build fails with a TexprError naming the stage
+    and the subexpression. A loaded int64 value (or a float cast to an int) used
+    in such arithmetic has no static bound: it gets a run-time check
+    (``values``) that it lies within ``+-DATA_INDEX_LIMIT``, and the arithmetic
+    over it is proven with that bound (a product of three loaded values is
+    rejected)."""
+
+    def __init__(self, stage_name, space, domain):
+        self.stage_name, self.space, self.domain = stage_name, space, domain
+        self.need = set()   # ids of Load nodes to check at run time
+        self.values = set()  # ids of int loads / float->int casts to range-check at run time
+        self.var_ranges = {}  # id(Var) -> (lo, hi) for variables that are not axes
+        self._seen = set()
+        self._ranges = {}
+
+    # -- int64 exactness ---------------------------------------------------------
+    def index(self, e, path):
+        """Prove the integer expression ``e`` (an index or a comparison operand)
+        exact on ``path``; returns its range ``(lo, hi)``."""
+        return self._range(e, path, top=True)
+
+    def _range(self, e, path, top=False):
+        key = (id(e), id(path), top)
+        hit = self._ranges.get(key)
+        if hit is not None:
+            return hit[1]
+        r = self._range_now(e, path, top)
+        self._ranges[key] = (e, r)
+        return r
+
+    def _range_now(self, e, path, top):
+        d = e.dtype
+        full = _INT_RANGE.get(d)
+        if full is None:
+            return None
+        if isinstance(e, E.Const):
+            return (int(e.value), int(e.value))
+        if isinstance(e, E.IterVar):
+            return (e.dom[0], e.dom[1] - 1)
+        if isinstance(e, E.Var):
+            return self.var_ranges.get(id(e), full)
+        if isinstance(e, (E.Load, E.Cast)):
+            if isinstance(e, E.Load):
+                for a in e.args:
+                    self.index(a, path)
+            elif e.value.dtype == "bool":
+                return (0, 1)
+            elif _INT_RANGE.get(e.value.dtype) is not None:
+                inner = self._range(e.value, path)
+                if full[0] <= inner[0] and inner[1] <= full[1]:
+                    return inner
+            # a loaded value, a float converted, or a narrowing int cast: no static bound
+            if top or d == "int32":
+                return full  # used as it is: the load's own check (or none) applies
+            self.values.add(id(e))
+            return (-DATA_INDEX_LIMIT, DATA_INDEX_LIMIT - 1)
+        if isinstance(e, E.Select):
+            if e.cond.dtype == "bool":
+                self.condition(e.cond, path)
+            a, b = self._range(e.true_value, path, top), self._range(e.false_value, path, top)
+            if a is None or b is None:
+                return full
+            return (min(a[0], b[0]), max(a[1], b[1]))
+        if not isinstance(e, _INDEX_ARITH):
+            for c in e.args:
+                if _INT_RANGE.get(c.dtype) is not None:
+                    self._range(c, path)
+            return full
+        a, b = self._range(e.a, path), self._range(e.b, path)
+        if a is None or b is None:
+            return full
+        if isinstance(e, E.Add):
+            r = (a[0] + b[0], a[1] + b[1])
+        elif isinstance(e, E.Sub):
+            r = (a[0] - b[1], a[1] - b[0])
+        elif isinstance(e, E.Mul):
+            ps = [x * y for x in a for y in b]
+            r = (min(ps), max(ps))
+        elif isinstance(e, E.Min):
+            r = (min(a[0], b[0]), min(a[1], b[1]))
+        elif isinstance(e, E.Max):
+            r = (max(a[0], b[0]), max(a[1], b[1]))
+        elif isinstance(e, E.FloorMod):
+            if b[0] > 0:
+                r = (0, b[1] - 1)
+            elif b[1] < 0:
+                r = (b[0] + 1, 0)
+            else:
+                r = (min(b[0] + 1, 0), max(b[1] - 1, 0))
+        else:  # floor division: by a divisor range not containing 0 (else the _nz check)
+            cands = [x for x in (b[0], b[1], 1, -1) if b[0] <= x <= b[1] and x != 0]
+            qs = [p // q for p in a for q in cands]
+            r = (min(qs + [a[0], -a[1]]), max(qs + [a[1], -a[0]])) if cands else full
+        if full[0] <= r[0] and r[1] <= full[1]:
+            return r
+        exact = self._isl_range(e, path)
+        if exact is not None:
+            r = exact
+        if not (full[0] <= r[0] and r[1] <= full[1]):
+            raise TexprError(
+                f"stage {self.stage_name}: the index arithmetic `{expr_str(e)}` reaches "
+                f"{r[0] if r[0] < full[0] else r[1]} on the iteration domain, outside {d} "
+                f"[{full[0]}, {full[1]}]; the kernel would wrap around. Keep index "
+                "expressions within int64 (smaller coefficients or extents)")
+        return r
+
+    def _isl_range(self, e, path):
+        """The exact range of a quasi-affine ``e`` on ``path`` (isl), or None."""
+        if self.space is None:
+            return None
+        try:
+            pa = to_pwaff(e, self.space)
+            if pa is None or path.is_empty():
+                return None if pa is None else (0, 0)
+            pa = pa.intersect_domain(path)
+            lo, hi = pa.min_val(), pa.max_val()
+            if not (lo.is_int() and hi.is_int()):
+                return None
+            return (lo.to_python(), hi.to_python())
+        except (isl.Error, TexprError):
+            return None
+
+    def condition(self, c, path):
+        """Prove the integer operands of the comparisons in condition ``c`` exact."""
+        from texpr.visitor import post_order
+        for n in post_order(c):
+            if type(n) in _COMPARISONS:
+                for x in n.args:
+                    if _INT_RANGE.get(x.dtype) is not None:
+                        self.index(x, path)
+
+    def walk(self, e, path, resid):
+        key = (id(e), id(path), resid)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        if type(e) in _COMPARISONS:
+            for x in e.args:
+                if _INT_RANGE.get(x.dtype) is not None:
+                    self.index(x, path)
+        if isinstance(e, E.Select):
+            self.walk(e.cond, path, resid)
+            s, r = to_set(e.cond, self.space)
+            self.walk(e.true_value, path.intersect(s), resid or r is not None)
+            if r is None:
+                self.walk(e.false_value, path.intersect(s.complement()), resid)
+            else:
+                self.walk(e.false_value, path, True)
+            return
+        if isinstance(e, (E.And, E.Or)):
+            self.walk(e.a, path, resid)
+            s, r = to_set(e.a, self.space)
+            if isinstance(e, E.Or):
+                s = s.complement() if r is None else self.space.universe()
+            self.walk(e.b, path.intersect(s), resid or r is not None)
+            return
+        for c in e.args:
+            self.walk(c, path, resid)
+        if isinstance(e, E.Load):
+            self._check(e, path, resid)
+
+    def _check(self, ld, path, resid):
+        t = ld.tensor
+        for ix in ld.args:
+            self.index(ix, path)
+        for d, (ix, n) in enumerate(zip(ld.args, t.shape)):
+            pa = to_pwaff(ix, self.space)
+            if pa is None:
+                self.need.add(id(ld))
+                return
+            bad = pa.lt_set(self.space.const(0)).union(pa.ge_set(self.space.const(n)))
+            bad = bad.intersect(path)
+            if bad.is_empty():
+                continue
+            if resid:
+                self.need.add(id(ld))
+                return
+            pt = bad.sample_point()
+            where = ", ".join(
+                f"{v.name}={pt.get_coordinate_val(isl.dim_type.set, k).to_python()}"
+                for k, v in enumerate(self.space.vars))
+            raise OutOfBoundsError(
+                f"stage {self.stage_name}: load `{expr_str(ld)}` reads {t.name} outside its "
+                f"shape {t.shape} (dimension {d}) at {where}; guard the load with "
+                "te.if_then_else if the index can leave the tensor")
+
+
+#: the run-time checks (numba helpers): an index outside ``[0, n)``, a value outside
+#: ``[-lim, lim)``, a zero divisor set ``err`` and return a safe value
+CHECK_HELPERS = '''
+@njit(inline="always", cache=True)
+def _ck(i, n, err, code):
+    if i < 0 or i >= n:
+        err[1] = i
+        err[0] = code
+        return 0
+    return i
+
+
+@njit(inline="always", cache=True)
+def _rk(v, lim, err, code):
+    if v < -lim or v >= lim:
+        err[1] = v
+        err[0] = code
+        return 0
+    return v
+
+
+@njit(inline="always", cache=True)
+def _nz(b, err, code):
+    if b == 0:
+        err[0] = code
+        return 1
+    return b
+'''

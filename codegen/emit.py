@@ -1,0 +1,231 @@
+"""Expression emission: IR expressions -> Python text inside a numba unit.
+
+One job: the text of values (:class:`ExprEmitter`, :func:`const_str`), of buffer
+elements (:func:`element`: flat buffers, row-major offsets with static extents)
+and the line writer (:class:`_Writer`, canonical and readable comments). It
+decides nothing about loops (:mod:`codegen.stage`) or bounds
+(:mod:`codegen.bounds` tells it which loads to check).
+"""
+
+from texpr import dtypes as dt
+from texpr import expr as E
+from texpr.errors import TexprError
+from texpr.printer import expr_str
+
+from .bounds import DATA_INDEX_LIMIT
+from .source import comment_text
+
+__all__ = ["ExprEmitter", "const_str", "element", "HELPERS"]
+
+
+def _nodes(e):
+    from texpr.visitor import post_order
+    return post_order(e)
+
+
+_NP = {"float32": "np.float32", "float64": "np.float64", "int32": "np.int32",
+       "int64": "np.int64", "bool": "np.bool_"}
+_CMP = {E.EQ: "==", E.NE: "!=", E.LT: "<", E.LE: "<=", E.GT: ">", E.GE: ">="}
+_ARITH = {E.Add: "+", E.Sub: "-", E.Mul: "*"}
+_UNARY_NP = {"exp": "np.exp", "log": "np.log", "sqrt": "np.sqrt", "tanh": "np.tanh",
+             "floor": "np.floor", "ceil": "np.ceil", "round": "np.rint", "trunc": "np.trunc",
+             "sin": "np.sin", "cos": "np.cos"}
+
+
+def const_str(value, dtype):
+    """A Python literal of ``value`` typed as ``dtype`` inside numba code."""
+    if dtype == "bool":
+        return "True" if value else "False"
+    if dt.is_int(dtype):
+        v = int(value)
+        return str(v) if dtype == "int64" else f"np.int32({v})"
+    v = float(value)
+    if v != v:
+        text = "np.nan"
+    elif v in (float("inf"), float("-inf")):
+        text = "np.inf" if v > 0 else "-np.inf"
+    else:
+        text = repr(v)
+    return text if dtype == "float64" else f"np.float32({text})"
+
+
+class ExprEmitter:
+    """Python source of IR expressions inside a numba kernel.
+
+    ``names``: id(Var) -> source name; ``buffers``: id(Tensor) -> BufferInfo;
+    ``checks``: ids of loads needing a bounds check; ``errors``: the error table
+    (list of messages; the flag holds the 1-based code)."""
+
+    def __init__(self, names, buffers, stage_name, errors):
+        self.names, self.buffers, self.stage_name, self.errors = names, buffers, stage_name, errors
+        self.checks = set()
+        self.value_checks = set()  # ids of int loads / casts range-checked (DATA_INDEX_LIMIT)
+
+    def _value_check(self, e, text):
+        if id(e) not in self.value_checks:
+            return text
+        code = self._err(
+            f"stage {self.stage_name}: the value of `{expr_str(e)}` is used in index "
+            f"arithmetic and must lie in [-{DATA_INDEX_LIMIT}, {DATA_INDEX_LIMIT}) "
+            "(the arithmetic is proven exact in int64 for such values only)")
+        return f"_rk({text}, {DATA_INDEX_LIMIT}, err, {code})"
+
+    def cast(self, e, dtype):
+        s = self(e)
+        if e.dtype == dtype:
+            return s
+        if isinstance(e, E.Const):
+            return const_str(e.value, dtype)
+        if dtype == "bool":
+            return f"({s} != 0)"
+        return f"{_NP[dtype]}({s})"
+
+    def _err(self, msg):
+        self.errors.append(msg)
+        return len(self.errors)
+
+    def __call__(self, e):
+        cls = type(e)
+        if cls is E.Const:
+            return const_str(e.value, e.dtype)
+        if isinstance(e, E.Var):
+            try:
+                return self.names[id(e)]
+            except KeyError:
+                raise TexprError(f"stage {self.stage_name}: variable `{e.name}` is not bound "
+                                 "in the generated code") from None
+        d = e.dtype
+        if cls in _ARITH:
+            out = f"({self.cast(e.a, d)} {_ARITH[cls]} {self.cast(e.b, d)})"
+            return f"np.int32{out}" if d == "int32" else out
+        if cls is E.Div:
+            return f"({self.cast(e.a, d)} / {self.cast(e.b, d)})"
+        if cls in (E.FloorDiv, E.FloorMod):
+            op = "//" if cls is E.FloorDiv else "%"
+            a, b = self.cast(e.a, d), self.cast(e.b, d)
+            if dt.is_int(d) and not (isinstance(e.b, E.Const) and e.b.value != 0):
+                code = self._err(f"stage {self.stage_name}: integer division by zero in "
+                                 f"`{expr_str(e)}`")
+                b = f"_nz({b}, err, {code})"
+            out = f"({a} {op} {b})"
+            return f"np.int32{out}" if d == "int32" else out
+        if cls in (E.Min, E.Max):
+            a, b = self.cast(e.a, d), self.cast(e.b, d)
+            if dt.is_float(d):
+                return f"_f{'min' if cls is E.Min else 'max'}({a}, {b})"
+            return f"{'min' if cls is E.Min else 'max'}({a}, {b})"
+        if cls in _CMP:
+            return f"({self(e.a)} {_CMP[cls]} {self(e.b)})"
+        if cls is E.And:
+            op = "&" if _cheap_and_safe(e.b) else "and"
+            return f"({self(e.a)} {op} {self(e.b)})"
+        if cls is E.Or:
+            op = "|" if _cheap_and_safe(e.b) else "or"
+            return f"({self(e.a)} {op} {self(e.b)})"
+        if cls is E.Not:
+            return f"(not {self(e.a)})"
+        if cls is E.Select:
+            return f"({self(e.true_value)} if {self(e.cond)} else {self(e.false_value)})"
+        if cls is E.Cast:
+            return self._value_check(e, self.cast(e.value, d))
+        if cls is E.Call:
+            return self._call(e)
+        if cls is E.Load:
+            return self._value_check(e, self._load(e))
+        if cls is E.Reduce:
+            raise TexprError(f"stage {self.stage_name}: a reduction below the top of a body "
+                             f"(`{expr_str(e)}`) reached code generation")
+        raise TexprError(f"codegen: unknown expression kind {cls.__name__}")
+
+    def _call(self, e):
+        d, name = e.dtype, e.name
+        if name == "abs":
+            return f"abs({self.cast(e.args[0], d)})"
+        if name == "power":
+            return f"np.power({self.cast(e.args[0], d)}, {self.cast(e.args[1], d)})"
+        x = self.cast(e.args[0], d)
+        one = const_str(1.0, d)
+        if name in _UNARY_NP:
+            return f"{_UNARY_NP[name]}({x})"
+        if name == "rsqrt":
+            return f"({one} / np.sqrt({x}))"
+        if name == "sigmoid":
+            return f"({one} / ({one} + np.exp(-{x})))"
+        if name == "erf":
+            return f"{_NP[d]}(math.erf({x}))"
+        raise TexprError(f"codegen: intrinsic {name} has no code generator")
+
+    def _load(self, e):
+        t = e.tensor
+        buf = self.buffers[id(t)]
+        if not e.args:
+            return f"{buf.name}[0]"
+        idx = [self(i) for i in e.args]
+        if id(e) in self.checks:
+            code = self._err(
+                f"stage {self.stage_name}: load `{expr_str(e)}` reads {t.name} outside its "
+                f"shape {t.shape}; guard the load with te.if_then_else if the index can leave "
+                "the tensor")
+            idx = [f"_ck({s}, {n}, err, {code})" for s, n in zip(idx, t.shape)]
+        return element(buf, idx)
+
+
+_SAFE_KINDS = (E.Const, E.Var, E.EQ, E.NE, E.LT, E.LE, E.GT, E.GE, E.And, E.Or, E.Not,
+               E.Add, E.Sub, E.Mul, E.Min, E.Max)
+
+
+def _cheap_and_safe(e):
+    """Whether a condition may be evaluated even where the short-circuit would skip
+    it: comparisons of variables and constants (no load, no division, no call),
+    small. ``a & b`` of such conditions compiles to straight-line code (selects)
+    where ``a and b`` branches: the argmax combine of max pooling's gradient
+    runs 2.6x faster (NaN propagation adds a third clause)."""
+    nodes = _nodes(e)
+    return len(nodes) <= 16 and all(isinstance(n, _SAFE_KINDS) for n in nodes)
+
+
+def element(buf, idx):
+    """``buf[idx]`` for a buffer passed flat (1-D): the row-major offset with the
+    (static) extents as constants, as an unsigned index (in bounds by construction
+    or by check), so that numba emits no negative-index wrap-around and LLVM sees
+    unit strides."""
+    if not idx:
+        return f"{buf.name}[0]"
+    lin = idx[0]
+    for s, n in zip(idx[1:], buf.shape[1:]):
+        lin = f"({lin}) * {n} + {s}"
+    return f"{buf.name}[np.uint64({lin})]"
+
+
+# ---- the source writer -------------------------------------------------------------------
+
+class _Writer:
+    """Source lines. Comments are written twice: the canonical text (no user
+    names: what the caches key on and what Python runs) and the readable text
+    of ``Kernel.source`` (escaped with :func:`codegen.source.comment_text`)."""
+
+    def __init__(self):
+        self.lines = []
+        self.comments = {}  # canonical comment line (stripped) -> readable text
+
+    def __call__(self, depth, text):
+        self.lines.append("    " * depth + text)
+
+    def comment(self, depth, canonical, readable):
+        line = f"# {canonical}"
+        assert line not in self.comments
+        self.comments[line] = f"# {comment_text(readable)}"
+        self(depth, line)
+
+
+#: numba helpers the emitted expressions call (NaN-propagating float min/max)
+HELPERS = '''
+@njit(inline="always", cache=True)
+def _fmax(a, b):
+    return a if (a > b or a != a) else b
+
+
+@njit(inline="always", cache=True)
+def _fmin(a, b):
+    return a if (a < b or a != a) else b
+'''

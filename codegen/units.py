@@ -1,0 +1,88 @@
+"""The runnable units of a kernel: what :class:`codegen.build.Kernel` calls in order.
+
+One job: turn a :class:`codegen.lower.Program`'s unit descriptions
+(:class:`codegen.lower.UnitSource`, picklable) into runnable units, compiling
+the numba ones in one batch (:func:`codegen.compile.compile_units`: memory,
+disk, worker processes).
+
+The interface every unit kind implements (the driver relies on nothing else):
+
+* ``run(arrays, err)``: compute the stage. ``arrays`` is the kernel's list of
+  flat (1-D, C-contiguous) numpy arrays in :attr:`Program.buffers` order; the
+  unit reads and writes ``arrays[i]`` for ``i`` in its ``args`` only. ``err``
+  is an ``int64[2]`` array, zero on entry; a failed run-time check sets
+  ``err[0]`` to its code (1-based, into ``errors``) and ``err[1]`` to the
+  offending value; the driver raises after the unit returns.
+* attributes: ``kind`` (str), ``stage`` (the op's name), ``args`` (tuple of
+  buffer indices), ``errors`` (list of messages, each naming the stage),
+  ``key`` (content key or None), ``path`` (module on disk or None),
+  ``compile_seconds``, ``from_disk_cache``, ``from_memory_cache``,
+  ``compiled`` (True when this build compiled it: numba ran, here or in a
+  worker).
+
+Adding a kind (e.g. a contraction run by a library call instead of a loop
+nest): give its description in ``Program.units`` a ``kind`` of its own, write
+a class with the interface above, and register a factory
+``description -> unit`` in :data:`FACTORIES`. Numba units are batched so that
+their compilation can run concurrently; other kinds are built one by one.
+"""
+
+import operator
+
+from . import compile as _compile
+
+__all__ = ["NumbaUnit", "FACTORIES", "make_units"]
+
+
+class NumbaUnit:
+    """A stage compiled by numba: ``run(arrays, err)`` calls the compiled
+    function (its overload's entry point) on ``arrays[i] for i in args``, then
+    ``err``. See the module docstring for the attributes."""
+
+    kind = "numba"
+
+    def __init__(self, desc, compiled):
+        self.stage, self.args, self.errors = desc.stage, tuple(desc.args), desc.errors
+        self.key, self.path = compiled.key, compiled.path
+        self.compile_seconds = compiled.compile_seconds
+        self.from_disk_cache = compiled.from_disk_cache
+        self.from_memory_cache = compiled.from_memory_cache
+        self.compiled = not (compiled.from_disk_cache or compiled.from_memory_cache)
+        self.in_worker = compiled.in_worker
+        self.fn = compiled.fn
+        self._entry = compiled.entry
+        if len(self.args) == 1:
+            self._pick = lambda arrays, i=self.args[0]: (arrays[i],)
+        else:
+            self._pick = operator.itemgetter(*self.args)
+
+    def run(self, arrays, err):
+        self._entry(*self._pick(arrays), err)
+
+    def __repr__(self):
+        return f"NumbaUnit({self.stage!r}, args={self.args}, key={self.key})"
+
+
+#: kind -> factory(description) for the unit kinds not compiled by numba
+FACTORIES = {}
+
+
+def make_units(program):
+    """The runnable units of ``program`` (a list, in order). Raises
+    :class:`codegen.CompileError` (naming the stage) when numba rejects a
+    unit; TexprError for a unit kind without a factory."""
+    from texpr.errors import TexprError
+
+    numba_descs = [u for u in program.units if u.kind == "numba"]
+    compiled = _compile.compile_units([(u.module_source, u.arg_specs, u.describe(), "unit")
+                                       for u in numba_descs])
+    by_id = {id(u): c for u, c in zip(numba_descs, compiled)}
+    out = []
+    for u in program.units:
+        if u.kind == "numba":
+            out.append(NumbaUnit(u, by_id[id(u)]))
+        elif u.kind in FACTORIES:
+            out.append(FACTORIES[u.kind](u))
+        else:
+            raise TexprError(f"stage {u.stage}: no unit kind {u.kind!r} is registered")
+    return out

@@ -1,0 +1,254 @@
+"""Compiled units (issue 11): a kernel is a driver over one compiled unit per
+materialised stage, keyed by the stage's canonical text. A layer repeated with
+the same shapes compiles once; two graphs that share a stage share its machine
+code; editing one operator recompiles only its stage; errors name the stage of
+the unit that failed (error codes are unit-local); worker processes and the
+in-process path give the same units and values, and a failing or stuck worker
+falls back to compiling in the process.
+
+Every test starts from an empty cache (its own directory, memory cleared), so
+the counts are exact."""
+
+import time
+
+import numpy as np
+import pytest
+
+import texpr as te
+from texpr import codegen
+from texpr.codegen import compile as cmp
+
+
+@pytest.fixture
+def fresh(tmp_path, monkeypatch):
+    """An empty disk cache and memory cache; the compile counters before the test."""
+    monkeypatch.setenv("TEXPR_CACHE_DIR", str(tmp_path / "cache"))
+    codegen.clear_memory_cache()
+    yield cmp.stats()
+    codegen.clear_memory_cache()
+
+
+def _delta(before):
+    now = cmp.stats()
+    return {k: now[k] - before[k] for k in now}
+
+
+def _matmul_t(a, w, name):
+    """``a @ w.T`` as a materialised reduction stage."""
+    k = te.reduce_axis(a.shape[1], "k_" + name)
+    return te.compute((a.shape[0], w.shape[0]),
+                      lambda i, j: te.sum(a[i, k] * w[j, k], axis=k), name=name)
+
+
+def test_repeated_layer_compiles_once(fresh, monkeypatch):
+    monkeypatch.setenv("TEXPR_COMPILE_WORKERS", "0")
+    X = te.placeholder((3, 7), "X", "float64")
+    W1 = te.placeholder((7, 7), "W1", "float64")
+    W2 = te.placeholder((7, 7), "W2", "float64")
+    W3 = te.placeholder((7, 7), "W3", "float64")
+    H1 = _matmul_t(X, W1, "H1")
+    H2 = _matmul_t(H1, W2, "H2")  # the same stage structure (shapes, dtypes) as H1
+    H3 = _matmul_t(H2, W3, "H3")
+    kernel = codegen.build([H3, H1], [X, W1, W2, W3])
+    assert kernel.stages == ["H1", "H2", "H3"]
+    assert kernel.units_compiled == 1 and kernel.units_reused == 2
+    assert len({u.key for u in kernel.units}) == 1
+    assert _delta(fresh)["compiled"] == 1
+    rng = np.random.default_rng(0)
+    x, w1, w2, w3 = (rng.standard_normal(s) for s in [(3, 7), (7, 7), (7, 7), (7, 7)])
+    h3, h1 = kernel(x, w1, w2, w3)
+    np.testing.assert_allclose(h1, x @ w1.T, rtol=1e-12)
+    np.testing.assert_allclose(h3, x @ w1.T @ w2.T @ w3.T, rtol=1e-12)
+    # a different shape is a different unit; the equal ones are still shared
+    W4 = te.placeholder((5, 7), "W4", "float64")
+    H4 = _matmul_t(_matmul_t(X, W1, "G1"), W4, "G4")
+    other = codegen.build([H4], [X, W1, W4])
+    assert other.units_compiled == 1 and other.units[0].from_memory_cache
+    w4 = rng.standard_normal((5, 7))
+    np.testing.assert_allclose(other(x, w1, w4)[0], x @ w1.T @ w4.T, rtol=1e-12)
+
+
+def _graph(scale, names):
+    """S = X W^T (a reduction), T = tanh(S) * scale + S[0, :] (elementwise), and
+    U = sum over rows of T (a second reduction); outputs T and U."""
+    X = te.placeholder((4, 6), names + "X", "float64")
+    W = te.placeholder((5, 6), names + "W", "float64")
+    S = _matmul_t(X, W, names + "S")
+    T = te.compute((4, 5), lambda i, j: te.tanh(S[i, j]) * scale + S[0, j], name=names + "T")
+    r = te.reduce_axis(4, names + "r")
+    U = te.compute((5,), lambda j: te.sum(T[r, j], axis=r), name=names + "U")
+    return (X, W), (T, U)
+
+
+def _reference(x, w, scale):
+    s = x @ w.T
+    t = np.tanh(s) * scale + s[0]
+    return t, t.sum(axis=0)
+
+
+def test_shared_stages_and_editing_one_operator(fresh, monkeypatch):
+    monkeypatch.setenv("TEXPR_COMPILE_WORKERS", "0")
+    (X, W), outs = _graph(2.0, "a")
+    first = codegen.build(list(outs), [X, W])
+    assert first.units_compiled == 3 and first.units_reused == 0
+    # another graph, other names, the same structure: every unit shared
+    (X2, W2), outs2 = _graph(2.0, "b")
+    second = codegen.build(list(outs2), [X2, W2])
+    assert second.from_memory_cache and second.units_compiled == 0
+    assert [u.key for u in second.units] == [u.key for u in first.units]
+    assert all(u.fn is v.fn for u, v in zip(first.units, second.units))  # one machine code
+    # one operator edited (the constant of T): only its unit is compiled again
+    (X3, W3), outs3 = _graph(3.0, "c")
+    edited = codegen.build(list(outs3), [X3, W3])
+    assert edited.units_compiled == 1 and edited.units_reused == 2
+    changed = [k for k, (u, v) in enumerate(zip(first.units, edited.units)) if u.key != v.key]
+    assert changed == [edited.stages.index("cT")]
+    assert _delta(fresh)["compiled"] == 4
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((4, 6)), rng.standard_normal((5, 6))
+    for kernel, scale in ((first, 2.0), (second, 2.0), (edited, 3.0)):
+        t, u = kernel(x, w)
+        t_ref, u_ref = _reference(x, w, scale)
+        np.testing.assert_allclose(t, t_ref, rtol=1e-12)
+        np.testing.assert_allclose(u, u_ref, rtol=1e-12)
+    # the readable source names this graph's stages and buffers
+    assert "# ---- stage cT: " in edited.source and "def kernel(cX_, cW_," in edited.source
+
+
+def _gathers():
+    """A[p] = X[I[p]] * 2 and B[p] = A[J[p]] + 1: each stage has one checked load
+    (error code 1 in its own unit)."""
+    X = te.placeholder((5,), "X", "float64")
+    I = te.placeholder((4,), "I", "int64")
+    J = te.placeholder((3,), "J", "int64")
+    A = te.compute((4,), lambda p: X[I[p]] * 2.0, name="A")
+    B = te.compute((3,), lambda q: A[J[q]] + 1.0, name="B")
+    return (X, I, J), (A, B)
+
+
+def test_errors_name_the_stage_of_the_failing_unit():
+    (X, I, J), (A, B) = _gathers()
+    kernel = codegen.build([A, B], [X, I, J])
+    assert [u.stage for u in kernel.units] == ["A", "B"]
+    # codes are unit-local: both units number their checks from 1
+    assert kernel.units[0].errors[0].startswith("stage A: load `X[I[p]]`")
+    assert kernel.units[1].errors[0].startswith("stage B: load ")  # (A inlined: I[J[q]])
+    x = np.arange(5.0)
+    a, b = kernel(x, np.array([4, 0, 1, 2]), np.array([3, 0, 1]))
+    np.testing.assert_array_equal(a, [8.0, 0.0, 2.0, 4.0])
+    np.testing.assert_array_equal(b, [5.0, 9.0, 1.0])
+    with pytest.raises(te.OutOfBoundsError, match=r"stage B: load `\w\[J\[q\]\]`.*value 4\)"):
+        kernel(x, np.array([0, 1, 2, 3]), np.array([0, 4, 1]))
+    # the first unit fails: the message names A, and the second unit does not run
+    out_b = np.full(3, -7.0)
+    with pytest.raises(te.OutOfBoundsError, match=r"stage A: load `X\[I\[p\]\]`.*value -1\)"):
+        kernel(x, np.array([0, -1, 2, 3]), np.array([9, 9, 9]), out=(None, out_b))
+    np.testing.assert_array_equal(out_b, -7.0)
+
+
+def test_division_by_zero_in_a_later_unit():
+    X = te.placeholder((4,), "X", "int64")
+    D = te.placeholder((4,), "D", "int64")
+    r = te.reduce_axis(4, "r")
+    S = te.compute((), lambda: te.sum(X[r], axis=r), name="S")
+    Q = te.compute((4,), lambda i: X[i] // D[i] + S[()], name="Q")
+    kernel = codegen.build([Q, S], [X, D])
+    x = np.array([7, -7, 9, 4])
+    q, s = kernel(x, np.array([2, 2, -4, 1]))
+    np.testing.assert_array_equal(q, x // np.array([2, 2, -4, 1]) + 13)
+    with pytest.raises(te.TexprError, match="stage Q: integer division by zero"):
+        kernel(x, np.array([2, 0, 1, 1]))
+
+
+def _two_unit_graph():
+    X = te.placeholder((6, 5), "X", "float32")
+    W = te.placeholder((3, 5), "W", "float32")
+    Y = _matmul_t(X, W, "Y")
+    ri, rj = te.reduce_axis(6, "ri"), te.reduce_axis(3, "rj")
+    L = te.compute((), lambda: te.sum(Y[ri, rj] * Y[ri, rj], axis=[ri, rj]), name="L")
+    (dW,) = te.differentiate(L, [W])
+    return [X, W], [L, dW]
+
+
+def _feed():
+    rng = np.random.default_rng(2)
+    return [rng.standard_normal((6, 5)).astype("float32"),
+            rng.standard_normal((3, 5)).astype("float32")]
+
+
+def test_worker_and_in_process_paths_agree(fresh, tmp_path, monkeypatch):
+    monkeypatch.setenv("TEXPR_COMPILE_WORKERS", "2")
+    ins, outs = _two_unit_graph()
+    pooled = codegen.build(outs, ins)
+    d = _delta(fresh)
+    n = len(pooled.units)
+    assert n >= 3 and pooled.units_compiled == n
+    assert d["in_workers"] == n and d["compiled"] == n and d["worker_failures"] == 0
+    assert all(u.in_worker and not u.from_disk_cache for u in pooled.units)
+    # in a process of its own (another cache, workers disabled): the same units
+    monkeypatch.setenv("TEXPR_CACHE_DIR", str(tmp_path / "other"))
+    monkeypatch.setenv("TEXPR_COMPILE_WORKERS", "0")
+    codegen.clear_memory_cache()
+    before = cmp.stats()
+    ins2, outs2 = _two_unit_graph()
+    local = codegen.build(outs2, ins2)
+    assert _delta(before)["in_workers"] == 0 and local.units_compiled == n
+    assert [u.key for u in local.units] == [u.key for u in pooled.units]
+    feed = _feed()
+    got, want = pooled(*feed), local(*feed)
+    ref = te.evaluate(outs, dict(zip(ins, feed)))
+    for g, w, r in zip(got, want, ref):
+        np.testing.assert_array_equal(g, w)
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)
+    # a second process-wide build of the same graph loads every unit from disk
+    codegen.clear_memory_cache()
+    monkeypatch.setenv("TEXPR_CACHE_DIR", str(tmp_path / "cache"))
+    again = codegen.build(outs, ins)
+    assert again.from_disk_cache and again.units_compiled == 0
+
+
+def _hang(*args):
+    time.sleep(120)
+
+
+@pytest.mark.parametrize("how", ["fails", "stuck"])
+def test_worker_failure_falls_back_to_compiling_here(fresh, monkeypatch, how):
+    """A worker that raises (here: a builtin called with the wrong arguments), or
+    one that never returns (killed after TEXPR_COMPILE_TIMEOUT): the units are
+    compiled in the process, the values are right, no exception escapes."""
+    monkeypatch.setenv("TEXPR_COMPILE_WORKERS", "2")
+    monkeypatch.setenv("TEXPR_COMPILE_TIMEOUT", "3")
+    monkeypatch.setattr(cmp, "_WORKER_FN", divmod if how == "fails" else _hang)
+    ins, outs = _two_unit_graph()
+    t0 = time.monotonic()
+    kernel = codegen.build(outs, ins)
+    d = _delta(fresh)
+    n = len(kernel.units)
+    assert d["in_workers"] == 0 and d["compiled"] == n and d["worker_failures"] == n
+    assert not any(u.in_worker for u in kernel.units)
+    if how == "stuck":
+        assert cmp._POOL is None  # the stuck pool was killed
+        assert time.monotonic() - t0 < 100  # not waited for the sleeping workers
+    feed = _feed()
+    ref = te.evaluate(outs, dict(zip(ins, feed)))
+    for g, r in zip(kernel(*feed), ref):
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)
+
+
+def test_compile_error_names_the_stage(fresh, monkeypatch):
+    """numba rejecting a unit (here: its text corrupted after lowering) is a
+    CompileError naming that unit's stage, also when workers compile."""
+    monkeypatch.setenv("TEXPR_COMPILE_WORKERS", "2")
+    from texpr.codegen import lower as lower_mod
+    real = lower_mod._lower_unit
+
+    def broken(op, *args):
+        u = real(op, *args)
+        if op.name == "L":
+            u.module_source = u.module_source.replace("return 0", "return undefined_name")
+        return u
+
+    monkeypatch.setattr(lower_mod, "_lower_unit", broken)
+    ins, outs = _two_unit_graph()
+    with pytest.raises(codegen.CompileError, match=r"the stage L\[\] = sum"):
+        codegen.build(outs, ins)
