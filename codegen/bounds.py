@@ -226,13 +226,16 @@ class _BoundsChecker:
 
 
 #: the run-time checks (numba helpers): an index outside ``[0, n)``, a value outside
-#: ``[-lim, lim)``, a zero divisor set ``err`` and return a safe value
+#: ``[-lim, lim)``, a zero divisor set ``err`` and return a safe value. The first
+#: failure is kept (later ones leave ``err`` alone), so a sequential loop reports
+#: the first offending point's value; in a parallel loop it is one of them
 CHECK_HELPERS = '''
 @njit(inline="always", cache=True)
 def _ck(i, n, err, code):
     if i < 0 or i >= n:
-        err[1] = i
-        err[0] = code
+        if err[0] == 0:
+            err[1] = i
+            err[0] = code
         return 0
     return i
 
@@ -240,8 +243,9 @@ def _ck(i, n, err, code):
 @njit(inline="always", cache=True)
 def _rk(v, lim, err, code):
     if v < -lim or v >= lim:
-        err[1] = v
-        err[0] = code
+        if err[0] == 0:
+            err[1] = v
+            err[0] = code
         return 0
     return v
 
@@ -249,7 +253,8 @@ def _rk(v, lim, err, code):
 @njit(inline="always", cache=True)
 def _nz(b, err, code):
     if b == 0:
-        err[0] = code
+        if err[0] == 0:
+            err[0] = code
         return 1
     return b
 '''

@@ -166,3 +166,18 @@ def test_integer_arithmetic_is_checked_only_where_it_is_evaluated():
                                   [0.0, 3.0])
     with pytest.raises(te.TexprError, match="would wrap around"):
         te.evaluate(Z, {X: np.arange(4.0), I: np.array([0, 2**23])})
+
+
+def test_a_kernel_reports_the_first_out_of_range_index():
+    from texpr import codegen
+
+    X = te.placeholder((4,), name="X", dtype="float64")
+    I = te.placeholder((5,), name="I", dtype="int64")
+    Y = te.compute((5,), lambda i: X[I[i]] * 2.0, name="Y")
+    k = codegen.build(Y, [X, I])
+    np.testing.assert_array_equal(k(np.arange(4.0), np.array([3, 2, 1, 0, 0]))[0],
+                                  [6.0, 4.0, 2.0, 0.0, 0.0])
+    with pytest.raises(te.OutOfBoundsError, match=r"index value 7\)"):
+        k(np.arange(4.0), np.array([0, 7, -3, 9, 1]))
+    with pytest.raises(te.OutOfBoundsError, match=r"index value -3\)"):
+        k(np.arange(4.0), np.array([0, 1, -3, 9, 1]))
