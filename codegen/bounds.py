@@ -231,11 +231,16 @@ class _BoundsChecker:
 #: the first offending point's value; in a parallel loop it is one of them
 CHECK_HELPERS = '''
 @njit(inline="always", cache=True)
+def _fail(err, code, v):
+    if err[0] == 0:
+        err[1] = v
+        err[0] = code
+
+
+@njit(inline="always", cache=True)
 def _ck(i, n, err, code):
     if i < 0 or i >= n:
-        if err[0] == 0:
-            err[1] = i
-            err[0] = code
+        _fail(err, code, i)
         return 0
     return i
 
@@ -243,9 +248,7 @@ def _ck(i, n, err, code):
 @njit(inline="always", cache=True)
 def _rk(v, lim, err, code):
     if v < -lim or v >= lim:
-        if err[0] == 0:
-            err[1] = v
-            err[0] = code
+        _fail(err, code, v)
         return 0
     return v
 
@@ -253,8 +256,7 @@ def _rk(v, lim, err, code):
 @njit(inline="always", cache=True)
 def _nz(b, err, code):
     if b == 0:
-        if err[0] == 0:
-            err[0] = code
+        _fail(err, code, 0)
         return 1
     return b
 '''
