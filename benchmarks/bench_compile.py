@@ -11,12 +11,13 @@ every differentiated input, ``H`` a fixed head:
 * **texpr cold**: ``te.differentiate`` + ``codegen.build`` in a fresh process
   per case with an empty cache directory (kernel and symbolic caches), so
   numba's first compile in a process (its target start-up, ~0.7 s on a quiet
-  2-core machine) is counted, as a new user pays it. Reported beside it: the
-  part numba's compilation took (``Kernel.compile_seconds``), and once for the
+  2-core machine) is counted, as a new user pays it. Reported beside it,
+  "(numba)": the part numba took (``Kernel.compile_seconds``), and once for the
   run, numba's first-compile cost on its own (a trivial function in a fresh
   process).
 * **texpr warm**: the same in a second fresh process with the same cache
-  directory (symbolic results and machine code loaded from disk).
+  directory (symbolic results and machine code loaded from disk; "(numba)"
+  is numba loading the machine code, its first load in a process included).
 
 Imports (texpr, numba, JAX) are never counted. Then: the main job's build
 phase (``python -m texpr.examples.digits --epochs 0``: "build and compile"
@@ -257,7 +258,7 @@ def main(argv=None):
     print(f"numba alone, fresh process: first compile {nb['first_s']:.2f} s, "
           f"second {nb['second_s']:.2f} s\n", flush=True)
     print(f"{'case':22s} {'jax 1st':>8s} {'cold':>8s} {'(numba)':>8s} {'warm':>8s} "
-          f"{'cold/jax':>9s} {'warm/jax':>9s}", flush=True)
+          f"{'(numba)':>8s} {'cold/jax':>9s} {'warm/jax':>9s}", flush=True)
     for n in names:
         row = {}
         if not args.no_jax:
@@ -266,22 +267,27 @@ def main(argv=None):
         cold = _run("texpr_case", [n, args.scale], cache)
         warm = _run("texpr_case", [n, args.scale], cache)
         row.update(cold_s=cold["build_s"], cold_compile_s=cold["compile_s"],
-                   warm_s=warm["build_s"], warm_from_disk=warm["from_disk"],
+                   warm_s=warm["build_s"], warm_compile_s=warm["compile_s"],
+                   warm_from_disk=warm["from_disk"],
                    warm_symbolic_hits=warm["symbolic_hits"])
         results["cases"][n] = row
         j = row.get("jax_first_s")
         print(f"{n:22s} {_fmt(j)} {_fmt(row['cold_s'])} {_fmt(row['cold_compile_s'])} "
-              f"{_fmt(row['warm_s'])} {_fmt(row['cold_s'] / j if j else None, 9, 1)} "
+              f"{_fmt(row['warm_s'])} {_fmt(row['warm_compile_s'])} "
+              f"{_fmt(row['cold_s'] / j if j else None, 9, 1)} "
               f"{_fmt(row['warm_s'] / j if j else None, 9, 2)}", flush=True)
     rows = results["cases"].values()
     sj = sum(r.get("jax_first_s", 0.0) for r in rows)
     sc = sum(r["cold_s"] for r in rows)
     sn = sum(r["cold_compile_s"] for r in rows)
     sw = sum(r["warm_s"] for r in rows)
+    swn = sum(r["warm_compile_s"] for r in rows)
     print(f"{'sum':22s} {_fmt(sj) if sj else _fmt(None)} {_fmt(sc)} {_fmt(sn)} {_fmt(sw)} "
+          f"{_fmt(swn)} "
           f"{_fmt(sc / sj if sj else None, 9, 1)} {_fmt(sw / sj if sj else None, 9, 2)}",
           flush=True)
-    results["sums"] = dict(jax_first_s=sj, cold_s=sc, cold_compile_s=sn, warm_s=sw)
+    results["sums"] = dict(jax_first_s=sj, cold_s=sc, cold_compile_s=sn, warm_s=sw,
+                           warm_compile_s=swn)
 
     if not args.skip_main:
         cache = _fresh_dir(base, "main")
