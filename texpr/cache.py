@@ -198,19 +198,38 @@ def clear(d=None, kernels=True, symbolic=True):
         return 0
 
 
-def enforce_size_bound(d=None, limit=None, keep=()):
+#: directory -> (bytes it held at the last scan plus those written since, time of the scan)
+_ESTIMATE = {}
+#: how long (seconds) a scan's total is trusted before the directory is scanned again
+RESCAN_SECONDS = 30.0
+
+
+def enforce_size_bound(d=None, limit=None, keep=(), written=None):
     """Remove the least recently used entries until the cache holds at most 90%
     of ``limit`` bytes (default :func:`size_limit`), if it holds more than
     ``limit``. The most recently used entry and the files ``keep`` (paths) are
-    never removed. Returns the number of files removed; never raises."""
+    never removed. Returns the number of files removed; never raises.
+
+    ``written``: the bytes just written, when the caller knows them: then the
+    directory is scanned only when the total of the last scan (at most
+    :data:`RESCAN_SECONDS` old) plus what this process wrote since passes the
+    bound, so that frequent small writes do not each list the directory."""
     try:
+        explicit = limit is not None
         limit = size_limit() if limit is None else limit
         if limit is None:
             return 0
         d = cache_dir(create=False) if d is None else d
+        now = time.monotonic()
+        if written is not None and not explicit:
+            est = _ESTIMATE.get(d)
+            if est is not None and now - est[1] < RESCAN_SECONDS and est[0] + written <= limit:
+                _ESTIMATE[d] = (est[0] + written, est[1])
+                return 0
         groups = _entries(d)
         sizes = {k: sum(s for _p, s, _u in v) for k, v in groups.items()}
         total = sum(sizes.values())
+        _ESTIMATE[d] = (total, now)
         if total <= limit:
             return 0
         keep = {os.path.abspath(p) for p in keep}
@@ -225,6 +244,7 @@ def enforce_size_bound(d=None, limit=None, keep=()):
                 continue
             removed += _remove(paths)
             total -= sizes[k]
+        _ESTIMATE[d] = (total, now)
         return removed
     except Exception:  # noqa: BLE001
         return 0

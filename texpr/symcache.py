@@ -445,7 +445,7 @@ def _store(d, path, key, result, canon):
         _unusable(exc)
         return
     stats["store"] += 1
-    _cache.enforce_size_bound(keep=(path,))
+    _cache.enforce_size_bound(keep=(path,), written=len(data))
 
 
 def memo(kind, roots, extra, compute, check=None, after_load=None):
