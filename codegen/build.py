@@ -284,5 +284,44 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
         if id(op) in mat or op in [t.op for t in outs]:
             for t in op.outputs:
                 check_allocatable(t, "build")
-    program = lower(schedule, inputs, mat, inl, parallel=parallel)
-    return _compile_kernel(program, inputs, outs)
+    program = _lowered(schedule, inputs, mat, inl, parallel)
+    return _housekeeping(_compile_kernel(program, inputs, outs))
+
+
+# ---- hooks of the on-disk caches (texpr.symcache, texpr.cache) ----------------------
+
+
+def _lowered(schedule, inputs, mat, inl, parallel):
+    """``lower(schedule, inputs, mat, inl, parallel)`` through the symbolic cache
+    (:mod:`texpr.symcache`, kind ``"lower"``): the key is the scheduled graph,
+    every stage's decisions, the materialised and inlined stages, the inputs
+    and ``parallel``; a hit binds the Program's buffers to these tensors."""
+    from texpr import symcache
+
+    def extra(c):
+        stages = [{k: v for k, v in vars(schedule.stages[id(op)]).items()
+                   if k not in ("op", "_schedule")} for op in schedule.ops]
+        return ["inputs", list(inputs), "outputs", list(schedule.outputs), "stages", stages,
+                "materialized", sorted(c.position(op) for op in schedule.ops if id(op) in mat),
+                "inlined", sorted(c.position(op) for op in schedule.ops if id(op) in inl),
+                "parallel", bool(parallel)]
+
+    # the key holds texpr's source: whatever lower() returns, an entry of this key
+    # was written by this very lower() (a foreign or damaged entry fails its checksum)
+    return symcache.memo("lower", list(schedule.outputs) + list(inputs), extra,
+                         lambda: lower(schedule, inputs, mat, inl, parallel=parallel))
+
+
+def _housekeeping(kernel):
+    """``kernel``, its modules marked as used (the cache's least-recently-used
+    order); when one was just written, the cache is kept under its size bound
+    (:mod:`texpr.cache`)."""
+    paths = [p for p in getattr(kernel, "paths", [kernel.path]) if p]
+    if paths and not kernel.from_memory_cache:
+        from texpr import cache
+
+        for p in paths:
+            cache.touch(p)
+        if not kernel.from_disk_cache:
+            cache.enforce_size_bound(keep=paths)
+    return kernel

@@ -123,11 +123,13 @@ def simplify(tensors):
     return simplify_with_record(tensors)[0]
 
 
-def simplify_with_record(tensors):
+def simplify_with_record(tensors, cache=True):
     """:func:`simplify`, keeping the record of what every pass did.
 
     Args:
         tensors: list of Tensors.
+        cache: look the result up in (and store it into) the symbolic cache
+            (:mod:`texpr.symcache`: keyed by the canonical text of the graph).
     Returns:
         ``(simplified, record)``: the list :func:`simplify` returns and a
         :class:`SimplifyRecord` of the run (``record.explain(ts)`` prints the
@@ -136,6 +138,21 @@ def simplify_with_record(tensors):
         as :func:`simplify`.
     """
     tensors = as_tensor_list(tensors, "simplify", allow_single=False)
+    if cache:
+        from texpr import symcache
+
+        def check(r):
+            ok = (isinstance(r, tuple) and len(r) == 2 and isinstance(r[1], SimplifyRecord)
+                  and len(r[0]) == len(tensors))
+            return None if ok else "not a simplification of this graph"
+
+        return symcache.memo("simplify", tensors, [tensors],
+                             lambda: _simplify_with_record(tensors), check=check)
+    return _simplify_with_record(tensors)
+
+
+def _simplify_with_record(tensors):
+    """:func:`simplify_with_record` without the cache."""
     record = SimplifyRecord(tensors)
     fp = _fingerprint(tensors)
     for rnd in range(MAX_ROUNDS):

@@ -8,6 +8,8 @@ acyclic: IR <- simplify <- this entry point <- codegen (docs/pipeline.md).
 import importlib
 
 from .adjoint import DifferentiationResult, accumulate
+from .errors import TexprError
+from .tensor import as_tensor_list
 
 
 def differentiate(output, inputs=None, head=None, manual=None, simplify=True):
@@ -32,7 +34,10 @@ def differentiate(output, inputs=None, head=None, manual=None, simplify=True):
             (:func:`texpr.simplify.simplify`, docs/pipeline.md) before returning
             them, and keep the record of that run (``res.explain()``,
             ``texpr.simplify.explain(t)``); ``False`` returns the raw adjoints
-            (the form described in :mod:`texpr.adjoint`).
+            (the form described in :mod:`texpr.adjoint`). The simplified
+            result is kept on disk (:mod:`texpr.symcache`, unless ``manual``
+            is given): a later run with the same graph loads it, bound to
+            its own tensors, instead of differentiating again.
     Returns:
         :class:`DifferentiationResult`: ``.result`` (the adjoints of ``inputs``,
         in order; the object unpacks like that list), ``.adjoints`` (tensor ->
@@ -65,16 +70,42 @@ def differentiate(output, inputs=None, head=None, manual=None, simplify=True):
     >>> te.evaluate(dX, {X: np.array([1.0, 2.0, 3.0], dtype="float32")})
     array([2., 4., 6.], dtype=float32)
     """
-    res = accumulate(output, inputs, head, manual)
     if not simplify:
-        return res
+        return accumulate(output, inputs, head, manual)
+    if manual is None:
+        # a warm run loads the simplified result (texpr.symcache): no symbolic work again
+        from . import symcache
+
+        try:
+            roots = [output] + ([] if inputs is None else as_tensor_list(inputs, "differentiate"))
+        except TexprError:  # accumulate names the bad argument
+            roots = None
+        if roots is not None:
+            return symcache.memo(
+                "differentiate", roots + ([] if head is None else [head]),
+                ["inputs", inputs, "head", head],
+                lambda: _simplified(accumulate(output, inputs, head, manual)),
+                check=lambda r: None if isinstance(r, DifferentiationResult) else "not a result",
+                after_load=_kept)
+    return _simplified(accumulate(output, inputs, head, manual))
+
+
+def _kept(res):
+    """A loaded result: its record attached to its stages again (the caller's own
+    stages among them, e.g. a head, are not pickled with it)."""
+    importlib.import_module("texpr.simplify").keep_record(res.simplify_record)
+    return res
+
+
+def _simplified(res):
+    """The raw result ``res`` of :func:`accumulate` simplified, with its record kept."""
     simplify_pkg = importlib.import_module("texpr.simplify")
     order, seen = [], set()
     for t in list(res.result) + list(res.adjoints.values()):
         if id(t) not in seen:
             seen.add(id(t))
             order.append(t)
-    simplified, record = simplify_pkg.simplify_with_record(order)
+    simplified, record = simplify_pkg.simplify_with_record(order, cache=False)
     simplify_pkg.keep_record(record)  # for texpr.simplify.explain(t)
     by_id = {id(old): new for old, new in zip(order, simplified)}
     result = [by_id[id(t)] for t in res.result]
