@@ -181,3 +181,17 @@ def test_a_kernel_reports_the_first_out_of_range_index():
         k(np.arange(4.0), np.array([0, 7, -3, 9, 1]))
     with pytest.raises(te.OutOfBoundsError, match=r"index value -3\)"):
         k(np.arange(4.0), np.array([0, 1, -3, 9, 1]))
+
+
+def test_shared_subexpressions_are_walked_once_per_node():
+    # e = e * e thirty times: 31 distinct nodes, 2**30 paths (a tree walk never ends)
+    X = te.placeholder((3,), name="X", dtype="float64")
+
+    def body(i):
+        e = X[i]
+        for _ in range(30):
+            e = e * e
+        return e
+    Y = te.compute((3,), body, name="Y")
+    x = np.array([1.0, -1.0, 1.0000001])
+    np.testing.assert_allclose(te.evaluate(Y, {X: x}), x ** (2**30), rtol=1e-6)

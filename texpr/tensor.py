@@ -362,22 +362,39 @@ def _lift_nested_reductions(name, axis, body):
     from .visitor import free_vars
 
     counter = itertools.count()
+    # nodes are interned: a shared subexpression is rewritten once (a walk of the
+    # tree instead of the DAG is exponential in the depth: ``e = e * e`` n times)
+    memo = {}
 
     def lift(e, top):
         # returns e with nested reduces replaced by loads of new stages
+        key = (id(e), top)
+        hit = memo.get(key)
+        if hit is not None:
+            return hit
         if isinstance(e, Reduce):
             args = tuple(lift_inside(a, e.axes) for a in e.args)
             node = Reduce._rebuild(e.attr, args)
-            if top:
-                return node
-            return _as_stage(node, ())
-        return e.with_args(tuple(lift(a, False) for a in e.args)) if e.args else e
+            out = node if top else _as_stage(node, ())
+        else:
+            out = e.with_args(tuple(lift(a, False) for a in e.args)) if e.args else e
+        memo[key] = out
+        return out
 
     def lift_inside(e, enclosing_axes):
+        key = (id(e), "in", tuple(id(a) for a in enclosing_axes))
+        hit = memo.get(key)
+        if hit is not None:
+            return hit
         if isinstance(e, Reduce):
-            inner = Reduce._rebuild(e.attr, tuple(lift_inside(a, e.axes + enclosing_axes) for a in e.args))
-            return _as_stage(inner, enclosing_axes)
-        return e.with_args(tuple(lift_inside(a, enclosing_axes) for a in e.args)) if e.args else e
+            inner = Reduce._rebuild(e.attr, tuple(lift_inside(a, e.axes + enclosing_axes)
+                                                  for a in e.args))
+            out = _as_stage(inner, enclosing_axes)
+        else:
+            out = (e.with_args(tuple(lift_inside(a, enclosing_axes) for a in e.args))
+                   if e.args else e)
+        memo[key] = out
+        return out
 
     def _as_stage(red, enclosing_axes):
         fv = {id(v) for v in free_vars(red)}
