@@ -1,0 +1,798 @@
+"""Contractions: a materialised stage that is a sum of products of two loads, run as GEMMs.
+
+A stage matches when, after the inlined stages are substituted
+(:func:`codegen.schedule.inline_expand`), its body is
+
+    out[s] = c * sum(A[f(s, r)] * B[g(s, r)], axis=r, where=w)
+
+with ``c`` a constant (1 if absent; guards ``select(cond, x, 0)`` among the
+factors join ``w``), ``A``, ``B`` loads of the reduction's float dtype, every
+index quasi-affine in the spatial axes ``s`` and reduction axes ``r``, and
+``w`` a conjunction of quasi-affine conditions: a box, a residue class
+(``(h + kh + 1) % 2 == 0``), a triangle. The match is by this pattern alone,
+never by operator name: dense, convolutions of every stride, dilation and
+padding and their gradients, transposed and grouped convolutions, masked
+attention scores, ... all reach it from their simplified bodies.
+
+**How a stage becomes GEMMs** (:func:`match`, all decided at build time, with isl):
+
+1. *Residue classes.* An index or condition that is not affine (``(h + 1 -
+   kh) // 2``) is made affine by splitting the axes under the ``//`` and
+   ``%`` into their residue classes (``h = 2h' + a``): one *piece* per class,
+   empty classes dropped. Spatial classes write disjoint strided slices of
+   the output; reduction classes add into the same slice.
+2. *Taps.* Where a piece's iteration box is much larger than its domain
+   (a strided convolution's dX: ``W[.., j - 2r + 1]`` with ``0 <= j - 2r + 1 < 3``
+   visits 3 of 28 points), the spatial axes are split by the reduction axis's
+   coefficient and the reduction axis is replaced by the kernel tap
+   (``r = u + j'``): the box then holds the domain up to the borders.
+3. *Operands.* Each operand is a view of its buffer over the piece's axes,
+   ``np.lib.stride_tricks.as_strided`` of the flat buffer (the row-major
+   offset is affine in the axes, checked by isl over the box: flatten's
+   ``X[i, k // 49, k // 7 % 7, k % 7]`` is ``X.reshape(-1)[784 i + k]``).
+   Where the box reaches outside the operand (a convolution's padding) the
+   operand is copied into a zero-padded buffer first.
+4. *The domain.* Every conjunct of ``w`` is either implied over the box by
+   the operands' bounds (it holds wherever both loads are inside their
+   tensors, so the padded zeros drop the terms outside it: convolution
+   borders), or mentions spatial axes only (the output is zeroed outside
+   it: the causal mask of scores), or mentions only axes of one operand (that
+   operand's view is masked, a packed copy: the causal mask of dQ and dK).
+   Else the stage does not match. isl also proves that the domain's loads
+   stay inside their tensors (else the loop nest keeps the stage and its
+   run-time checks).
+5. *GEMM.* Axes in both operands and the output are batch axes, in one
+   operand and the output M or N, in both operands K (reduction); a
+   reduction axis of one operand is summed in that operand first. The views
+   are transposed and reshaped to ``(batch, M, K)`` and ``(batch, K, N)``
+   (a copy only where the strides do not merge: im2col), multiplied with
+   ``np.matmul`` (numpy's BLAS, batched), and written (or, for reduction
+   classes, added) into the output's strided slice, scaled by ``c``.
+
+**Cost rule** (:func:`cost_ok`): a GEMM call pays for the packing and the
+call only when there is work for it: BLAS runs a stage when its GEMMs have
+at least ``BLAS_MIN_FLOP`` floating-point operations in all and each GEMM's
+M, N and K (batch axes aside) are at least ``BLAS_MIN_DIM``, and the GEMMs do
+at most ``1 / BLAS_MIN_EFFICIENCY`` times the domain's multiply-adds (padding
+and masked terms). Anything else (depthwise convolutions: N = 1; small dense
+layers) keeps its loop nest. ``schedule[t].blas(True)`` runs a matching stage
+on BLAS whatever its size, ``blas(False)`` keeps the loop nest.
+
+**Numerics.** Sums are float32 (float64) BLAS sums: a different order of terms
+than the loop nest, within float32 (float64) rounding of it. Padded and
+masked terms are ``0 * x``: an infinite or NaN operand element that the loop
+nest never multiplies (outside the domain) makes the BLAS result NaN where
+the loop nest's is finite or infinite, as in PyTorch's and JAX's convolutions.
+"""
+
+import math
+
+import numpy as np
+
+from texpr import dtypes as dt
+from texpr import expr as E
+from texpr.errors import TexprError
+from texpr.simplify.isl_bridge import VarSpace, box_set, card, isl, to_pwaff, to_set
+from texpr.tensor import ComputeOp
+from texpr.visitor import post_order, substitute
+
+from .schedule import inline_expand
+
+__all__ = ["match", "ContractionPlan", "GemmPiece", "OperandView", "cost_ok",
+           "BLAS_MIN_FLOP", "BLAS_MIN_DIM", "BLAS_MIN_EFFICIENCY"]
+
+#: below this many floating-point operations (all GEMMs of a stage) the loop nest runs
+BLAS_MIN_FLOP = 1 << 22
+#: a GEMM with an M, N or K below this is skinny: the loop nest runs
+BLAS_MIN_DIM = 8
+#: the GEMMs may do at most 1/this times the domain's multiply-adds
+BLAS_MIN_EFFICIENCY = 0.25
+#: at most this many pieces (residue classes) per stage
+MAX_PIECES = 64
+#: a piece whose box holds more than 1/this times its domain's points tries taps
+TAP_EFFICIENCY = 0.5
+
+
+class _NoMatch(Exception):
+    """Internal: the stage is not a contraction (the message says why)."""
+
+
+# ---- the plan (picklable data) -------------------------------------------------------
+
+class OperandView:
+    """One operand of a GEMM piece: the buffer ``key``, its ``shape``, the
+    zero padding ``pad`` (per dimension ``(lo, hi)``, or None: the buffer itself),
+    and the view over the piece's axes ``axes`` (positions in the piece's axis
+    list): element ``offset`` and ``strides`` in the (padded) flat buffer, and
+    ``masks``: conditions ``sum(coef[k] * value(axes[k])) + const >= 0`` (or
+    ``== 0``), given as ``(coefs, const, is_eq)``, outside which the view's
+    elements count as zeros."""
+
+    def __init__(self, key, shape, pad, axes, offset, strides, masks):
+        self.key, self.shape, self.pad = key, tuple(shape), pad
+        self.axes, self.offset, self.strides = tuple(axes), int(offset), tuple(strides)
+        self.masks = list(masks)
+
+    def padded_shape(self):
+        if self.pad is None:
+            return self.shape
+        return tuple(n + lo + hi for n, (lo, hi) in zip(self.shape, self.pad))
+
+
+class GemmPiece:
+    """One GEMM (batched) of a plan. ``axes``: ``(lo, extent, kind)`` per axis
+    (kind ``spatial``/``reduce``); ``out_offset``, ``out_strides``: the output
+    slice (element offset and strides per spatial axis, in ``axes`` order of
+    the spatial ones); ``a``, ``b``: :class:`OperandView`; ``out_masks``:
+    conditions over the spatial axes outside which the output is zero;
+    ``points``: the domain's multiply-adds."""
+
+    def __init__(self, axes, out_offset, out_strides, a, b, out_masks, points):
+        self.axes, self.out_offset, self.out_strides = list(axes), int(out_offset), tuple(out_strides)
+        self.a, self.b, self.out_masks, self.points = a, b, list(out_masks), int(points)
+
+    def roles(self):
+        """``(batch, m, n, k, a_only, b_only, neither)``: axis positions by role."""
+        batch, m, n, k, a_only, b_only, neither = [], [], [], [], [], [], []
+        for p, (_lo, _ext, kind) in enumerate(self.axes):
+            ina, inb = p in self.a.axes, p in self.b.axes
+            if kind == "spatial":
+                (batch if ina and inb else m if ina else n if inb else neither).append(p)
+            else:
+                (k if ina and inb else a_only if ina else b_only if inb else neither).append(p)
+        return batch, m, n, k, a_only, b_only, neither
+
+    def gemm_dims(self):
+        """``(batch, M, N, K)`` sizes of the GEMM."""
+        batch, m, n, k, _, _, _ = self.roles()
+        size = lambda ps: int(np.prod([self.axes[p][1] for p in ps], dtype=np.int64))  # noqa: E731
+        return size(batch), size(m), size(n), size(k)
+
+
+class ContractionPlan:
+    """A stage run as GEMMs: ``out_key`` (the output buffer), ``shape``, ``dtype``,
+    ``scale``, ``pieces`` (:class:`GemmPiece`), ``fill`` (zero the output first:
+    some pieces add, or some output points belong to no piece), ``stage``
+    (the stage's name). Plain data: a plan pickles with its kernel."""
+
+    def __init__(self, stage, out_key, shape, dtype, scale, pieces, fill):
+        self.stage, self.out_key, self.shape, self.dtype = stage, out_key, tuple(shape), dtype
+        self.scale, self.pieces, self.fill = scale, list(pieces), fill
+
+    @property
+    def flop(self):
+        """Floating-point operations of the GEMMs (2 per multiply-add)."""
+        return sum(2 * b * m * n * k for b, m, n, k in (p.gemm_dims() for p in self.pieces))
+
+    @property
+    def points(self):
+        """Multiply-adds of the stage's domain (the loop nest's work)."""
+        return sum(p.points for p in self.pieces)
+
+    def describe(self):
+        """One line: the GEMMs, for ``Kernel.source`` and ``Kernel.stages``."""
+        dims = [p.gemm_dims() for p in self.pieces]
+        shown = ", ".join(f"{b}x({m}x{k} @ {k}x{n})" if b > 1 else f"({m}x{k} @ {k}x{n})"
+                          for b, m, n, k in dims[:4])
+        more = f", ... ({len(dims)} GEMMs)" if len(dims) > 4 else ""
+        return (f"BLAS: {len(dims)} GEMM{'s' if len(dims) > 1 else ''} {shown}{more}; "
+                f"{self.flop / 1e6:.1f} MFLOP for {self.points / 1e6:.2f} M multiply-adds")
+
+    def run(self, arrays):
+        """Compute the stage's output into ``arrays[out_key]`` (a flat C-contiguous
+        buffer of ``prod(shape)`` elements of ``dtype``) from the operand
+        buffers ``arrays[key]`` (flat, or of the tensor's shape). Returns the
+        output buffer."""
+        out = arrays[self.out_key].reshape(-1)
+        if self.fill:
+            out.fill(0)
+        for p in self.pieces:
+            _run_piece(p, arrays, out, self.scale, self.fill, self.dtype)
+        return out
+
+    def __repr__(self):
+        return f"ContractionPlan({self.stage}: {self.describe()})"
+
+
+def _byte_view(flat, offset, shape, strides, writeable=False):
+    """``as_strided`` view of the 1-D array ``flat``: element ``offset`` and strides;
+    every element of the view is checked to lie inside ``flat``."""
+    lo = hi = offset
+    for n, s in zip(shape, strides):
+        if n == 0:
+            return np.empty(shape, flat.dtype)
+        lo += min(0, (n - 1) * s)
+        hi += max(0, (n - 1) * s)
+    if lo < 0 or hi >= flat.size:
+        raise TexprError(f"contraction: internal: a view reaches elements {lo}..{hi} of a "
+                         f"buffer of {flat.size}; please report the program")
+    item = flat.itemsize
+    return np.lib.stride_tricks.as_strided(flat[offset:], shape=tuple(shape),
+                                           strides=tuple(s * item for s in strides),
+                                           writeable=writeable)
+
+
+def _mask_array(masks, axes, piece_axes, shape):
+    """The boolean array (broadcastable to ``shape``) of the conditions ``masks``."""
+    ok = None
+    for coefs, const, is_eq in masks:
+        val = np.asarray(const, dtype=np.int64)
+        for d, (p, c) in enumerate(zip(axes, coefs)):
+            if not c:
+                continue
+            lo, ext, _ = piece_axes[p]
+            r = (lo + np.arange(ext, dtype=np.int64)) * c
+            val = val + r.reshape([ext if i == d else 1 for i in range(len(shape))])
+        m = (val == 0) if is_eq else (val >= 0)
+        ok = m if ok is None else ok & m
+    return ok
+
+
+def _operand(view, arrays, piece_axes, dtype):
+    """The operand's values over its axes (an ndarray, view or copy)."""
+    buf = np.asarray(arrays[view.key]).reshape(-1)
+    if buf.dtype != np.dtype(dtype):
+        buf = buf.astype(dtype)
+    if view.pad is not None:
+        padded = np.zeros(view.padded_shape(), dtype=buf.dtype)
+        padded[tuple(slice(lo, lo + n) for n, (lo, _hi) in zip(view.shape, view.pad))] = \
+            buf.reshape(view.shape)
+        buf = padded.reshape(-1)
+    shape = [piece_axes[p][1] for p in view.axes]
+    v = _byte_view(buf, view.offset, shape, view.strides)
+    if view.masks:
+        v = np.where(_mask_array(view.masks, view.axes, piece_axes, shape), v,
+                     np.zeros((), dtype=v.dtype))
+    return v
+
+
+def _pack(v, axes, groups):
+    """``v`` (dims ``axes``) transposed to the concatenated ``groups`` of axis
+    positions and reshaped to one dimension per group."""
+    perm = [axes.index(p) for g in groups for p in g]
+    t = v.transpose(perm)
+    shape = [int(np.prod([t.shape[i] for i in range(sum(len(x) for x in groups[:j]),
+                                                       sum(len(x) for x in groups[:j + 1]))],
+                         dtype=np.int64)) for j in range(len(groups))]
+    return t.reshape(shape)
+
+
+def _by_stride(v, axes, group):
+    """``group`` ordered by decreasing absolute stride in ``v`` (dims ``axes``):
+    the innermost dimension of a packed copy moves along the smallest stride."""
+    return sorted(group, key=lambda p: -abs(v.strides[axes.index(p)]))
+
+
+def _last_is_finer(v, axes, first, last):
+    """Whether the packed layout ``(first, last)`` (rather than ``(last, first)``)
+    puts the smallest stride of ``v`` innermost."""
+    if not first or not last:
+        return True
+    fine = lambda g: min(abs(v.strides[axes.index(q)]) for q in g)  # noqa: E731
+    return fine(last) <= fine(first)
+
+
+def _run_piece(p, arrays, out, scale, add, dtype):
+    batch, m, n, k, a_only, b_only, neither = p.roles()
+    a = _operand(p.a, arrays, p.axes, dtype)
+    b = _operand(p.b, arrays, p.axes, dtype)
+    a_axes, b_axes = list(p.a.axes), list(p.b.axes)
+    if a_only:
+        a = a.sum(axis=tuple(a_axes.index(q) for q in a_only))
+        a_axes = [q for q in a_axes if q not in a_only]
+    if b_only:
+        b = b.sum(axis=tuple(b_axes.index(q) for q in b_only))
+        b_axes = [q for q in b_axes if q not in b_only]
+    # the packed copies' innermost dimension follows the smallest stride
+    big = a if a.size >= b.size else b
+    big_axes = a_axes if big is a else b_axes
+    k = _by_stride(big, big_axes, k)
+    m, n = _by_stride(a, a_axes, m), _by_stride(b, b_axes, n)
+    # layout (.., M, K) or (.., K, M): the one whose last group holds the smallest stride
+    a_mk = _last_is_finer(a, a_axes, m, k)
+    b_kn = _last_is_finer(b, b_axes, k, n)
+    am = _pack(a, a_axes, [batch, m, k] if a_mk else [batch, k, m])
+    bm = _pack(b, b_axes, [batch, k, n] if b_kn else [batch, n, k])
+    if not a_mk:
+        am = am.swapaxes(1, 2)
+    if not b_kn:
+        bm = bm.swapaxes(1, 2)
+    if scale != 1:
+        if am.size <= bm.size:
+            am = am * np.asarray(scale, dtype=am.dtype)
+        else:
+            bm = bm * np.asarray(scale, dtype=bm.dtype)
+    if am.shape[0] == 1:
+        res = np.matmul(am[0], bm[0])[None]
+    else:
+        res = np.matmul(am, bm)
+    ext = [p.axes[q][1] for q in batch + m + n]
+    res = res.reshape(ext)
+    spatial = [q for q, ax in enumerate(p.axes) if ax[2] == "spatial"]
+    have = batch + m + n
+    if neither:
+        sp_neither = [q for q in neither if p.axes[q][2] == "spatial"]
+        res = res.reshape(ext + [1] * len(sp_neither))
+        have = have + sp_neither
+    res = res.transpose([have.index(q) for q in spatial])
+    shape = [p.axes[q][1] for q in spatial]
+    res = np.broadcast_to(res, shape)
+    if p.out_masks:
+        res = np.where(_mask_array(p.out_masks, spatial, p.axes, shape), res,
+                       np.zeros((), dtype=res.dtype))
+    target = _byte_view(out, p.out_offset, shape, p.out_strides, writeable=True)
+    if add:
+        target += res
+    else:
+        np.copyto(target, res, casting="unsafe")
+
+
+# ---- matching ----------------------------------------------------------------------------
+
+class _Instance:
+    """A contraction over axes (IterVars): ``spatial`` with their output strides,
+    ``reduce``, two loads ``(tensor, args)``, the conjuncts of the domain, and
+    what has been tried (``split``, ``tapped``)."""
+
+    def __init__(self, spatial, out_strides, out_offset, reduce_, loads, conjuncts,
+                 split=False, tapped=False):
+        self.spatial, self.out_strides, self.out_offset = list(spatial), list(out_strides), out_offset
+        self.reduce, self.loads, self.conjuncts = list(reduce_), list(loads), list(conjuncts)
+        self.split, self.tapped = split, tapped
+
+    @property
+    def axes(self):
+        return self.spatial + self.reduce
+
+    def subst(self, mapping, spatial, out_strides, out_offset, reduce_, extra=(), **flags):
+        loads = [(t, tuple(substitute(a, mapping) for a in args)) for t, args in self.loads]
+        conj = [substitute(c, mapping) for c in self.conjuncts] + list(extra)
+        kw = dict(split=self.split, tapped=self.tapped)
+        kw.update(flags)
+        return _Instance(spatial, out_strides, out_offset, reduce_, loads, conj, **kw)
+
+
+def _factors(e, out, conds):
+    """Split a product into factors (loads, constants); ``select(c, x, 0)`` adds ``c``
+    to ``conds``."""
+    if isinstance(e, E.Mul):
+        _factors(e.a, out, conds)
+        _factors(e.b, out, conds)
+    elif isinstance(e, E.Select) and isinstance(e.false_value, E.Const) \
+            and e.false_value.value == 0:
+        conds.append(e.cond)
+        _factors(e.true_value, out, conds)
+    elif isinstance(e, E.Cast) and e.dtype == e.value.dtype:
+        _factors(e.value, out, conds)
+    else:
+        out.append(e)
+
+
+def _conjuncts(c, out):
+    if isinstance(c, E.And):
+        _conjuncts(c.a, out)
+        _conjuncts(c.b, out)
+    elif not (isinstance(c, E.Const) and c.value is True):
+        out.append(c)
+    return out
+
+
+def _contraction_of(op, inlined):
+    """The :class:`_Instance` of a stage, or raise _NoMatch."""
+    if not isinstance(op, ComputeOp) or op.num_outputs != 1 or not op.reduce_axis:
+        raise _NoMatch("not a single-output reduction")
+    body = inline_expand(op.body[0], inlined)
+    if not isinstance(body, E.Reduce) or body.combiner.kind != "sum" or len(body.source) != 1:
+        raise _NoMatch("not a sum")
+    dtype = body.dtype
+    if dtype not in ("float32", "float64") or op.output(0).dtype != dtype:
+        raise _NoMatch(f"a {dtype} sum")
+    facs, conds = [], []
+    _factors(body.source[0], facs, conds)
+    loads = [f for f in facs if isinstance(f, E.Load)]
+    consts = [f for f in facs if isinstance(f, E.Const)]
+    if len(loads) != 2 or len(loads) + len(consts) != len(facs):
+        raise _NoMatch("the summand is not a product of two loads (and constants)")
+    for ld in loads:
+        if ld.dtype != dtype:
+            raise _NoMatch(f"load of {ld.tensor.name} is {ld.dtype}, the sum {dtype}")
+    scale = 1.0
+    for c in consts:
+        scale *= float(c.value)
+    conj = []
+    _conjuncts(body.where, conj)
+    for c in conds:
+        _conjuncts(c, conj)
+    for c in conj:
+        if isinstance(c, E.Const) and c.value is False:
+            raise _NoMatch("an empty domain")
+    shape = op.output(0).shape
+    strides = [int(np.prod(shape[d + 1:], dtype=np.int64)) for d in range(len(shape))]
+    inst = _Instance(list(op.axis), strides, 0, list(body.axes),
+                     [(ld.tensor, tuple(ld.args)) for ld in loads], conj)
+    if len(set(id(a) for a in inst.axes)) != len(inst.axes):
+        raise _NoMatch("an axis appears twice")
+    return inst, scale, dtype
+
+
+def _eval_int(e, env):
+    """The value of an integer index expression at ``env`` (id(Var) -> int), Python
+    floor semantics; None where it is not plain integer arithmetic."""
+    if isinstance(e, E.Const):
+        return int(e.value) if isinstance(e.value, (int, np.integer)) and not isinstance(
+            e.value, bool) else None
+    if isinstance(e, E.Var):
+        return env.get(id(e))
+    kids = [_eval_int(a, env) for a in e.args]
+    if any(k is None for k in kids):
+        return None
+    if isinstance(e, E.Add):
+        return kids[0] + kids[1]
+    if isinstance(e, E.Sub):
+        return kids[0] - kids[1]
+    if isinstance(e, E.Mul):
+        return kids[0] * kids[1]
+    if isinstance(e, E.FloorDiv):
+        return None if kids[1] == 0 else kids[0] // kids[1]
+    if isinstance(e, E.FloorMod):
+        return None if kids[1] == 0 else kids[0] % kids[1]
+    if isinstance(e, E.Min):
+        return min(kids)
+    if isinstance(e, E.Max):
+        return max(kids)
+    return None
+
+
+def _affine(e, axes, space, box):
+    """``(coefs, const)`` with ``e == const + sum(coefs[k] * axes[k])`` on ``box``
+    (proved by isl), or None. The candidate comes from the values at the box's
+    corner and one step along each axis."""
+    pa = to_pwaff(e, space)
+    if pa is None:
+        return None
+    base = {id(a): a.dom[0] for a in axes}
+    v0 = _eval_int(e, base)
+    if v0 is None:
+        return None
+    coefs = []
+    for a in axes:
+        if a.dom[1] - a.dom[0] < 2:
+            coefs.append(0)
+            continue
+        env = dict(base)
+        env[id(a)] = a.dom[0] + 1
+        v1 = _eval_int(e, env)
+        if v1 is None:
+            return None
+        coefs.append(v1 - v0)
+    const = v0 - sum(c * a.dom[0] for c, a in zip(coefs, axes))
+    ce = E.const(int(const))
+    for c, a in zip(coefs, axes):
+        if c:
+            ce = ce + a * int(c)
+    cand = to_pwaff(ce, space)
+    if not pa.ne_set(cand).intersect(box).is_empty():
+        return None
+    return coefs, const
+
+
+def _range(pa, box):
+    """``(min, max)`` of a PwAff over ``box`` (non-empty)."""
+    p = pa.intersect_domain(box)
+    return p.min_val().to_python(), p.max_val().to_python()
+
+
+def _cond_affine(c, axes, space, box):
+    """A comparison as ``[(coefs, const, is_eq)]`` (``expr >= 0`` / ``== 0``), or None."""
+    if not isinstance(c, (E.LT, E.LE, E.GT, E.GE, E.EQ)):
+        return None
+    if c.a.dtype not in ("int32", "int64") or c.b.dtype not in ("int32", "int64"):
+        return None
+    fa, fb = _affine(c.a, axes, space, box), _affine(c.b, axes, space, box)
+    if fa is None or fb is None:
+        return None
+    d = [x - y for x, y in zip(fa[0], fb[0])]
+    k = fa[1] - fb[1]
+    if isinstance(c, E.GE):
+        return [(d, k, False)]
+    if isinstance(c, E.GT):
+        return [(d, k - 1, False)]
+    if isinstance(c, E.LE):
+        return [([-x for x in d], -k, False)]
+    if isinstance(c, E.LT):
+        return [([-x for x in d], -k - 1, False)]
+    return [(d, k, True)]
+
+
+def _analyze(inst):
+    """The :class:`GemmPiece` of an instance, None when its domain is empty, or
+    raise _NoMatch (``args[1]``: "nonaffine", "inefficient" or "other")."""
+    axes = inst.axes
+    space = VarSpace(axes)
+    box = box_set(space)
+    dom = box
+    for c in inst.conjuncts:
+        s, resid = to_set(c, space)
+        if resid is not None:
+            raise _NoMatch("a data-dependent condition", "other")
+        dom = dom.intersect(s)
+    if dom.is_empty():
+        return None
+    inb = []
+    for t, args in inst.loads:
+        s = box
+        for ix, n in zip(args, t.shape):
+            pa = to_pwaff(ix, space)
+            if pa is None:
+                raise _NoMatch(f"an index of {t.name} is not quasi-affine", "other")
+            s = s.intersect(pa.ge_set(space.const(0))).intersect(pa.lt_set(space.const(n)))
+        inb.append(s)
+    if not dom.is_subset(inb[0].intersect(inb[1])):
+        raise _NoMatch("a load may leave its tensor (the loop nest checks it)", "other")
+    both = inb[0].intersect(inb[1])
+    # the conjuncts: implied by the operands' bounds (padding), spatial-only
+    # (output mask), or on one operand's axes (operand mask)
+    load_axes = []
+    for t, args in inst.loads:
+        used = set()
+        for ix in args:
+            used |= {id(v) for v in post_order(ix) if isinstance(v, E.IterVar)}
+        load_axes.append(used)
+    sp_ids = {id(a) for a in inst.spatial}
+    out_masks, op_masks = [], [[], []]
+    for c in inst.conjuncts:
+        s, _ = to_set(c, space)
+        if both.is_subset(s):
+            continue
+        cvars = {id(v) for v in post_order(c) if isinstance(v, E.IterVar)}
+        aff = _cond_affine(c, axes, space, box)
+        if aff is None:
+            raise _NoMatch("a condition that is not affine", "nonaffine")
+        if cvars <= sp_ids:
+            out_masks.extend(aff)
+        elif cvars <= load_axes[0]:
+            op_masks[0].extend(aff)
+        elif cvars <= load_axes[1]:
+            op_masks[1].extend(aff)
+        else:
+            raise _NoMatch("a condition that ties both operands", "other")
+    views = []
+    for (t, args), masks in zip(inst.loads, op_masks):
+        pad, shape = [], tuple(t.shape)
+        for ix, n in zip(args, shape):
+            lo, hi = _range(to_pwaff(ix, space), box)
+            pad.append((max(0, -lo), max(0, hi - (n - 1))))
+        padded = tuple(n + a + b for n, (a, b) in zip(shape, pad))
+        pstr = [int(np.prod(padded[d + 1:], dtype=np.int64)) for d in range(len(padded))]
+        flat = E.const(int(sum(lo * s for (lo, _), s in zip(pad, pstr))))
+        for ix, s in zip(args, pstr):
+            flat = flat + ix * s
+        aff = _affine(flat, axes, space, box) if args else ([0] * len(axes), 0)
+        if aff is None:
+            raise _NoMatch(f"the offset of {t.name} is not affine", "nonaffine")
+        coefs, const = aff
+        used = [k for k, c in enumerate(coefs) if c]
+        mvars = [k for k in range(len(axes)) if any(m[0][k] for m in masks)]
+        vaxes = sorted(set(used) | set(mvars))
+        offset = const + sum(coefs[k] * axes[k].dom[0] for k in vaxes)
+        vmasks = [([m[0][k] for k in vaxes], m[1], m[2]) for m in masks]
+        views.append(OperandView(t, shape, pad if any(a or b for a, b in pad) else None,
+                                 vaxes, offset, [coefs[k] for k in vaxes], vmasks))
+    piece_axes = [(a.dom[0], a.dom[1] - a.dom[0], a.kind) for a in axes]
+    nsp = len(inst.spatial)
+    out_masks = [(m[0][:nsp], m[1], m[2]) for m in out_masks]
+    if any(any(m[0][nsp:]) for m in out_masks):
+        raise _NoMatch("internal: an output mask on a reduction axis", "other")
+    out_offset = inst.out_offset + sum(s * a.dom[0] for s, a in zip(inst.out_strides, inst.spatial))
+    points = card(dom)
+    piece = GemmPiece(piece_axes, out_offset, inst.out_strides, views[0], views[1],
+                      out_masks, points)
+    vol = int(np.prod([ax[1] for ax in piece_axes], dtype=np.int64))
+    if points < TAP_EFFICIENCY * vol:
+        piece.inefficient = True
+    return piece
+
+
+def _split(inst, moduli, kinds_done="split"):
+    """The instances of the residue classes of the axes in ``moduli``
+    (id(axis) -> m): ``axis = m * axis' + a``, empty classes dropped."""
+    by_id = {id(a): a for a in inst.axes}
+    split_axes = [by_id[i] for i in moduli]
+    classes = [[]]
+    for a in split_axes:
+        m = moduli[id(a)]
+        classes = [c + [r] for c in classes for r in range(m)]
+    out = []
+    for cls in classes:
+        mapping, spatial, ostr, reduce_ = {}, [], [], []
+        off = inst.out_offset
+        new = {}
+        empty = False
+        for a, r in zip(split_axes, cls):
+            m = moduli[id(a)]
+            lo = -((r - a.dom[0]) // m)  # ceil((lo - r) / m)
+            hi = (a.dom[1] - 1 - r) // m + 1
+            if hi <= lo:
+                empty = True
+                break
+            v = E.iter_var(lo, hi, f"{a.name}{m}r{r}", a.kind)
+            mapping[a] = v * m + r
+            new[id(a)] = (v, m, r)
+        if empty:
+            continue
+        for a, s in zip(inst.spatial, inst.out_strides):
+            if id(a) in new:
+                v, m, r = new[id(a)]
+                spatial.append(v)
+                ostr.append(s * m)
+                off += s * r
+            else:
+                spatial.append(a)
+                ostr.append(s)
+        for a in inst.reduce:
+            reduce_.append(new[id(a)][0] if id(a) in new else a)
+        out.append(inst.subst(mapping, spatial, ostr, off, reduce_, split=True))
+    return out
+
+
+def _residue_moduli(inst):
+    """id(axis) -> the lcm of the divisors of the ``//`` and ``%`` it appears under."""
+    mod = {}
+    ids = {id(a) for a in inst.axes}
+    exprs = [a for _, args in inst.loads for a in args] + inst.conjuncts
+    for n in post_order(exprs):
+        if isinstance(n, (E.FloorDiv, E.FloorMod)) and isinstance(n.b, E.Const) \
+                and isinstance(n.b.value, int) and n.b.value >= 2:
+            for v in post_order(n.a):
+                if isinstance(v, E.IterVar) and id(v) in ids:
+                    mod[id(v)] = math.lcm(mod.get(id(v), 1), n.b.value)
+    return mod
+
+
+def _tap(inst):
+    """The instances with reduction axes replaced by the taps of narrow operand
+    dimensions (see the module docstring), or None when there is none."""
+    axes = inst.axes
+    space = VarSpace(axes)
+    box = box_set(space)
+    red_ids = {id(a) for a in inst.reduce}
+    for li, (t, args) in enumerate(inst.loads):
+        for d, (ix, n) in enumerate(zip(args, t.shape)):
+            aff = _affine(ix, axes, space, box)
+            if aff is None:
+                continue
+            coefs, const = aff
+            rs = [k for k, a in enumerate(axes) if coefs[k] and id(a) in red_ids]
+            if len(rs) != 1:
+                continue
+            lo, hi = _range(to_pwaff(ix, space), box)
+            if hi - lo + 1 <= 2 * n:
+                continue
+            kr = rs[0]
+            r, cr = axes[kr], coefs[kr]
+            m = abs(cr)
+            moduli = {id(a): m for k, a in enumerate(axes)
+                      if k != kr and coefs[k] and coefs[k] % m and a.kind == "spatial"}
+            if any(coefs[k] % m for k, a in enumerate(axes) if k != kr and coefs[k]
+                   and a.kind != "spatial"):
+                continue
+            pieces = _split(inst, moduli) if moduli else [inst]
+            out = []
+            for p in pieces:
+                pa = p.axes
+                psp = VarSpace(pa)
+                pbox = box_set(psp)
+                pix = p.loads[li][1][d]
+                paff = _affine(pix, pa, psp, pbox)
+                if paff is None:
+                    return None
+                pc, pk = paff
+                kr2 = next(k for k, a in enumerate(pa) if a is r)
+                if any(pc[k] % cr for k in range(len(pa)) if k != kr2):
+                    return None
+                # ix = cr * u + pk with u = r + sum(pc[k] / cr * a_k), 0 <= ix < n
+                if cr > 0:
+                    ulo, uhi = -(pk // cr), (n - 1 - pk) // cr
+                else:
+                    ulo, uhi = -((n - 1 - pk) // -cr), pk // -cr
+                if uhi < ulo:
+                    continue
+                u = E.iter_var(ulo, uhi + 1, f"{r.name}_tap", "reduce")
+                shift = E.const(0)
+                for k, a in enumerate(pa):
+                    if k != kr2 and pc[k]:
+                        shift = shift + a * (pc[k] // cr)
+                r_val = u - shift
+                extra = [r_val >= r.dom[0], r_val < r.dom[1]]
+                red = [u if a is r else a for a in p.reduce]
+                out.append(p.subst({r: r_val}, p.spatial, p.out_strides, p.out_offset, red,
+                                   extra=extra, tapped=True))
+            return out
+    return None
+
+
+def _pieces(inst, depth=0):
+    if depth > 6:
+        raise _NoMatch("too many transformations")
+    try:
+        piece = _analyze(inst)
+    except _NoMatch as exc:
+        if len(exc.args) > 1 and exc.args[1] == "nonaffine" and not inst.split:
+            moduli = _residue_moduli(inst)
+            if not moduli or int(np.prod(list(moduli.values()))) > MAX_PIECES:
+                raise
+            out = []
+            for sub in _split(inst, moduli):
+                out.extend(_pieces(sub, depth + 1))
+            return out
+        raise
+    if piece is None:
+        return []
+    if getattr(piece, "inefficient", False):
+        subs = _tap(inst)
+        if subs is not None:
+            try:
+                out = []
+                for sub in subs:
+                    out.extend(_pieces(sub, depth + 1))
+                return out
+            except _NoMatch:
+                pass
+    return [piece]
+
+
+def match(op, inlined=(), key=None, why=None):
+    """The :class:`ContractionPlan` of a stage, or None when it is not a contraction.
+
+    Args:
+        op: the stage's ComputeOp.
+        inlined: ids of the inlined ops (their bodies are substituted first).
+        key: ``tensor -> buffer key`` (the keys :meth:`ContractionPlan.run` looks
+            up); default: the tensor's name.
+        why: a list; when the stage does not match, the reason is appended.
+    Returns:
+        A plan (whatever its cost: see :func:`cost_ok`), or None.
+    """
+    key = key or (lambda t: t.name)
+    try:
+        inst, scale, dtype = _contraction_of(op, set(inlined))
+        pieces = _pieces(inst)
+        if len(pieces) > MAX_PIECES:
+            raise _NoMatch(f"{len(pieces)} pieces")
+    except _NoMatch as exc:
+        if why is not None:
+            why.append(exc.args[0])
+        return None
+    except (isl.Error, TexprError) as exc:
+        if why is not None:
+            why.append(f"isl: {exc}")
+        return None
+    for p in pieces:
+        for v in (p.a, p.b):
+            v.key = key(v.key)
+    out = op.output(0)
+    return ContractionPlan(op.name, key(out), out.shape, dtype, scale, pieces,
+                           not _partition(pieces, out.shape))
+
+
+def _partition(pieces, shape):
+    """Whether the pieces' output slices cover every output element exactly once
+    (else the output is zeroed first and every piece adds into it)."""
+    count = np.zeros(int(np.prod(shape, dtype=np.int64)), dtype=np.int32)
+    for p in pieces:
+        ext = [ax[1] for ax in p.axes if ax[2] == "spatial"]
+        _byte_view(count, p.out_offset, ext, p.out_strides, writeable=True)[...] += 1
+    return bool((count == 1).all())
+
+
+def cost_ok(plan):
+    """The cost rule of the module docstring: whether BLAS pays for ``plan``."""
+    if plan.flop < BLAS_MIN_FLOP:
+        return False
+    if plan.flop / 2 * BLAS_MIN_EFFICIENCY > plan.points:
+        return False
+    for p in plan.pieces:
+        _b, m, n, k = p.gemm_dims()
+        if min(m, n, k) < BLAS_MIN_DIM:
+            return False
+    return True
