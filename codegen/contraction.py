@@ -87,8 +87,11 @@ BLAS_MIN_FLOP = 1 << 22
 BLAS_MIN_DIM = 8
 #: the GEMMs may do at most 1/this times the domain's multiply-adds
 BLAS_MIN_EFFICIENCY = 0.25
-#: at most this many pieces (residue classes) per stage
+#: at most this many pieces (non-empty residue classes) per stage
 MAX_PIECES = 64
+#: at most this many residue classes are enumerated (most are empty: a stride-3
+#: transposed convolution has 81 classes of (h, kh, w, kw), 9 of them non-empty)
+MAX_CLASSES = 1024
 #: a piece whose box holds more than 1/this times its domain's points tries taps
 TAP_EFFICIENCY = 0.5
 
@@ -719,11 +722,13 @@ def _pieces(inst, depth=0):
     except _NoMatch as exc:
         if len(exc.args) > 1 and exc.args[1] == "nonaffine" and not inst.split:
             moduli = _residue_moduli(inst)
-            if not moduli or int(np.prod(list(moduli.values()))) > MAX_PIECES:
+            if not moduli or int(np.prod(list(moduli.values()))) > MAX_CLASSES:
                 raise
             out = []
             for sub in _split(inst, moduli):
                 out.extend(_pieces(sub, depth + 1))
+                if len(out) > MAX_PIECES:
+                    raise _NoMatch(f"more than {MAX_PIECES} residue classes") from None
             return out
         raise
     if piece is None:
