@@ -261,18 +261,55 @@ def _pack(v, axes, groups):
 
 
 def _by_stride(v, axes, group):
-    """``group`` ordered by decreasing absolute stride in ``v`` (dims ``axes``):
-    the innermost dimension of a packed copy moves along the smallest stride."""
-    return sorted(group, key=lambda p: -abs(v.strides[axes.index(p)]))
+    """``group`` ordered by decreasing absolute stride in ``v`` (dims ``axes``; ties:
+    the longer dimension inside): the innermost dimension of a packed copy moves
+    along the smallest stride."""
+    return sorted(group, key=lambda p: (-abs(v.strides[axes.index(p)]),
+                                        v.shape[axes.index(p)]))
 
 
 def _last_is_finer(v, axes, first, last):
     """Whether the packed layout ``(first, last)`` (rather than ``(last, first)``)
-    puts the smallest stride of ``v`` innermost."""
+    puts the finest dimension of ``v`` innermost: the smallest stride, and among
+    equal strides the longest run (a convolution's image columns, not its 3
+    kernel columns), so that a packing copy moves along long contiguous runs."""
     if not first or not last:
         return True
-    fine = lambda g: min(abs(v.strides[axes.index(q)]) for q in g)  # noqa: E731
+
+    def fine(g):
+        return min((abs(v.strides[axes.index(q)]), -v.shape[axes.index(q)]) for q in g)
     return fine(last) <= fine(first)
+
+
+def _direct_layout(spatial, batch, m, n):
+    """How the GEMM's result can come out in the output's axis order: ``(prefix,
+    rows, cols, swapped)`` with ``spatial == prefix + rows + cols``, the prefix
+    holding every batch axis (axes of one operand there are broadcast batches:
+    a convolution's images), ``rows``/``cols`` M and N (``swapped`` False) or
+    N and M (True). None when there is no such split. The shortest prefix wins
+    (the largest GEMMs)."""
+    ms, ns, bs = set(m), set(n), set(batch)
+    for cut in range(len(spatial) + 1):
+        prefix, rest = spatial[:cut], spatial[cut:]
+        if not bs <= set(prefix):
+            continue
+        for first, second, swapped in ((ms, ns, False), (ns, ms, True)):
+            j = 0
+            while j < len(rest) and rest[j] in first:
+                j += 1
+            if all(q in second for q in rest[j:]):
+                return prefix, rest[:j], rest[j:], swapped
+    return None
+
+
+def _pack_batched(v, axes, prefix, rows, inner):
+    """``v`` (dims ``axes``) as ``(*prefix, rows, inner)`` (extent 1 for a prefix
+    axis it lacks), a view where the strides merge, else a packed copy."""
+    present = [q for q in prefix if q in axes]
+    t = v.transpose([axes.index(q) for q in present + rows + inner])
+    size = lambda g: int(np.prod([v.shape[axes.index(q)] for q in g], dtype=np.int64))  # noqa
+    shape = [v.shape[axes.index(q)] if q in axes else 1 for q in prefix]
+    return t.reshape(shape + [size(rows), size(inner)])
 
 
 def _run_piece(p, arrays, out, scale, add, dtype):
@@ -286,6 +323,10 @@ def _run_piece(p, arrays, out, scale, add, dtype):
     if b_only:
         b = b.sum(axis=tuple(b_axes.index(q) for q in b_only))
         b_axes = [q for q in b_axes if q not in b_only]
+    spatial = [q for q, ax in enumerate(p.axes) if ax[2] == "spatial"]
+    layout = None if neither else _direct_layout(spatial, batch, m, n)
+    if layout is not None:
+        return _run_direct(p, a, a_axes, b, b_axes, k, layout, out, scale, add, spatial)
     # the packed copies' innermost dimension follows the smallest stride
     big = a if a.size >= b.size else b
     big_axes = a_axes if big is a else b_axes
@@ -324,6 +365,45 @@ def _run_piece(p, arrays, out, scale, add, dtype):
         res = np.where(_mask_array(p.out_masks, spatial, p.axes, shape), res,
                        np.zeros((), dtype=res.dtype))
     target = _byte_view(out, p.out_offset, shape, p.out_strides, writeable=True)
+    if add:
+        target += res
+    else:
+        np.copyto(target, res, casting="unsafe")
+
+
+def _run_direct(p, a, a_axes, b, b_axes, k, layout, out, scale, add, spatial):
+    """The GEMM with its result in the output's axis order (see :func:`_direct_layout`):
+    written by ``np.matmul(..., out=)`` into a contiguous output slice, else copied
+    (or added) once."""
+    prefix, rows, cols, swapped = layout
+    big, big_axes = (a, a_axes) if a.size >= b.size else (b, b_axes)
+    k = _by_stride(big, big_axes, k)
+    if swapped:  # result (.., N, M) = B^T A^T
+        a, a_axes, b, b_axes = b, b_axes, a, a_axes
+    # a supplies the rows, b the columns; each packed as (rows, K) or (K, rows)
+    if _last_is_finer(a, a_axes, rows, k):
+        am = _pack_batched(a, a_axes, prefix, rows, k)
+    else:
+        am = _pack_batched(a, a_axes, prefix, k, rows).swapaxes(-1, -2)
+    if _last_is_finer(b, b_axes, k, cols):
+        bm = _pack_batched(b, b_axes, prefix, k, cols)
+    else:
+        bm = _pack_batched(b, b_axes, prefix, cols, k).swapaxes(-1, -2)
+    if scale != 1:
+        if am.size <= bm.size:
+            am = am * np.asarray(scale, dtype=am.dtype)
+        else:
+            bm = bm * np.asarray(scale, dtype=bm.dtype)
+    shape = [p.axes[q][1] for q in spatial]
+    target = _byte_view(out, p.out_offset, shape, p.out_strides, writeable=True)
+    ext = [p.axes[q][1] for q in prefix] + [am.shape[-2], bm.shape[-1]]
+    if not add and not p.out_masks and target.flags.c_contiguous and target.size:
+        np.matmul(am, bm, out=target.reshape(ext))
+        return
+    res = np.matmul(am, bm).reshape(shape)
+    if p.out_masks:
+        res = np.where(_mask_array(p.out_masks, spatial, p.axes, shape), res,
+                       np.zeros((), dtype=res.dtype))
     if add:
         target += res
     else:
