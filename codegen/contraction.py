@@ -185,12 +185,72 @@ class ContractionPlan:
         """Compute the stage's output into ``arrays[out_key]`` (a flat C-contiguous
         buffer of ``prod(shape)`` elements of ``dtype``) from the operand
         buffers ``arrays[key]`` (flat, or of the tensor's shape). Returns the
-        output buffer."""
+        output buffer.
+
+        Where an operand holds an infinity or a NaN, the terms that involve one
+        are classified exactly (see :meth:`_non_finite`): the result is the loop
+        nest's, whatever the BLAS does with ``0 * inf`` and whatever padding
+        or mask surrounds the value."""
         out = arrays[self.out_key].reshape(-1)
-        if self.fill:
+        keys = {v.key for p in self.pieces for v in (p.a, p.b)}
+        finite = all(np.isfinite(np.asarray(arrays[k])).all() for k in keys)
+        if not finite:
+            return self._non_finite(arrays, out, keys)
+        self._run_into(out, arrays, arrays, self.scale, add=self.fill)
+        return out
+
+    def _run_into(self, out, arrays_a, arrays_b, scale, add):
+        if add:
             out.fill(0)
         for p in self.pieces:
-            _run_piece(p, arrays, out, self.scale, self.fill, self.dtype)
+            _run_piece(p, arrays_a, arrays_b, out, scale, add, self.dtype)
+
+    def _non_finite(self, arrays, out, keys):
+        """The run when an operand holds inf or NaN: the GEMMs of the finite parts
+        (non-finite values as zeros), then, per output element, whether some term
+        of its domain is NaN (a NaN factor, or an infinity times zero), +inf or
+        -inf, found by GEMMs of 0/1 indicators (padding and masks stay absent,
+        as in the loop nest, which never visits those terms); NaN where both
+        infinities occur (IEEE: the order of the terms does not matter)."""
+        raw = {k: np.asarray(arrays[k]).reshape(-1) for k in keys}
+        zeroed = {k: np.where(np.isfinite(v), v, np.zeros((), v.dtype)) for k, v in raw.items()}
+        self._run_into(out, zeroed, zeroed, self.scale, add=self.fill)
+        dt_ = np.dtype(self.dtype)
+
+        def classes(v):
+            one = lambda m: m.astype(dt_)  # noqa: E731
+            return {"any": np.ones(v.shape, dt_), "nan": one(np.isnan(v)),
+                    "zero": one(v == 0), "pinf": one(v == np.inf), "minf": one(v == -np.inf),
+                    "pos": one(v > 0), "neg": one(v < 0),
+                    "inf": one(np.isinf(v))}
+        ca = {k: classes(v) for k, v in raw.items()}
+        n = out.size
+        tmp = np.empty(n, dt_)
+
+        def count(pairs):
+            total = np.zeros(n, dt_)
+            for x, y in pairs:
+                ok = True
+                for p in self.pieces:
+                    if not (ca[p.a.key][x].any() and ca[p.b.key][y].any()):
+                        continue
+                    ok = False
+                    break
+                if ok:
+                    continue
+                tmp.fill(0)
+                for p in self.pieces:
+                    _run_piece(p, {p.a.key: ca[p.a.key][x]}, {p.b.key: ca[p.b.key][y]},
+                               tmp, 1.0, True, self.dtype)
+                total += tmp
+            return total > 0
+        nan = count([("nan", "any"), ("any", "nan"), ("inf", "zero"), ("zero", "inf")])
+        pinf = count([("pinf", "pos"), ("minf", "neg"), ("pos", "pinf"), ("neg", "minf")])
+        minf = count([("pinf", "neg"), ("minf", "pos"), ("pos", "minf"), ("neg", "pinf")])
+        with np.errstate(invalid="ignore"):
+            special = np.where(nan | (pinf & minf), np.nan, np.where(pinf, np.inf, -np.inf))
+            special = (special * self.scale).astype(dt_)
+        np.copyto(out, special, where=nan | pinf | minf)
         return out
 
     def __repr__(self):
@@ -312,10 +372,12 @@ def _pack_batched(v, axes, prefix, rows, inner):
     return t.reshape(shape + [size(rows), size(inner)])
 
 
-def _run_piece(p, arrays, out, scale, add, dtype):
+def _run_piece(p, arrays_a, arrays_b, out, scale, add, dtype):
+    """One piece: operand ``a`` from ``arrays_a``, ``b`` from ``arrays_b``; the
+    result written into (``add``: added to) its slice of ``out``."""
     batch, m, n, k, a_only, b_only, neither = p.roles()
-    a = _operand(p.a, arrays, p.axes, dtype)
-    b = _operand(p.b, arrays, p.axes, dtype)
+    a = _operand(p.a, arrays_a, p.axes, dtype)
+    b = _operand(p.b, arrays_b, p.axes, dtype)
     a_axes, b_axes = list(p.a.axes), list(p.b.axes)
     if a_only:
         a = a.sum(axis=tuple(a_axes.index(q) for q in a_only))

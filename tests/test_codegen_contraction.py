@@ -38,6 +38,16 @@ def _tol(dtype, ref):
     return (2e-5 if dtype == "float32" else 1e-11) * scale
 
 
+def _assert_close(got, ref, what):
+    """Equal non-finite patterns (NaN, +inf, -inf), finite values within tolerance."""
+    for f in (np.isnan, np.isposinf, np.isneginf):
+        bad = f(got) != f(ref)
+        assert not bad.any(), f"{what}: {f.__name__} differs at {np.argwhere(bad)[:3].tolist()}"
+    fin = np.isfinite(ref)
+    err = float(np.abs(got[fin].astype("float64") - ref[fin]).max()) if fin.any() else 0.0
+    assert err <= _tol(ref.dtype.name, ref[fin] if fin.any() else ref), f"{what}: error {err}"
+
+
 def check_plans(outs, feed):
     """Run the plan of every materialised stage that matches against the evaluator
     (after a pickle round trip); returns the names of the stages that matched."""
@@ -58,8 +68,7 @@ def check_plans(outs, feed):
         arrays[op.output(0).name] = np.full(max(ref.size, 1), np.nan, ref.dtype)
         plan.run(arrays)
         got = arrays[op.output(0).name].reshape(ref.shape)
-        err = float(np.abs(got.astype("float64") - ref).max()) if ref.size else 0.0
-        assert err <= _tol(ref.dtype.name, ref), f"{op.name}: {plan.describe()}: error {err}"
+        _assert_close(got, ref, f"{op.name}: {plan.describe()}")
     return matched
 
 
@@ -296,3 +305,45 @@ def test_blas_override_errors():
     with pytest.raises(ScheduleError, match="takes True or False"):
         s[Y].blas("yes")
 
+
+
+@pytest.mark.parametrize("case", ["conv2d_s1", "conv2d_s2", "conv2d_transpose_s2",
+                                  "causal_scores", "dense"])
+@pytest.mark.parametrize("pattern", ["inf_corner", "nan", "mixed"])
+def test_non_finite_operands(case, pattern):
+    """Infinities and NaNs give the loop nest's (the evaluator's) values: a padded
+    or masked term is absent, never ``0 * inf``; an infinity times a real zero is
+    NaN; +inf and -inf terms of one element give NaN."""
+    out, wrt = _case(case, "float32")
+    outs = _with_grads(out, wrt, "float32")
+    feed = random_feed(outs, seed=7)
+    first, second = wrt[0], wrt[1]
+    a, b = feed[first].reshape(-1), feed[second].reshape(-1)
+    if pattern == "inf_corner":  # an infinite weight (a convolution's border taps)
+        b[0] = np.inf
+    elif pattern == "nan":
+        a[a.size // 2] = np.nan
+    else:
+        b[0], b[-1], a[1], a[2] = np.inf, -np.inf, -np.inf, 0.0
+    assert len(check_plans(outs, feed)) == 3
+
+
+def test_non_finite_kernels_agree():
+    """Both kernel paths give the same non-finite pattern (conv2d, stride 2)."""
+    out, wrt = _case("conv2d_s2", "float32")
+    outs = _with_grads(out, wrt, "float32")
+    head = next(t for t in _placeholders(outs) if t.name == "H")
+    inputs = wrt + [head]
+    feed = random_feed(outs, seed=8)
+    feed[wrt[1]].reshape(-1)[0] = np.inf
+    feed[head].reshape(-1)[5] = np.nan
+    args = [feed[t] for t in inputs]
+    kb, _ = _kernels(outs, inputs, True)
+    kl, _ = _kernels(outs, inputs, False)
+    # the simplified graph: a padded input's terms are absent (the unsimplified
+    # one multiplies the padding's select(.., 0) by inf: docs/conventions.md)
+    refs = te.evaluate(list(simplify.simplify(outs)), feed)
+    assert all(np.isfinite(r).any() and not np.isfinite(r).all() for r in refs)
+    for got_b, got_l, ref in zip(kb(*args), kl(*args), refs):
+        _assert_close(got_b, ref, "blas")
+        _assert_close(got_l, ref, "loops")
