@@ -79,6 +79,7 @@ from texpr.visitor import post_order, substitute
 from .schedule import inline_expand
 
 __all__ = ["match", "ContractionPlan", "GemmPiece", "OperandView", "cost_ok",
+           "ContractionUnitSource", "ContractionUnit",
            "BLAS_MIN_FLOP", "BLAS_MIN_DIM", "BLAS_MIN_EFFICIENCY"]
 
 #: below this many floating-point operations (all GEMMs of a stage) the loop nest runs
@@ -943,3 +944,49 @@ def cost_ok(plan):
         if min(m, n, k) < BLAS_MIN_DIM:
             return False
     return True
+
+
+# ---- the unit kind (codegen.units) ----------------------------------------------------------
+
+class ContractionUnitSource:
+    """The description of a stage run as GEMMs, beside the numba units of a
+    program (:mod:`codegen.units`): ``kind`` ``"blas"``, ``stage``,
+    ``definition``, ``plan`` (its keys are buffer positions), ``args`` (the
+    buffers it reads and writes), ``errors`` (none: a plan checks nothing at run
+    time, isl proved its loads in bounds), ``parallel`` (False: the BLAS has
+    its own threads), ``source`` (the readable comment of ``Kernel.source``).
+    Picklable."""
+
+    kind = "blas"
+
+    def __init__(self, stage, definition, plan, readable):
+        self.stage, self.definition, self.plan = stage, definition, plan
+        keys = {plan.out_key} | {v.key for p in plan.pieces for v in (p.a, p.b)}
+        self.args = tuple(sorted(keys))
+        self.errors, self.parallel, self.source = [], False, readable
+        self.module_source, self.arg_specs = None, []
+
+    def describe(self):
+        d = self.definition
+        return "the stage " + (d if len(d) < 400 else d[:400] + " ...")
+
+
+class ContractionUnit:
+    """A runnable unit (:mod:`codegen.units` interface): ``run(arrays, err)`` runs
+    the plan on the kernel's flat buffers. Nothing is compiled."""
+
+    kind = "blas"
+
+    def __init__(self, desc):
+        self.stage, self.args, self.errors = desc.stage, desc.args, desc.errors
+        self.plan = desc.plan
+        self.key = self.path = None
+        self.compile_seconds = 0.0
+        self.from_disk_cache, self.from_memory_cache, self.compiled = False, True, False
+        self.in_worker = False
+
+    def run(self, arrays, err):
+        self.plan.run(arrays)
+
+    def __repr__(self):
+        return f"ContractionUnit({self.stage!r}, {self.plan.describe()})"
