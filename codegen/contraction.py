@@ -110,12 +110,15 @@ class OperandView:
     list): element ``offset`` and ``strides`` in the (padded) flat buffer, and
     ``masks``: conditions ``sum(coef[k] * value(axes[k])) + const >= 0`` (or
     ``== 0``), given as ``(coefs, const, is_eq)``, outside which the view's
-    elements count as zeros."""
+    elements count as zeros; ``data_masks``: data-dependent conditions over the
+    same axes (expression trees, see :func:`_tree`; a ReLU's adjoint reads
+    ``where=dense[i, j] > 0``), the same way."""
 
-    def __init__(self, key, shape, pad, axes, offset, strides, masks):
+    def __init__(self, key, shape, pad, axes, offset, strides, masks, data_masks=()):
         self.key, self.shape, self.pad = key, tuple(shape), pad
         self.axes, self.offset, self.strides = tuple(axes), int(offset), tuple(strides)
         self.masks = list(masks)
+        self.data_masks = list(data_masks)
 
     def padded_shape(self):
         if self.pad is None:
@@ -201,6 +204,10 @@ class ContractionPlan:
         return out
 
     def _run_into(self, out, arrays_a, arrays_b, scale, add):
+        with _blas_threads_limited():
+            self._run_pieces(out, arrays_a, arrays_b, scale, add)
+
+    def _run_pieces(self, out, arrays_a, arrays_b, scale, add):
         if add:
             out.fill(0)
         for p in self.pieces:
@@ -213,9 +220,16 @@ class ContractionPlan:
         -inf, found by GEMMs of 0/1 indicators (padding and masks stay absent,
         as in the loop nest, which never visits those terms); NaN where both
         infinities occur (IEEE: the order of the terms does not matter)."""
+        with _blas_threads_limited():
+            return self._non_finite_now(arrays, out, keys)
+
+    def _non_finite_now(self, arrays, out, keys):
         raw = {k: np.asarray(arrays[k]).reshape(-1) for k in keys}
         zeroed = {k: np.where(np.isfinite(v), v, np.zeros((), v.dtype)) for k, v in raw.items()}
-        self._run_into(out, zeroed, zeroed, self.scale, add=self.fill)
+        if self.fill:
+            out.fill(0)
+        for p in self.pieces:
+            _run_piece(p, zeroed, zeroed, out, self.scale, self.fill, self.dtype, real=arrays)
         dt_ = np.dtype(self.dtype)
 
         def classes(v):
@@ -242,7 +256,7 @@ class ContractionPlan:
                 tmp.fill(0)
                 for p in self.pieces:
                     _run_piece(p, {p.a.key: ca[p.a.key][x]}, {p.b.key: ca[p.b.key][y]},
-                               tmp, 1.0, True, self.dtype)
+                               tmp, 1.0, True, self.dtype, real=arrays)
                 total += tmp
             return total > 0
         nan = count([("nan", "any"), ("any", "nan"), ("inf", "zero"), ("zero", "inf")])
@@ -256,6 +270,81 @@ class ContractionPlan:
 
     def __repr__(self):
         return f"ContractionPlan({self.stage}: {self.describe()})"
+
+
+#: GEMMs are cut into this many parts (along a batch axis or the rows), run on
+#: worker threads, each a single-threaded BLAS call (0: numba's thread count).
+#: OpenBLAS's own threads busy-wait for each other: on a loaded 2-core machine
+#: a 2-thread SGEMM ran 6x slower than one thread (dense value-and-grad
+#: 124 ms vs 20 ms); Python's pool waits on a lock instead.
+GEMM_THREADS = 0
+#: a GEMM with fewer multiply-adds runs in one call
+GEMM_SPLIT_MIN = 1 << 20
+
+_POOL = []
+_LIMITER = []
+
+
+def _threads():
+    if GEMM_THREADS > 0:
+        return GEMM_THREADS
+    try:
+        import numba
+        return max(1, numba.get_num_threads())
+    except Exception:  # noqa: BLE001 - numba is a dependency; be safe in workers
+        return 1
+
+
+def _blas_threads_limited():
+    """A context holding numpy's BLAS at one thread (threadpoolctl, if installed;
+    restored on exit) while a plan's GEMMs run on the worker threads."""
+    import contextlib
+    if _threads() <= 1:
+        return contextlib.nullcontext()
+    if not _LIMITER:
+        try:
+            from threadpoolctl import ThreadpoolController
+            _LIMITER.append(ThreadpoolController().select(user_api="blas"))
+        except Exception:  # noqa: BLE001 - optional: without it, the BLAS keeps its threads
+            _LIMITER.append(None)
+    ctl = _LIMITER[0]
+    return contextlib.nullcontext() if ctl is None else ctl.limit(limits=1)
+
+
+def _matmul(a, b, out=None):
+    """``np.matmul(a, b, out=out)``, cut into parts run on worker threads (see
+    ``GEMM_THREADS``) when it is large enough: along the leading batch axis when
+    it has enough entries, else along the rows of ``a``."""
+    n = _threads()
+    rows, inner, cols = a.shape[-2], a.shape[-1], b.shape[-1]
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    work = int(np.prod(batch, dtype=np.int64)) * rows * inner * cols
+    if n <= 1 or work < GEMM_SPLIT_MIN:
+        return np.matmul(a, b, out=out)
+    if out is None:
+        out = np.empty(batch + (rows, cols), dtype=np.result_type(a, b))
+    parts = []
+    if batch and batch[0] >= n:
+        cuts = np.linspace(0, batch[0], n + 1).astype(int)
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            pa = a[lo:hi] if a.ndim == len(batch) + 2 and a.shape[0] > 1 else a
+            pb = b[lo:hi] if b.ndim == len(batch) + 2 and b.shape[0] > 1 else b
+            parts.append((pa, pb, out[lo:hi]))
+    elif rows >= n:
+        cuts = np.linspace(0, rows, n + 1).astype(int)
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            parts.append((a[..., lo:hi, :], b, out[..., lo:hi, :]))
+    else:
+        return np.matmul(a, b, out=out)
+    if not _POOL:
+        from concurrent.futures import ThreadPoolExecutor
+        _POOL.append(ThreadPoolExecutor(max_workers=max(n, 2),
+                                        thread_name_prefix="texpr-gemm"))
+    futures = [_POOL[0].submit(np.matmul, pa, pb, out=po) for pa, pb, po in parts[1:]]
+    np.matmul(*parts[0][:2], out=parts[0][2])
+    for f in futures:
+        f.result()
+    return out
 
 
 def _byte_view(flat, offset, shape, strides, writeable=False):
@@ -292,8 +381,9 @@ def _mask_array(masks, axes, piece_axes, shape):
     return ok
 
 
-def _operand(view, arrays, piece_axes, dtype):
-    """The operand's values over its axes (an ndarray, view or copy)."""
+def _operand(view, arrays, piece_axes, dtype, real=None):
+    """The operand's values over its axes (an ndarray, view or copy); its
+    data-dependent masks read ``real`` (default ``arrays``)."""
     buf = np.asarray(arrays[view.key]).reshape(-1)
     if buf.dtype != np.dtype(dtype):
         buf = buf.astype(dtype)
@@ -307,7 +397,56 @@ def _operand(view, arrays, piece_axes, dtype):
     if view.masks:
         v = np.where(_mask_array(view.masks, view.axes, piece_axes, shape), v,
                      np.zeros((), dtype=v.dtype))
+    if view.data_masks:
+        grid = {}
+        for d, q in enumerate(view.axes):
+            lo, ext, _ = piece_axes[q]
+            grid[q] = (lo + np.arange(ext, dtype=np.int64)).reshape(
+                [ext if i == d else 1 for i in range(len(shape))])
+        ok = np.ones(shape, dtype=bool)
+        with np.errstate(all="ignore"):
+            for t in view.data_masks:
+                ok &= np.broadcast_to(_eval_tree(t, grid, arrays if real is None else real),
+                                      shape)
+        v = np.where(ok, v, np.zeros((), dtype=v.dtype))
     return v
+
+
+_TREE_OPS = {E.Add: np.add, E.Sub: np.subtract, E.Mul: np.multiply, E.Div: np.true_divide,
+             E.FloorDiv: np.floor_divide, E.FloorMod: np.mod, E.Min: np.minimum,
+             E.Max: np.maximum, E.EQ: np.equal, E.NE: np.not_equal, E.LT: np.less,
+             E.LE: np.less_equal, E.GT: np.greater, E.GE: np.greater_equal,
+             E.And: np.logical_and, E.Or: np.logical_or}
+
+
+def _eval_tree(t, grid, arrays):
+    """The value of an expression tree (:func:`_tree`) on the grid of axis values."""
+    kind = t[0]
+    if kind == "c":
+        return np.asarray(t[1], dtype=t[2])
+    if kind == "v":
+        return grid[t[1]]
+    if kind == "ld":
+        _, key, shape, dtype, idx = t
+        flat = np.zeros((), dtype=np.int64)
+        stride = 1
+        for d in range(len(shape) - 1, -1, -1):
+            flat = flat + _eval_tree(idx[d], grid, arrays).astype(np.int64) * stride
+            stride *= shape[d]
+        return np.asarray(arrays[key]).reshape(-1)[flat]
+    if kind == "not":
+        return np.logical_not(_eval_tree(t[1], grid, arrays))
+    if kind == "sel":
+        return np.where(*(_eval_tree(x, grid, arrays) for x in t[1:]))
+    if kind == "cast":
+        return _eval_tree(t[1], grid, arrays).astype(t[2])
+    if kind == "abs":
+        return np.abs(_eval_tree(t[1], grid, arrays))
+    fn = _TREE_OPS[kind]
+    a, b = (_eval_tree(x, grid, arrays) for x in t[1:])
+    if kind in (E.FloorDiv, E.FloorMod) and np.any(b == 0):
+        raise TexprError("contraction: integer division by zero in a condition")
+    return fn(a, b)
 
 
 def _pack(v, axes, groups):
@@ -373,12 +512,13 @@ def _pack_batched(v, axes, prefix, rows, inner):
     return t.reshape(shape + [size(rows), size(inner)])
 
 
-def _run_piece(p, arrays_a, arrays_b, out, scale, add, dtype):
-    """One piece: operand ``a`` from ``arrays_a``, ``b`` from ``arrays_b``; the
-    result written into (``add``: added to) its slice of ``out``."""
+def _run_piece(p, arrays_a, arrays_b, out, scale, add, dtype, real=None):
+    """One piece: operand ``a`` from ``arrays_a``, ``b`` from ``arrays_b`` (their
+    data-dependent masks read ``real``, default the same); the result written
+    into (``add``: added to) its slice of ``out``."""
     batch, m, n, k, a_only, b_only, neither = p.roles()
-    a = _operand(p.a, arrays_a, p.axes, dtype)
-    b = _operand(p.b, arrays_b, p.axes, dtype)
+    a = _operand(p.a, arrays_a, p.axes, dtype, real)
+    b = _operand(p.b, arrays_b, p.axes, dtype, real)
     a_axes, b_axes = list(p.a.axes), list(p.b.axes)
     if a_only:
         a = a.sum(axis=tuple(a_axes.index(q) for q in a_only))
@@ -410,9 +550,9 @@ def _run_piece(p, arrays_a, arrays_b, out, scale, add, dtype):
         else:
             bm = bm * np.asarray(scale, dtype=bm.dtype)
     if am.shape[0] == 1:
-        res = np.matmul(am[0], bm[0])[None]
+        res = _matmul(am[0], bm[0])[None]
     else:
-        res = np.matmul(am, bm)
+        res = _matmul(am, bm)
     ext = [p.axes[q][1] for q in batch + m + n]
     res = res.reshape(ext)
     spatial = [q for q, ax in enumerate(p.axes) if ax[2] == "spatial"]
@@ -461,9 +601,9 @@ def _run_direct(p, a, a_axes, b, b_axes, k, layout, out, scale, add, spatial):
     target = _byte_view(out, p.out_offset, shape, p.out_strides, writeable=True)
     ext = [p.axes[q][1] for q in prefix] + [am.shape[-2], bm.shape[-1]]
     if not add and not p.out_masks and target.flags.c_contiguous and target.size:
-        np.matmul(am, bm, out=target.reshape(ext))
+        _matmul(am, bm, out=target.reshape(ext))
         return
-    res = np.matmul(am, bm).reshape(shape)
+    res = _matmul(am, bm).reshape(shape)
     if p.out_masks:
         res = np.where(_mask_array(p.out_masks, spatial, p.axes, shape), res,
                        np.zeros((), dtype=res.dtype))
@@ -657,10 +797,12 @@ def _analyze(inst):
     space = VarSpace(axes)
     box = box_set(space)
     dom = box
+    data = []  # the data-dependent conjuncts (their domain is a superset: the affine part)
     for c in inst.conjuncts:
         s, resid = to_set(c, space)
         if resid is not None:
-            raise _NoMatch("a data-dependent condition", "other")
+            data.append(c)
+            continue
         dom = dom.intersect(s)
     if dom.is_empty():
         return None
@@ -685,8 +827,16 @@ def _analyze(inst):
             used |= {id(v) for v in post_order(ix) if isinstance(v, E.IterVar)}
         load_axes.append(used)
     sp_ids = {id(a) for a in inst.spatial}
-    out_masks, op_masks = [], [[], []]
+    out_masks, op_masks, op_data = [], [[], []], [[], []]
+    for c in data:
+        cvars = {id(v) for v in post_order(c) if isinstance(v, E.IterVar)}
+        side = next((i for i in (0, 1) if cvars <= load_axes[i]), None)
+        if side is None:
+            raise _NoMatch("a data-dependent condition not on one operand's axes", "other")
+        op_data[side].append(_tree(c, axes, space, box))
     for c in inst.conjuncts:
+        if any(c is d for d in data):
+            continue
         s, _ = to_set(c, space)
         if both.is_subset(s):
             continue
@@ -703,7 +853,7 @@ def _analyze(inst):
         else:
             raise _NoMatch("a condition that ties both operands", "other")
     views = []
-    for (t, args), masks in zip(inst.loads, op_masks):
+    for (t, args), masks, dmasks, lax in zip(inst.loads, op_masks, op_data, load_axes):
         pad, shape = [], tuple(t.shape)
         for ix, n in zip(args, shape):
             lo, hi = _range(to_pwaff(ix, space), box)
@@ -719,11 +869,13 @@ def _analyze(inst):
         coefs, const = aff
         used = [k for k, c in enumerate(coefs) if c]
         mvars = [k for k in range(len(axes)) if any(m[0][k] for m in masks)]
+        if dmasks:
+            mvars += [k for k, a in enumerate(axes) if id(a) in lax]
         vaxes = sorted(set(used) | set(mvars))
         offset = const + sum(coefs[k] * axes[k].dom[0] for k in vaxes)
         vmasks = [([m[0][k] for k in vaxes], m[1], m[2]) for m in masks]
         views.append(OperandView(t, shape, pad if any(a or b for a, b in pad) else None,
-                                 vaxes, offset, [coefs[k] for k in vaxes], vmasks))
+                                 vaxes, offset, [coefs[k] for k in vaxes], vmasks, dmasks))
     piece_axes = [(a.dom[0], a.dom[1] - a.dom[0], a.kind) for a in axes]
     nsp = len(inst.spatial)
     out_masks = [(m[0][:nsp], m[1], m[2]) for m in out_masks]
@@ -737,6 +889,53 @@ def _analyze(inst):
     if points < TAP_EFFICIENCY * vol:
         piece.inefficient = True
     return piece
+
+
+def _tree(e, axes, space, box):
+    """A data-dependent condition as a plain tree over axis positions (picklable,
+    evaluated by numpy on an operand's grid: :func:`_eval_tree`); loads must
+    have quasi-affine indices inside their tensors over the whole box (the mask
+    is evaluated there). Loads hold the Tensor until :func:`match` gives keys."""
+    pos = {id(a): k for k, a in enumerate(axes)}
+
+    def go(x):
+        if isinstance(x, E.Const):
+            return ("c", x.value, x.dtype if x.dtype != "bool" else "bool")
+        if isinstance(x, E.IterVar):
+            if id(x) not in pos:
+                raise _NoMatch(f"a condition reads `{x.name}`", "other")
+            return ("v", pos[id(x)])
+        if isinstance(x, E.Load):
+            for ix, n in zip(x.args, x.tensor.shape):
+                pa = to_pwaff(ix, space)
+                if pa is None:
+                    raise _NoMatch("a condition loads at a data-dependent index", "other")
+                lo, hi = _range(pa, box)
+                if lo < 0 or hi >= n:
+                    raise _NoMatch(f"a condition may read {x.tensor.name} outside its shape",
+                                   "other")
+            return ("ld", x.tensor, tuple(x.tensor.shape), x.dtype, tuple(go(i) for i in x.args))
+        if isinstance(x, E.Not):
+            return ("not", go(x.a))
+        if isinstance(x, E.Select):
+            return ("sel", go(x.cond), go(x.true_value), go(x.false_value))
+        if isinstance(x, E.Cast):
+            return ("cast", go(x.value), x.dtype)
+        if isinstance(x, E.Call) and x.name == "abs":
+            return ("abs", go(x.args[0]))
+        if type(x) in _TREE_OPS:
+            if isinstance(x, (E.FloorDiv, E.FloorMod)) and dt.is_float(x.dtype):
+                raise _NoMatch("a float floor division in a condition", "other")
+            return (type(x), go(x.a), go(x.b))
+        raise _NoMatch(f"a condition with {type(x).__name__}", "other")
+    return go(e)
+
+
+def _keyed(t, key):
+    """A tree with its Tensors replaced by buffer keys."""
+    if t[0] == "ld":
+        return ("ld", key(t[1]), t[2], t[3], tuple(_keyed(i, key) for i in t[4]))
+    return tuple(_keyed(x, key) if isinstance(x, tuple) else x for x in t)
 
 
 def _split(inst, moduli, kinds_done="split"):
@@ -918,6 +1117,7 @@ def match(op, inlined=(), key=None, why=None):
     for p in pieces:
         for v in (p.a, p.b):
             v.key = key(v.key)
+            v.data_masks = [_keyed(t, key) for t in v.data_masks]
     out = op.output(0)
     return ContractionPlan(op.name, key(out), out.shape, dtype, scale, pieces,
                            not _partition(pieces, out.shape))
@@ -962,6 +1162,10 @@ class ContractionUnitSource:
     def __init__(self, stage, definition, plan, readable):
         self.stage, self.definition, self.plan = stage, definition, plan
         keys = {plan.out_key} | {v.key for p in plan.pieces for v in (p.a, p.b)}
+        for p in plan.pieces:
+            for v in (p.a, p.b):
+                for t in v.data_masks:
+                    keys |= _tree_keys(t)
         self.args = tuple(sorted(keys))
         self.errors, self.parallel, self.source = [], False, readable
         self.module_source, self.arg_specs = None, []
@@ -969,6 +1173,18 @@ class ContractionUnitSource:
     def describe(self):
         d = self.definition
         return "the stage " + (d if len(d) < 400 else d[:400] + " ...")
+
+
+def _tree_keys(t):
+    out = {t[1]} if t[0] == "ld" else set()
+    for x in t[1:]:
+        if isinstance(x, tuple) and x and isinstance(x[0], (str, type)):
+            out |= _tree_keys(x)
+        elif isinstance(x, tuple):
+            for y in x:
+                if isinstance(y, tuple):
+                    out |= _tree_keys(y)
+    return out
 
 
 class ContractionUnit:

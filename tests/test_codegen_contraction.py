@@ -54,7 +54,7 @@ def check_plans(outs, feed):
     _, _, ops, inl = _graph(outs)
     matched = []
     for op in ops:
-        plan = C.match(op, inl)
+        plan = C.match(op, inl, key=id)  # tensors may share a name (two layers' "dense")
         if plan is None:
             continue
         matched.append(op.name)
@@ -63,11 +63,11 @@ def check_plans(outs, feed):
         loaded = {id(n.tensor): n.tensor for n in post_order(body) if isinstance(n, E.Load)}
         ts = [op.output(0)] + list(loaded.values())
         vals = te.evaluate(ts, feed)
-        arrays = {t.name: v.reshape(-1) for t, v in zip(ts[1:], vals[1:])}
+        arrays = {id(t): v.reshape(-1) for t, v in zip(ts[1:], vals[1:])}
         ref = vals[0]
-        arrays[op.output(0).name] = np.full(max(ref.size, 1), np.nan, ref.dtype)
+        arrays[id(op.output(0))] = np.full(max(ref.size, 1), np.nan, ref.dtype)
         plan.run(arrays)
-        got = arrays[op.output(0).name].reshape(ref.shape)
+        got = arrays[id(op.output(0))].reshape(ref.shape)
         _assert_close(got, ref, f"{op.name}: {plan.describe()}")
     return matched
 
@@ -179,11 +179,23 @@ def _variant(name):
     if name == "guarded":
         return te.compute((5, 6), lambda i, j: te.sum(
             te.if_then_else(k > j, A[i, k], 0.0) * B[k, j], axis=k), name="guarded")
+    M = te.placeholder((5, 7), "M", "float64")
+    if name == "data_mask":  # a ReLU's adjoint: where= reads another tensor
+        return te.compute((5, 6), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k,
+                                                      where=M[i, k] > 0), name="relu_like")
+    if name == "data_mask_self":  # the condition reads the operand itself
+        return te.compute((5, 6), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k,
+                                                      where=(B[k, j] > 0) & (k % 2 == 0)),
+                          name="self_mask")
+    if name == "data_guard":
+        return te.compute((5, 6), lambda i, j: te.sum(
+            te.if_then_else(M[i, k] > 0.25, A[i, k], 0.0) * B[k, j], axis=k), name="guard")
     raise KeyError(name)
 
 
 VARIANTS = ["batched", "gram", "scaled", "dot", "broadcast", "one_sided", "offset_where",
-            "triangle_operand", "residue", "guarded"]
+            "triangle_operand", "residue", "guarded", "data_mask", "data_mask_self",
+            "data_guard"]
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -225,6 +237,11 @@ def test_not_contractions():
         te.compute((5, 6), lambda i, j: te.sum(te.exp(A[i, k]) * B[k, j], axis=k), name="ex"))
     assert _no_match(te.compute((5, 6), lambda i, j: te.sum(A[I[i], k] * B[k, j], axis=k),
                                 name="gather"))
+    # a data-dependent condition on the axes of both operands
+    M = te.placeholder((5, 6), "M", "float32")
+    assert "not on one operand" in _no_match(
+        te.compute((5, 6), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k, where=M[i, j] + k > 3),
+                   name="dm"))
     # a condition tying the axes of both operands
     assert "both operands" in _no_match(
         te.compute((5, 6), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k, where=i + j + k < 9),
@@ -347,3 +364,19 @@ def test_non_finite_kernels_agree():
     for got_b, got_l, ref in zip(kb(*args), kl(*args), refs):
         _assert_close(got_b, ref, "blas")
         _assert_close(got_l, ref, "loops")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_relu_mlp_gradients(dtype):
+    """A two-layer ReLU network: the adjoints under the ReLU's data-dependent mask
+    (``where=dense[i, j] > 0``) are contractions too; finite and non-finite inputs."""
+    x = te.placeholder((6, 20), "x", dtype)
+    w1, w2 = te.placeholder((8, 20), "w1", dtype), te.placeholder((5, 8), "w2", dtype)
+    out = nn.dense(nn.relu(nn.dense(x, w1)), w2)
+    outs = _with_grads(out, [x, w1, w2], dtype)
+    feed = random_feed(outs, seed=11)
+    matched = check_plans(outs, feed)
+    assert {"d_x__dense", "d_w1__dense"} <= set(matched), matched
+    feed[w1].reshape(-1)[3] = np.inf
+    feed[x].reshape(-1)[0] = np.nan
+    check_plans(outs, feed)
