@@ -311,6 +311,15 @@ def _blas_threads_limited():
     return contextlib.nullcontext() if ctl is None else ctl.limit(limits=1)
 
 
+def _pool():
+    """The worker threads of the GEMMs and packing copies (created on first use)."""
+    if not _POOL:
+        from concurrent.futures import ThreadPoolExecutor
+        _POOL.append(ThreadPoolExecutor(max_workers=max(_threads(), 2),
+                                        thread_name_prefix="texpr-gemm"))
+    return _POOL[0]
+
+
 def _matmul(a, b, out=None):
     """``np.matmul(a, b, out=out)``, cut into parts run on worker threads (see
     ``GEMM_THREADS``) when it is large enough: along the leading batch axis when
@@ -336,11 +345,7 @@ def _matmul(a, b, out=None):
             parts.append((a[..., lo:hi, :], b, out[..., lo:hi, :]))
     else:
         return np.matmul(a, b, out=out)
-    if not _POOL:
-        from concurrent.futures import ThreadPoolExecutor
-        _POOL.append(ThreadPoolExecutor(max_workers=max(n, 2),
-                                        thread_name_prefix="texpr-gemm"))
-    futures = [_POOL[0].submit(np.matmul, pa, pb, out=po) for pa, pb, po in parts[1:]]
+    futures = [_pool().submit(np.matmul, pa, pb, out=po) for pa, pb, po in parts[1:]]
     np.matmul(*parts[0][:2], out=parts[0][2])
     for f in futures:
         f.result()
@@ -457,7 +462,7 @@ def _pack(v, axes, groups):
     shape = [int(np.prod([t.shape[i] for i in range(sum(len(x) for x in groups[:j]),
                                                        sum(len(x) for x in groups[:j + 1]))],
                          dtype=np.int64)) for j in range(len(groups))]
-    return t.reshape(shape)
+    return _reshaped(t, shape)
 
 
 def _by_stride(v, axes, group):
@@ -509,7 +514,28 @@ def _pack_batched(v, axes, prefix, rows, inner):
     t = v.transpose([axes.index(q) for q in present + rows + inner])
     size = lambda g: int(np.prod([v.shape[axes.index(q)] for q in g], dtype=np.int64))  # noqa
     shape = [v.shape[axes.index(q)] if q in axes else 1 for q in prefix]
-    return t.reshape(shape + [size(rows), size(inner)])
+    return _reshaped(t, shape + [size(rows), size(inner)])
+
+
+def _reshaped(t, shape):
+    """``t.reshape(shape)``: a view where the strides merge, else a packed copy,
+    made in parts on the worker threads (numpy's copy releases the GIL) when it
+    is large."""
+    try:
+        return np.reshape(t, shape, copy=False)
+    except ValueError:
+        pass
+    n = _threads()
+    if n <= 1 or t.size < GEMM_SPLIT_MIN or t.ndim == 0 or t.shape[0] < n:
+        return t.reshape(shape)
+    out = np.empty(t.shape, dtype=t.dtype)
+    cuts = np.linspace(0, t.shape[0], n + 1).astype(int)
+    futures = [_pool().submit(np.copyto, out[lo:hi], t[lo:hi])
+               for lo, hi in zip(cuts[1:-1], cuts[2:])]
+    np.copyto(out[:cuts[1]], t[:cuts[1]])
+    for f in futures:
+        f.result()
+    return out.reshape(shape)
 
 
 def _run_piece(p, arrays_a, arrays_b, out, scale, add, dtype, real=None):
