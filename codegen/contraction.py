@@ -1152,7 +1152,16 @@ def match(op, inlined=(), key=None, why=None):
 def _partition(pieces, shape):
     """Whether the pieces' output slices cover every output element exactly once
     (else the output is zeroed first and every piece adds into it)."""
-    count = np.zeros(int(np.prod(shape, dtype=np.int64)), dtype=np.int32)
+    size = int(np.prod(shape, dtype=np.int64))
+    c_strides = tuple(int(np.prod(shape[d + 1:], dtype=np.int64)) for d in range(len(shape)))
+    if len(pieces) == 1:  # the usual case: one GEMM writes the whole output in order
+        p = pieces[0]
+        ext = tuple(ax[1] for ax in p.axes if ax[2] == "spatial")
+        if p.out_offset == 0 and ext == tuple(shape) and tuple(p.out_strides) == c_strides:
+            return True
+    if size > 1 << 24:
+        return False  # too large to count: zero the output, every piece adds
+    count = np.zeros(size, dtype=np.int32)
     for p in pieces:
         ext = [ax[1] for ax in p.axes if ax[2] == "spatial"]
         _byte_view(count, p.out_offset, ext, p.out_strides, writeable=True)[...] += 1
