@@ -313,11 +313,13 @@ def _blas_threads_limited():
 
 def _pool():
     """The worker threads of the GEMMs and packing copies (created on first use)."""
-    if not _POOL:
+    import os
+    if not _POOL or _POOL[0][0] != os.getpid():
+        # a forked child inherits the pool object but not its threads: a new one
         from concurrent.futures import ThreadPoolExecutor
-        _POOL.append(ThreadPoolExecutor(max_workers=max(_threads(), 2),
-                                        thread_name_prefix="texpr-gemm"))
-    return _POOL[0]
+        _POOL[:] = [(os.getpid(), ThreadPoolExecutor(max_workers=max(_threads(), 2),
+                                                     thread_name_prefix="texpr-gemm"))]
+    return _POOL[0][1]
 
 
 def _matmul(a, b, out=None):

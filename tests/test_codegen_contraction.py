@@ -380,3 +380,37 @@ def test_relu_mlp_gradients(dtype):
     feed[w1].reshape(-1)[3] = np.inf
     feed[x].reshape(-1)[0] = np.nan
     check_plans(outs, feed)
+
+
+def test_plan_runs_in_a_forked_child():
+    """The GEMM worker pool is made again in a forked process (the child inherits
+    the pool object but not its threads)."""
+    import os
+    A = te.placeholder((256, 512), "A", "float32")
+    B = te.placeholder((512, 256), "B", "float32")
+    k = te.reduce_axis(512, "k")
+    out = te.compute((256, 256), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="mm")
+    _, _, ops, inl = _graph([out])
+    plan = C.match(ops[-1], inl, key=id)
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((256, 512), "float32"), rng.standard_normal((512, 256), "float32")
+    arrays = {id(A): a, id(B): b, id(out): np.empty(256 * 256, "float32")}
+    plan.run(arrays)  # the parent's pool exists now
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            plan.run(arrays)
+            ok = np.abs(arrays[id(out)].reshape(256, 256) - a @ b).max() < 1e-3
+            os.write(w, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    import select
+    import signal
+    os.close(w)
+    ready, _, _ = select.select([r], [], [], 120)
+    got = os.read(r, 1) if ready else b"hung"
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    assert got == b"1"
