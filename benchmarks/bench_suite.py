@@ -17,6 +17,16 @@ both gradients as separate kernels, in ms and GFLOP/s.
     python benchmarks/bench_suite.py --cases dense,conv2d_s1 --repeat 20
     python benchmarks/bench_suite.py --scale 0.25    # smaller batches
 
+Also printed: the machine's SGEMM rate (numpy, 2048x2048, float32: the BLAS
+that texpr's contraction stages call, see ``texpr.codegen.contraction``), the
+BLAS libraries threadpoolctl finds (kernel, threads), and per case the stages
+that ran as GEMMs. Every framework runs with ``--threads`` threads (default 2).
+
+This machine sets OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE, which slow numpy's
+OpenBLAS; unset them for the benchmark command only::
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_suite.py
+
 Timings drift between runs and machines: compare ratios from one run only.
 """
 
@@ -48,15 +58,25 @@ def _median_ms(fn, repeat):
     return float(np.median(ts)) * 1e3
 
 
-def texpr_value_and_grad(case, arrays, head):
-    """(kernel, build seconds, run closure) of one case."""
+def texpr_value_and_grad(case, arrays, head, loops_only=False):
+    """(kernel, build seconds, run closure) of one case; ``loops_only``: every
+    stage keeps its loop nest (``blas(False)``: the kernels before GEMM stages)."""
     phs = [te.placeholder(shape, name, dtype) for name, shape, dtype, _ in case.inputs]
     out = case.texpr(*phs)
     h = te.placeholder(out.shape, "H", "float32")
     wrt = [p for p, (_, _, _, d) in zip(phs, case.inputs) if d]
     grads = list(te.differentiate(out, wrt, head=h).result)
     t = time.perf_counter()
-    kernel = codegen.build([out] + grads, phs + [h])
+    if loops_only:
+        from texpr import simplify
+        outs = list(simplify.simplify([out] + grads))
+        s = codegen.create_schedule(outs)
+        for op in s.ops:
+            if not isinstance(op, te.PlaceholderOp):
+                s[op].blas(False)
+        kernel = codegen.build(outs, phs + [h], s)
+    else:
+        kernel = codegen.build([out] + grads, phs + [h])
     seconds = time.perf_counter() - t
     args = list(arrays) + [head]
     return kernel, seconds, lambda: kernel(*args)
@@ -107,13 +127,39 @@ def torch_value_and_grad(case, arrays, head):
     return run
 
 
+def sgemm_rate(n=2048, repeat=5):
+    """GFLOP/s of numpy's float32 matmul of two n x n matrices (best of ``repeat``)."""
+    a = np.random.default_rng(0).standard_normal((n, n)).astype("float32")
+    b = a.T.copy()
+    a @ b
+    best = min(_timed(lambda: a @ b) for _ in range(repeat))
+    return 2 * n ** 3 / best / 1e9
+
+
+def _timed(fn):
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def blas_info():
+    """One line per BLAS library loaded (threadpoolctl): its kernel and threads."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return ["threadpoolctl is not installed (pip install texpr-autodiff[bench])"]
+    return [f"{d.get('internal_api')} {d.get('version')} kernel={d.get('architecture')} "
+            f"threads={d.get('num_threads')} ({os.path.basename(d.get('filepath', ''))})"
+            for d in threadpool_info() if d.get("user_api") == "blas"]
+
+
 def _rel_diff(got, ref):
     ref = np.asarray(ref, dtype=np.float64)
     scale = max(float(np.abs(ref).max()), 1e-30)
     return float(np.abs(np.asarray(got, dtype=np.float64).reshape(ref.shape) - ref).max()) / scale
 
 
-def bench_case(case, repeat, use_jax, use_torch):
+def bench_case(case, repeat, use_jax, use_torch, use_loops=False):
     arrays = random_inputs(case)
     row = {"case": case.name}
     # the head has the output's shape: build the texpr graph once to learn it
@@ -122,8 +168,11 @@ def bench_case(case, repeat, use_jax, use_torch):
     head = np.random.default_rng(1).standard_normal(out_shape).astype("float32")
     kernel, build_s, run = texpr_value_and_grad(case, arrays, head)
     row["build_s"] = build_s
+    row["blas_stages"] = kernel.source.count("# BLAS:")
     runs = {"texpr": run}
     got = run()
+    if use_loops:
+        runs["loops"] = texpr_value_and_grad(case, arrays, head, loops_only=True)[2]
     if use_torch:
         trun = torch_value_and_grad(case, arrays, head)
         tout, tgrads = trun()
@@ -147,9 +196,10 @@ def bench_case(case, repeat, use_jax, use_torch):
     return row
 
 
-def conv_detail(repeat, scale):
-    """conv2d_s1: forward, dX and dW as separate kernels: ms and GFLOP/s."""
-    case = make_cases(scale)["conv2d_s1"]
+def kernel_detail(name, repeat, scale):
+    """The forward, dX and dW of case ``name`` (dense or a convolution) as separate
+    kernels: ms and GFLOP/s (each does the forward's FLOP count)."""
+    case = make_cases(scale)[name]
     x, w = random_inputs(case)
     X = te.placeholder(x.shape, "X", "float32")
     W = te.placeholder(w.shape, "W", "float32")
@@ -158,14 +208,32 @@ def conv_detail(repeat, scale):
     h = np.random.default_rng(1).standard_normal(Y.shape).astype("float32")
     dX, dW = te.differentiate(Y, [X, W], head=H).result
     rows = []
-    for name, out, ins, args in (("forward", Y, [X, W], (x, w)), ("dX", dX, [W, H], (w, h)),
-                                 ("dW", dW, [X, H], (x, h))):
+    for kname, out, ins, args in (("forward", Y, [X, W], (x, w)), ("dX", dX, [W, H], (w, h)),
+                                  ("dW", dW, [X, H], (x, h))):
         t = time.perf_counter()
         k = codegen.build([out], ins)
         b = time.perf_counter() - t
         ms = _median_ms(lambda: k(*args), repeat)
-        rows.append({"kernel": name, "ms": ms, "gflops": case.flop / ms / 1e6, "build_s": b})
+        rows.append({"kernel": kname, "ms": ms, "gflops": case.flop / ms / 1e6, "build_s": b,
+                     "blas": "# BLAS:" in k.source})
     return rows
+
+
+def _set_threads(n):
+    """``n`` threads for numpy's BLAS, numba and PyTorch (XLA takes the machine's
+    cores: 2 here)."""
+    try:
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(n)
+    except ImportError:
+        pass
+    import numba
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    try:
+        import torch
+        torch.set_num_threads(n)
+    except ImportError:
+        pass
 
 
 def main(argv=None):
@@ -178,7 +246,11 @@ def main(argv=None):
     ap.add_argument("--cache-dir", default="", help="TEXPR_CACHE_DIR (default: a fresh one: cold)")
     ap.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", default="", help="also write the results to this file")
+    ap.add_argument("--threads", type=int, default=2, help="threads of every framework")
+    ap.add_argument("--loops", action="store_true",
+                    help="also time texpr with every stage on its loop nest (no GEMMs)")
     args = ap.parse_args(argv)
+    _set_threads(args.threads)
 
     cache = args.cache_dir or tempfile.mkdtemp(prefix="texpr_bench_")
     os.environ["TEXPR_CACHE_DIR"] = cache
@@ -196,18 +268,31 @@ def main(argv=None):
         print(json.dumps(out))
         return
 
+    rate = sgemm_rate()
+    print(f"SGEMM (numpy, 2048x2048, float32): {rate:.1f} GFLOP/s")
+    for line in blas_info():
+        print(f"BLAS: {line}")
+    for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+        if k in os.environ:
+            print(f"warning: {k}={os.environ[k]} is set (it slows OpenBLAS; unset it for "
+                  "benchmarks)")
     rows = []
     print(f"{'case':22s} {'texpr ms':>9s} {'jax ms':>8s} {'torch ms':>9s} {'/jax':>7s} "
-          f"{'/torch':>7s} {'cold s':>7s} {'diff':>8s}", flush=True)
+          f"{'/torch':>7s} {'/best':>6s} {'cold s':>7s} {'diff':>8s} {'gemm':>4s}"
+          + (f" {'loops ms':>9s} {'/best':>6s}" if args.loops else ""), flush=True)
     for n in names:
-        r = bench_case(cases[n], args.repeat, not args.no_jax, not args.no_torch)
+        r = bench_case(cases[n], args.repeat, not args.no_jax, not args.no_torch, args.loops)
         rows.append(r)
         j, t = r.get("jax_ms"), r.get("torch_ms")
         print(f"{n:22s} {r['texpr_ms']:9.2f} {j if j is not None else float('nan'):8.2f} "
               f"{t if t is not None else float('nan'):9.2f} "
               f"{r['texpr_ms'] / j if j else float('nan'):7.2f} "
-              f"{r['texpr_ms'] / t if t else float('nan'):7.2f} {r['build_s']:7.2f} "
-              f"{r.get('max_rel_diff_vs_torch', float('nan')):8.1e}", flush=True)
+              f"{r['texpr_ms'] / t if t else float('nan'):7.2f} "
+              f"{r['texpr_ms'] / min(j or t, t or j) if (j or t) else float('nan'):6.2f} "
+              f"{r['build_s']:7.2f} "
+              f"{r.get('max_rel_diff_vs_torch', float('nan')):8.1e} {r['blas_stages']:4d}"
+              + (f" {r['loops_ms']:9.2f} {r['loops_ms'] / min(j or t, t or j):6.2f}"
+                 if args.loops and (j or t) else ""), flush=True)
     # warm: a second process with the same cache directory
     env = dict(os.environ, TEXPR_CACHE_DIR=cache)
     cmd = [sys.executable, os.path.abspath(__file__), "--build-only", "--cases", ",".join(names),
@@ -225,15 +310,31 @@ def main(argv=None):
         print(f"geometric mean texpr/jax {np.exp(np.mean(np.log(ratios_j))):.2f}")
     if ratios_t:
         print(f"geometric mean texpr/torch {np.exp(np.mean(np.log(ratios_t))):.2f}")
-    detail = []
-    if "conv2d_s1" in names:
-        print("\nconv2d_s1 kernels (float32):")
-        detail = conv_detail(args.repeat, args.scale)
-        for d in detail:
-            print(f"  {d['kernel']:8s} {d['ms']:8.2f} ms  {d['gflops']:6.1f} GFLOP/s")
+    best = [r["texpr_ms"] / min(r[k] for k in ("jax_ms", "torch_ms") if r.get(k))
+            for r in rows if r.get("jax_ms") or r.get("torch_ms")]
+    if best:
+        worst = max(zip(best, [r["case"] for r in rows]))
+        print(f"geometric mean texpr/best peer {np.exp(np.mean(np.log(best))):.2f} "
+              f"(worst {worst[1]} {worst[0]:.2f})")
+    if args.loops:
+        lb = [r["loops_ms"] / min(r[k] for k in ("jax_ms", "torch_ms") if r.get(k))
+              for r in rows if r.get("jax_ms") or r.get("torch_ms")]
+        if lb:
+            print(f"geometric mean texpr loops only (no GEMMs)/best peer "
+                  f"{np.exp(np.mean(np.log(lb))):.2f}")
+    detail = {}
+    for name in ("dense", "conv2d_s1"):
+        if name not in names:
+            continue
+        print(f"\n{name} kernels (float32; SGEMM {rate:.1f} GFLOP/s):")
+        detail[name] = kernel_detail(name, args.repeat, args.scale)
+        for d in detail[name]:
+            print(f"  {d['kernel']:8s} {d['ms']:8.2f} ms  {d['gflops']:6.1f} GFLOP/s "
+                  f"({100 * d['gflops'] / rate:.0f}% of SGEMM){' BLAS' if d['blas'] else ''}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "conv2d_s1": detail, "cache_dir": cache}, f, indent=1)
+            json.dump({"rows": rows, "kernels": detail, "cache_dir": cache,
+                       "sgemm_gflops": rate, "blas": blas_info()}, f, indent=1)
 
 
 if __name__ == "__main__":

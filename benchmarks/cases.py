@@ -201,6 +201,7 @@ def make_cases(scale=1.0):
         _xent_texpr, xe_j, xe_t)
     n1 = b(32)
     cases["conv2d_s1"].flop = 2 * n1 * 32 * 28 * 28 * 16 * 9
+    cases["dense"].flop = 2 * b(256) * 784 * 128
     return cases
 
 

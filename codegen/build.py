@@ -213,6 +213,37 @@ def _check_out(outputs, out, args):
     return out
 
 
+def _chooser(schedule, inlined, parallel):
+    """``(op, key) -> plan or None``: which stages run as GEMMs (:mod:`codegen.contraction`).
+
+    A stage the user marked ``blas(True)`` must match (else ScheduleError);
+    ``blas(False)`` never runs on BLAS; by default a stage without loop decisions
+    (split, reorder, parallel, vectorize) in a parallel build runs on BLAS when it
+    matches and :func:`contraction.cost_ok` says it pays."""
+    from . import contraction
+
+    def choose(op, key):
+        st = schedule[op]
+        flag = st.blas_flag
+        if flag is False:
+            return None
+        if flag is None and (st.ordered or st.parallel_set or st.vectorize_axes
+                             or not parallel):
+            return None
+        why = []
+        plan = contraction.match(op, inlined, key=key, why=why)
+        if plan is None:
+            if flag:
+                raise ScheduleError(f"stage {op.name}: blas(True), but it is not a contraction "
+                                    f"the GEMM path runs ({why[0] if why else 'no match'}; "
+                                    "see texpr.codegen.contraction)")
+            return None
+        if flag is None and not contraction.cost_ok(plan):
+            return None
+        return plan
+    return choose
+
+
 def _compile_kernel(program, inputs, outputs):
     t0 = time.perf_counter()
     units = make_units(program)
@@ -309,7 +340,8 @@ def _lowered(schedule, inputs, mat, inl, parallel):
     # the key holds texpr's source: whatever lower() returns, an entry of this key
     # was written by this very lower() (a foreign or damaged entry fails its checksum)
     return symcache.memo("lower", list(schedule.outputs) + list(inputs), extra,
-                         lambda: lower(schedule, inputs, mat, inl, parallel=parallel))
+                         lambda: lower(schedule, inputs, mat, inl, parallel=parallel,
+                                       contraction=_chooser(schedule, inl, parallel)))
 
 
 def _housekeeping(kernel):

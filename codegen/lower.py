@@ -165,12 +165,26 @@ def _lower_unit(op, stage, buffers, order, idents, inlined, parallel):
                       sl.uses_prange, readable)
 
 
-def lower(schedule, inputs, materialized, inlined, parallel=True):
+def _blas_unit(op, plan):
+    """The unit of a stage run as GEMMs: its definition and its GEMMs as comments."""
+    from .contraction import ContractionUnitSource
+    w = _Writer()
+    w.comment(0, "---- stage (BLAS)", f"---- stage {op.name}: {tensor_str(op.output(0))}")
+    w.comment(0, "BLAS", plan.describe())
+    readable = "\n".join(w.comments[ln.strip()] for ln in w.lines) + "\n"
+    return ContractionUnitSource(op.name, tensor_str(op.output(0)), plan, readable)
+
+
+def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=None):
     """Lower a resolved schedule to a :class:`Program` (one unit per materialised stage).
 
     ``materialized``/``inlined``: sets of op ids (from
     :func:`schedule.default_materialized`); ``inputs``: the placeholder Tensors
-    in argument order; ``parallel``: allow ``prange`` loops.
+    in argument order; ``parallel``: allow ``prange`` loops; ``contraction``:
+    None, or a function ``(op, key) -> ContractionPlan or None`` choosing the
+    stages that run as GEMMs (:mod:`codegen.contraction`; ``key`` maps a tensor
+    to its buffer's position): such a stage is a unit of kind ``"blas"``
+    (:class:`codegen.contraction.ContractionUnitSource`) instead of a loop nest.
 
     Raises TexprError (a placeholder read but not listed in ``inputs``; index
     arithmetic not provably exact in int64; an isl failure),
@@ -202,8 +216,14 @@ def lower(schedule, inputs, materialized, inlined, parallel=True):
                 buffers[id(t)] = b
                 order.append(b)
     idents = buffer_identifiers([b.tensor.name for b in order])
-    units = [_lower_unit(op, schedule[op], buffers, order, idents, inlined, parallel)
-             for op in mat_ops]
+    position = {id(b.tensor): k for k, b in enumerate(order)}
+    units = []
+    for op in mat_ops:
+        plan = None if contraction is None else contraction(op, lambda t: position[id(t)])
+        if plan is not None:
+            units.append(_blas_unit(op, plan))
+        else:
+            units.append(_lower_unit(op, schedule[op], buffers, order, idents, inlined, parallel))
     head = _Writer()
     for k, (b, ident) in enumerate(zip(order, idents)):
         head.comment(0, f"argument {k}",
@@ -217,6 +237,10 @@ def lower(schedule, inputs, materialized, inlined, parallel=True):
               "    # the driver: each unit is compiled as a module of its own; the first "
               "error stops the run"]
     for k, u in enumerate(units):
+        if u.kind == "blas":
+            parts.append(u.source.rstrip("\n"))
+            driver.append(f"    # unit{k}: {u.stage} runs as GEMMs (numpy's BLAS; see its comment)")
+            continue
         parts.append(u.source.replace("\ndef unit(", f"\ndef unit{k}(", 1).rstrip("\n"))
         driver.append(f"    unit{k}({', '.join([idents[a] for a in u.args] + ['err'])})")
         driver.append("    if err[0]:")

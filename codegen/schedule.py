@@ -14,6 +14,8 @@ in TVM):
 ``split(ax, f)``       ``ax = outer*f + inner``; returns ``(outer, inner)``
 ``tile(x, y, fx, fy)`` split both and order ``xo, yo, xi, yi``
 ``vectorize(ax)``      a hint: ``ax`` should be the innermost loop
+``blas(flag=True)``    run a contraction stage as GEMMs (True) or as its loop
+                       nest (False); see :mod:`texpr.codegen.contraction`
 =====================  =====================================================
 
 Stages not touched keep ``None`` decisions, and :func:`resolve` fills them
@@ -53,6 +55,7 @@ class Stage:
         self.vectorize_axes = []
         self.ordered = False
         self.attached = True
+        self.blas_flag = None  # None: the cost rule decides (codegen.contraction)
 
     # -- helpers ------------------------------------------------------------
     @property
@@ -115,6 +118,20 @@ class Stage:
         if not any(axis is a for a in self.parallel_axes):
             self.parallel_axes.append(axis)
         self.parallel_set = True
+        return self
+
+    def blas(self, flag=True):
+        """Run this stage as GEMMs on numpy's BLAS (``flag`` True) or as its loop
+        nest (False), overriding the cost rule of :mod:`texpr.codegen.contraction`
+        (by default a contraction runs on BLAS when its GEMMs are large enough,
+        and a stage the user split, reordered, parallelised or vectorised keeps its
+        loops). ``blas(True)`` on a stage that is not a contraction raises
+        ScheduleError at build time, naming what did not match."""
+        if not isinstance(flag, bool):
+            raise ScheduleError(f"stage {self.name}: blas() takes True or False, got {flag!r}")
+        if isinstance(self.op, PlaceholderOp):
+            raise ScheduleError(f"stage {self.name}: a placeholder is an input, not computed")
+        self.blas_flag = flag
         return self
 
     def vectorize(self, axis):

@@ -63,8 +63,14 @@ class NumbaUnit:
         return f"NumbaUnit({self.stage!r}, args={self.args}, key={self.key})"
 
 
+def _contraction_unit(desc):
+    from .contraction import ContractionUnit
+    return ContractionUnit(desc)
+
+
 #: kind -> factory(description) for the unit kinds not compiled by numba
-FACTORIES = {}
+#: (``"blas"``: a contraction stage run as GEMMs, :mod:`codegen.contraction`)
+FACTORIES = {"blas": _contraction_unit}
 
 
 def make_units(program):

@@ -1,0 +1,1245 @@
+"""Contractions: a materialised stage that is a sum of products of two loads, run as GEMMs.
+
+A stage matches when, after the inlined stages are substituted
+(:func:`codegen.schedule.inline_expand`), its body is
+
+    out[s] = c * sum(A[f(s, r)] * B[g(s, r)], axis=r, where=w)
+
+with ``c`` a constant (1 if absent; guards ``select(cond, x, 0)`` among the
+factors join ``w``), ``A``, ``B`` loads of the reduction's float dtype, every
+index quasi-affine in the spatial axes ``s`` and reduction axes ``r``, and
+``w`` a conjunction of quasi-affine conditions: a box, a residue class
+(``(h + kh + 1) % 2 == 0``), a triangle. The match is by this pattern alone,
+never by operator name: dense, convolutions of every stride, dilation and
+padding and their gradients, transposed and grouped convolutions, masked
+attention scores, ... all reach it from their simplified bodies.
+
+**How a stage becomes GEMMs** (:func:`match`, all decided at build time, with isl):
+
+1. *Residue classes.* An index or condition that is not affine (``(h + 1 -
+   kh) // 2``) is made affine by splitting the axes under the ``//`` and
+   ``%`` into their residue classes (``h = 2h' + a``): one *piece* per class,
+   empty classes dropped. Spatial classes write disjoint strided slices of
+   the output; reduction classes add into the same slice.
+2. *Taps.* Where a piece's iteration box is much larger than its domain
+   (a strided convolution's dX: ``W[.., j - 2r + 1]`` with ``0 <= j - 2r + 1 < 3``
+   visits 3 of 28 points), the spatial axes are split by the reduction axis's
+   coefficient and the reduction axis is replaced by the kernel tap
+   (``r = u + j'``): the box then holds the domain up to the borders.
+3. *Operands.* Each operand is a view of its buffer over the piece's axes,
+   ``np.lib.stride_tricks.as_strided`` of the flat buffer (the row-major
+   offset is affine in the axes, checked by isl over the box: flatten's
+   ``X[i, k // 49, k // 7 % 7, k % 7]`` is ``X.reshape(-1)[784 i + k]``).
+   Where the box reaches outside the operand (a convolution's padding) the
+   operand is copied into a zero-padded buffer first.
+4. *The domain.* Every conjunct of ``w`` is either implied over the box by
+   the operands' bounds (it holds wherever both loads are inside their
+   tensors, so the padded zeros drop the terms outside it: convolution
+   borders), or mentions spatial axes only (the output is zeroed outside
+   it: the causal mask of scores), or mentions only axes of one operand (that
+   operand's view is masked, a packed copy: the causal mask of dQ and dK).
+   Else the stage does not match. isl also proves that the domain's loads
+   stay inside their tensors (else the loop nest keeps the stage and its
+   run-time checks).
+5. *GEMM.* Axes in both operands and the output are batch axes, in one
+   operand and the output M or N, in both operands K (reduction); a
+   reduction axis of one operand is summed in that operand first. The views
+   are transposed and reshaped to ``(batch, M, K)`` and ``(batch, K, N)``
+   (a copy only where the strides do not merge: im2col), multiplied with
+   ``np.matmul`` (numpy's BLAS, batched), and written (or, for reduction
+   classes, added) into the output's strided slice, scaled by ``c``.
+
+**Cost rule** (:func:`cost_ok`): a GEMM call pays for the packing and the
+call only when there is work for it: BLAS runs a stage when its GEMMs have
+at least ``BLAS_MIN_FLOP`` floating-point operations in all and each GEMM's
+M, N and K (batch axes aside) are at least ``BLAS_MIN_DIM``, and the GEMMs do
+at most ``1 / BLAS_MIN_EFFICIENCY`` times the domain's multiply-adds (padding
+and masked terms). Anything else (depthwise convolutions: N = 1; small dense
+layers) keeps its loop nest. ``schedule[t].blas(True)`` runs a matching stage
+on BLAS whatever its size, ``blas(False)`` keeps the loop nest.
+
+**Numerics.** Sums are float32 (float64) BLAS sums: a different order of terms
+than the loop nest, within float32 (float64) rounding of it. Padded and
+masked terms are ``0 * x``: an infinite or NaN operand element that the loop
+nest never multiplies (outside the domain) makes the BLAS result NaN where
+the loop nest's is finite or infinite, as in PyTorch's and JAX's convolutions.
+"""
+
+import math
+
+import numpy as np
+
+from texpr import dtypes as dt
+from texpr import expr as E
+from texpr.errors import TexprError
+from texpr.simplify.isl_bridge import VarSpace, box_set, card, isl, to_pwaff, to_set
+from texpr.tensor import ComputeOp
+from texpr.visitor import post_order, substitute
+
+from .schedule import inline_expand
+
+__all__ = ["match", "ContractionPlan", "GemmPiece", "OperandView", "cost_ok",
+           "ContractionUnitSource", "ContractionUnit",
+           "BLAS_MIN_FLOP", "BLAS_MIN_DIM", "BLAS_MIN_EFFICIENCY"]
+
+#: below this many floating-point operations (all GEMMs of a stage) the loop nest runs
+BLAS_MIN_FLOP = 1 << 22
+#: a GEMM with an M, N or K below this is skinny: the loop nest runs
+BLAS_MIN_DIM = 8
+#: the GEMMs may do at most 1/this times the domain's multiply-adds
+BLAS_MIN_EFFICIENCY = 0.25
+#: at most this many pieces (non-empty residue classes) per stage
+MAX_PIECES = 64
+#: at most this many residue classes are enumerated (most are empty: a stride-3
+#: transposed convolution has 81 classes of (h, kh, w, kw), 9 of them non-empty)
+MAX_CLASSES = 1024
+#: a piece whose box holds more than 1/this times its domain's points tries taps
+TAP_EFFICIENCY = 0.5
+
+
+class _NoMatch(Exception):
+    """Internal: the stage is not a contraction (the message says why)."""
+
+
+# ---- the plan (picklable data) -------------------------------------------------------
+
+class OperandView:
+    """One operand of a GEMM piece: the buffer ``key``, its ``shape``, the
+    zero padding ``pad`` (per dimension ``(lo, hi)``, or None: the buffer itself),
+    and the view over the piece's axes ``axes`` (positions in the piece's axis
+    list): element ``offset`` and ``strides`` in the (padded) flat buffer, and
+    ``masks``: conditions ``sum(coef[k] * value(axes[k])) + const >= 0`` (or
+    ``== 0``), given as ``(coefs, const, is_eq)``, outside which the view's
+    elements count as zeros; ``data_masks``: data-dependent conditions over the
+    same axes (expression trees, see :func:`_tree`; a ReLU's adjoint reads
+    ``where=dense[i, j] > 0``), the same way."""
+
+    def __init__(self, key, shape, pad, axes, offset, strides, masks, data_masks=()):
+        self.key, self.shape, self.pad = key, tuple(shape), pad
+        self.axes, self.offset, self.strides = tuple(axes), int(offset), tuple(strides)
+        self.masks = list(masks)
+        self.data_masks = list(data_masks)
+
+    def padded_shape(self):
+        if self.pad is None:
+            return self.shape
+        return tuple(n + lo + hi for n, (lo, hi) in zip(self.shape, self.pad))
+
+
+class GemmPiece:
+    """One GEMM (batched) of a plan. ``axes``: ``(lo, extent, kind)`` per axis
+    (kind ``spatial``/``reduce``); ``out_offset``, ``out_strides``: the output
+    slice (element offset and strides per spatial axis, in ``axes`` order of
+    the spatial ones); ``a``, ``b``: :class:`OperandView`; ``out_masks``:
+    conditions over the spatial axes outside which the output is zero;
+    ``points``: the domain's multiply-adds."""
+
+    def __init__(self, axes, out_offset, out_strides, a, b, out_masks, points):
+        self.axes, self.out_offset, self.out_strides = list(axes), int(out_offset), tuple(out_strides)
+        self.a, self.b, self.out_masks, self.points = a, b, list(out_masks), int(points)
+
+    def roles(self):
+        """``(batch, m, n, k, a_only, b_only, neither)``: axis positions by role."""
+        batch, m, n, k, a_only, b_only, neither = [], [], [], [], [], [], []
+        for p, (_lo, _ext, kind) in enumerate(self.axes):
+            ina, inb = p in self.a.axes, p in self.b.axes
+            if kind == "spatial":
+                (batch if ina and inb else m if ina else n if inb else neither).append(p)
+            else:
+                (k if ina and inb else a_only if ina else b_only if inb else neither).append(p)
+        return batch, m, n, k, a_only, b_only, neither
+
+    def gemm_dims(self):
+        """``(batch, M, N, K)`` sizes of the GEMM."""
+        batch, m, n, k, _, _, _ = self.roles()
+        size = lambda ps: int(np.prod([self.axes[p][1] for p in ps], dtype=np.int64))  # noqa: E731
+        return size(batch), size(m), size(n), size(k)
+
+
+class ContractionPlan:
+    """A stage run as GEMMs: ``out_key`` (the output buffer), ``shape``, ``dtype``,
+    ``scale``, ``pieces`` (:class:`GemmPiece`), ``fill`` (zero the output first:
+    some pieces add, or some output points belong to no piece), ``stage``
+    (the stage's name). Plain data: a plan pickles with its kernel."""
+
+    def __init__(self, stage, out_key, shape, dtype, scale, pieces, fill):
+        self.stage, self.out_key, self.shape, self.dtype = stage, out_key, tuple(shape), dtype
+        self.scale, self.pieces, self.fill = scale, list(pieces), fill
+
+    @property
+    def flop(self):
+        """Floating-point operations of the GEMMs (2 per multiply-add)."""
+        return sum(2 * b * m * n * k for b, m, n, k in (p.gemm_dims() for p in self.pieces))
+
+    @property
+    def points(self):
+        """Multiply-adds of the stage's domain (the loop nest's work)."""
+        return sum(p.points for p in self.pieces)
+
+    def describe(self):
+        """One line: the GEMMs, for ``Kernel.source`` and ``Kernel.stages``."""
+        dims = [p.gemm_dims() for p in self.pieces]
+        shown = ", ".join(f"{b}x({m}x{k} @ {k}x{n})" if b > 1 else f"({m}x{k} @ {k}x{n})"
+                          for b, m, n, k in dims[:4])
+        more = f", ... ({len(dims)} GEMMs)" if len(dims) > 4 else ""
+        return (f"BLAS: {len(dims)} GEMM{'s' if len(dims) > 1 else ''} {shown}{more}; "
+                f"{self.flop / 1e6:.1f} MFLOP for {self.points / 1e6:.2f} M multiply-adds")
+
+    def run(self, arrays):
+        """Compute the stage's output into ``arrays[out_key]`` (a flat C-contiguous
+        buffer of ``prod(shape)`` elements of ``dtype``) from the operand
+        buffers ``arrays[key]`` (flat, or of the tensor's shape). Returns the
+        output buffer.
+
+        Where an operand holds an infinity or a NaN, the terms that involve one
+        are classified exactly (see :meth:`_non_finite`): the result is the loop
+        nest's, whatever the BLAS does with ``0 * inf`` and whatever padding
+        or mask surrounds the value."""
+        out = arrays[self.out_key].reshape(-1)
+        keys = {v.key for p in self.pieces for v in (p.a, p.b)}
+        finite = all(np.isfinite(np.asarray(arrays[k])).all() for k in keys)
+        if not finite:
+            return self._non_finite(arrays, out, keys)
+        self._run_into(out, arrays, arrays, self.scale, add=self.fill)
+        return out
+
+    def _run_into(self, out, arrays_a, arrays_b, scale, add):
+        with _blas_threads_limited():
+            self._run_pieces(out, arrays_a, arrays_b, scale, add)
+
+    def _run_pieces(self, out, arrays_a, arrays_b, scale, add):
+        if add:
+            out.fill(0)
+        for p in self.pieces:
+            _run_piece(p, arrays_a, arrays_b, out, scale, add, self.dtype)
+
+    def _non_finite(self, arrays, out, keys):
+        """The run when an operand holds inf or NaN: the GEMMs of the finite parts
+        (non-finite values as zeros), then, per output element, whether some term
+        of its domain is NaN (a NaN factor, or an infinity times zero), +inf or
+        -inf, found by GEMMs of 0/1 indicators (padding and masks stay absent,
+        as in the loop nest, which never visits those terms); NaN where both
+        infinities occur (IEEE: the order of the terms does not matter)."""
+        with _blas_threads_limited():
+            return self._non_finite_now(arrays, out, keys)
+
+    def _non_finite_now(self, arrays, out, keys):
+        raw = {k: np.asarray(arrays[k]).reshape(-1) for k in keys}
+        zeroed = {k: np.where(np.isfinite(v), v, np.zeros((), v.dtype)) for k, v in raw.items()}
+        if self.fill:
+            out.fill(0)
+        for p in self.pieces:
+            _run_piece(p, zeroed, zeroed, out, self.scale, self.fill, self.dtype, real=arrays)
+        dt_ = np.dtype(self.dtype)
+
+        def classes(v):
+            one = lambda m: m.astype(dt_)  # noqa: E731
+            return {"any": np.ones(v.shape, dt_), "nan": one(np.isnan(v)),
+                    "zero": one(v == 0), "pinf": one(v == np.inf), "minf": one(v == -np.inf),
+                    "pos": one(v > 0), "neg": one(v < 0),
+                    "inf": one(np.isinf(v))}
+        ca = {k: classes(v) for k, v in raw.items()}
+        n = out.size
+        tmp = np.empty(n, dt_)
+
+        def count(pairs):
+            total = np.zeros(n, dt_)
+            for x, y in pairs:
+                ok = True
+                for p in self.pieces:
+                    if not (ca[p.a.key][x].any() and ca[p.b.key][y].any()):
+                        continue
+                    ok = False
+                    break
+                if ok:
+                    continue
+                tmp.fill(0)
+                for p in self.pieces:
+                    _run_piece(p, {p.a.key: ca[p.a.key][x]}, {p.b.key: ca[p.b.key][y]},
+                               tmp, 1.0, True, self.dtype, real=arrays)
+                total += tmp
+            return total > 0
+        nan = count([("nan", "any"), ("any", "nan"), ("inf", "zero"), ("zero", "inf")])
+        pinf = count([("pinf", "pos"), ("minf", "neg"), ("pos", "pinf"), ("neg", "minf")])
+        minf = count([("pinf", "neg"), ("minf", "pos"), ("pos", "minf"), ("neg", "pinf")])
+        with np.errstate(invalid="ignore"):
+            special = np.where(nan | (pinf & minf), np.nan, np.where(pinf, np.inf, -np.inf))
+            special = (special * self.scale).astype(dt_)
+        np.copyto(out, special, where=nan | pinf | minf)
+        return out
+
+    def __repr__(self):
+        return f"ContractionPlan({self.stage}: {self.describe()})"
+
+
+#: GEMMs are cut into this many parts (along a batch axis or the rows), run on
+#: worker threads, each a single-threaded BLAS call (0: numba's thread count).
+#: OpenBLAS's own threads busy-wait for each other: on a loaded 2-core machine
+#: a 2-thread SGEMM ran 6x slower than one thread (dense value-and-grad
+#: 124 ms vs 20 ms); Python's pool waits on a lock instead.
+GEMM_THREADS = 0
+#: a GEMM with fewer multiply-adds runs in one call
+GEMM_SPLIT_MIN = 1 << 20
+
+_POOL = []
+_LIMITER = []
+
+
+def _threads():
+    if GEMM_THREADS > 0:
+        return GEMM_THREADS
+    try:
+        import numba
+        return max(1, numba.get_num_threads())
+    except Exception:  # noqa: BLE001 - numba is a dependency; be safe in workers
+        return 1
+
+
+def _blas_threads_limited():
+    """A context holding numpy's BLAS at one thread (threadpoolctl, if installed;
+    restored on exit) while a plan's GEMMs run on the worker threads."""
+    import contextlib
+    if _threads() <= 1:
+        return contextlib.nullcontext()
+    if not _LIMITER:
+        try:
+            from threadpoolctl import ThreadpoolController
+            _LIMITER.append(ThreadpoolController().select(user_api="blas"))
+        except Exception:  # noqa: BLE001 - optional: without it, the BLAS keeps its threads
+            _LIMITER.append(None)
+    ctl = _LIMITER[0]
+    return contextlib.nullcontext() if ctl is None else ctl.limit(limits=1)
+
+
+def _pool():
+    """The worker threads of the GEMMs and packing copies (created on first use)."""
+    import os
+    if not _POOL or _POOL[0][0] != os.getpid():
+        # a forked child inherits the pool object but not its threads: a new one
+        from concurrent.futures import ThreadPoolExecutor
+        _POOL[:] = [(os.getpid(), ThreadPoolExecutor(max_workers=max(_threads(), 2),
+                                                     thread_name_prefix="texpr-gemm"))]
+    return _POOL[0][1]
+
+
+def _matmul(a, b, out=None):
+    """``np.matmul(a, b, out=out)``, cut into parts run on worker threads (see
+    ``GEMM_THREADS``) when it is large enough: along the leading batch axis when
+    it has enough entries, else along the rows of ``a``."""
+    n = _threads()
+    rows, inner, cols = a.shape[-2], a.shape[-1], b.shape[-1]
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    work = int(np.prod(batch, dtype=np.int64)) * rows * inner * cols
+    if n <= 1 or work < GEMM_SPLIT_MIN:
+        return np.matmul(a, b, out=out)
+    if out is None:
+        out = np.empty(batch + (rows, cols), dtype=np.result_type(a, b))
+    parts = []
+    if batch and batch[0] >= n:
+        cuts = np.linspace(0, batch[0], n + 1).astype(int)
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            pa = a[lo:hi] if a.ndim == len(batch) + 2 and a.shape[0] > 1 else a
+            pb = b[lo:hi] if b.ndim == len(batch) + 2 and b.shape[0] > 1 else b
+            parts.append((pa, pb, out[lo:hi]))
+    elif rows >= n:
+        cuts = np.linspace(0, rows, n + 1).astype(int)
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            parts.append((a[..., lo:hi, :], b, out[..., lo:hi, :]))
+    else:
+        return np.matmul(a, b, out=out)
+    futures = [_pool().submit(np.matmul, pa, pb, out=po) for pa, pb, po in parts[1:]]
+    np.matmul(*parts[0][:2], out=parts[0][2])
+    for f in futures:
+        f.result()
+    return out
+
+
+def _byte_view(flat, offset, shape, strides, writeable=False):
+    """``as_strided`` view of the 1-D array ``flat``: element ``offset`` and strides;
+    every element of the view is checked to lie inside ``flat``."""
+    lo = hi = offset
+    for n, s in zip(shape, strides):
+        if n == 0:
+            return np.empty(shape, flat.dtype)
+        lo += min(0, (n - 1) * s)
+        hi += max(0, (n - 1) * s)
+    if lo < 0 or hi >= flat.size:
+        raise TexprError(f"contraction: internal: a view reaches elements {lo}..{hi} of a "
+                         f"buffer of {flat.size}; please report the program")
+    item = flat.itemsize
+    return np.lib.stride_tricks.as_strided(flat[offset:], shape=tuple(shape),
+                                           strides=tuple(s * item for s in strides),
+                                           writeable=writeable)
+
+
+def _mask_array(masks, axes, piece_axes, shape):
+    """The boolean array (broadcastable to ``shape``) of the conditions ``masks``."""
+    ok = None
+    for coefs, const, is_eq in masks:
+        val = np.asarray(const, dtype=np.int64)
+        for d, (p, c) in enumerate(zip(axes, coefs)):
+            if not c:
+                continue
+            lo, ext, _ = piece_axes[p]
+            r = (lo + np.arange(ext, dtype=np.int64)) * c
+            val = val + r.reshape([ext if i == d else 1 for i in range(len(shape))])
+        m = (val == 0) if is_eq else (val >= 0)
+        ok = m if ok is None else ok & m
+    return ok
+
+
+def _operand(view, arrays, piece_axes, dtype, real=None):
+    """The operand's values over its axes (an ndarray, view or copy); its
+    data-dependent masks read ``real`` (default ``arrays``)."""
+    buf = np.asarray(arrays[view.key]).reshape(-1)
+    if buf.dtype != np.dtype(dtype):
+        buf = buf.astype(dtype)
+    if view.pad is not None:
+        padded = np.zeros(view.padded_shape(), dtype=buf.dtype)
+        padded[tuple(slice(lo, lo + n) for n, (lo, _hi) in zip(view.shape, view.pad))] = \
+            buf.reshape(view.shape)
+        buf = padded.reshape(-1)
+    shape = [piece_axes[p][1] for p in view.axes]
+    v = _byte_view(buf, view.offset, shape, view.strides)
+    if view.masks:
+        v = np.where(_mask_array(view.masks, view.axes, piece_axes, shape), v,
+                     np.zeros((), dtype=v.dtype))
+    if view.data_masks:
+        grid = {}
+        for d, q in enumerate(view.axes):
+            lo, ext, _ = piece_axes[q]
+            grid[q] = (lo + np.arange(ext, dtype=np.int64)).reshape(
+                [ext if i == d else 1 for i in range(len(shape))])
+        ok = np.ones(shape, dtype=bool)
+        with np.errstate(all="ignore"):
+            for t in view.data_masks:
+                ok &= np.broadcast_to(_eval_tree(t, grid, arrays if real is None else real),
+                                      shape)
+        v = np.where(ok, v, np.zeros((), dtype=v.dtype))
+    return v
+
+
+_TREE_OPS = {E.Add: np.add, E.Sub: np.subtract, E.Mul: np.multiply, E.Div: np.true_divide,
+             E.FloorDiv: np.floor_divide, E.FloorMod: np.mod, E.Min: np.minimum,
+             E.Max: np.maximum, E.EQ: np.equal, E.NE: np.not_equal, E.LT: np.less,
+             E.LE: np.less_equal, E.GT: np.greater, E.GE: np.greater_equal,
+             E.And: np.logical_and, E.Or: np.logical_or}
+
+
+def _eval_tree(t, grid, arrays):
+    """The value of an expression tree (:func:`_tree`) on the grid of axis values."""
+    kind = t[0]
+    if kind == "c":
+        return np.asarray(t[1], dtype=t[2])
+    if kind == "v":
+        return grid[t[1]]
+    if kind == "ld":
+        _, key, shape, dtype, idx = t
+        flat = np.zeros((), dtype=np.int64)
+        stride = 1
+        for d in range(len(shape) - 1, -1, -1):
+            flat = flat + _eval_tree(idx[d], grid, arrays).astype(np.int64) * stride
+            stride *= shape[d]
+        return np.asarray(arrays[key]).reshape(-1)[flat]
+    if kind == "not":
+        return np.logical_not(_eval_tree(t[1], grid, arrays))
+    if kind == "sel":
+        return np.where(*(_eval_tree(x, grid, arrays) for x in t[1:]))
+    if kind == "cast":
+        return _eval_tree(t[1], grid, arrays).astype(t[2])
+    if kind == "abs":
+        return np.abs(_eval_tree(t[1], grid, arrays))
+    fn = _TREE_OPS[kind]
+    a, b = (_eval_tree(x, grid, arrays) for x in t[1:])
+    if kind in (E.FloorDiv, E.FloorMod) and np.any(b == 0):
+        raise TexprError("contraction: integer division by zero in a condition")
+    return fn(a, b)
+
+
+def _pack(v, axes, groups):
+    """``v`` (dims ``axes``) transposed to the concatenated ``groups`` of axis
+    positions and reshaped to one dimension per group."""
+    perm = [axes.index(p) for g in groups for p in g]
+    t = v.transpose(perm)
+    shape = [int(np.prod([t.shape[i] for i in range(sum(len(x) for x in groups[:j]),
+                                                       sum(len(x) for x in groups[:j + 1]))],
+                         dtype=np.int64)) for j in range(len(groups))]
+    return _reshaped(t, shape)
+
+
+def _by_stride(v, axes, group):
+    """``group`` ordered by decreasing absolute stride in ``v`` (dims ``axes``; ties:
+    the longer dimension inside): the innermost dimension of a packed copy moves
+    along the smallest stride."""
+    return sorted(group, key=lambda p: (-abs(v.strides[axes.index(p)]),
+                                        v.shape[axes.index(p)]))
+
+
+def _last_is_finer(v, axes, first, last):
+    """Whether the packed layout ``(first, last)`` (rather than ``(last, first)``)
+    puts the finest dimension of ``v`` innermost: the smallest stride, and among
+    equal strides the longest run (a convolution's image columns, not its 3
+    kernel columns), so that a packing copy moves along long contiguous runs."""
+    if not first or not last:
+        return True
+
+    def fine(g):
+        return min((abs(v.strides[axes.index(q)]), -v.shape[axes.index(q)]) for q in g)
+    return fine(last) <= fine(first)
+
+
+def _direct_layout(spatial, batch, m, n):
+    """How the GEMM's result can come out in the output's axis order: ``(prefix,
+    rows, cols, swapped)`` with ``spatial == prefix + rows + cols``, the prefix
+    holding every batch axis (axes of one operand there are broadcast batches:
+    a convolution's images), ``rows``/``cols`` M and N (``swapped`` False) or
+    N and M (True). None when there is no such split. The shortest prefix wins
+    (the largest GEMMs)."""
+    ms, ns, bs = set(m), set(n), set(batch)
+    for cut in range(len(spatial) + 1):
+        prefix, rest = spatial[:cut], spatial[cut:]
+        if not bs <= set(prefix):
+            continue
+        for first, second, swapped in ((ms, ns, False), (ns, ms, True)):
+            j = 0
+            while j < len(rest) and rest[j] in first:
+                j += 1
+            if all(q in second for q in rest[j:]):
+                return prefix, rest[:j], rest[j:], swapped
+    return None
+
+
+def _pack_batched(v, axes, prefix, rows, inner):
+    """``v`` (dims ``axes``) as ``(*prefix, rows, inner)`` (extent 1 for a prefix
+    axis it lacks), a view where the strides merge, else a packed copy."""
+    present = [q for q in prefix if q in axes]
+    t = v.transpose([axes.index(q) for q in present + rows + inner])
+    size = lambda g: int(np.prod([v.shape[axes.index(q)] for q in g], dtype=np.int64))  # noqa
+    shape = [v.shape[axes.index(q)] if q in axes else 1 for q in prefix]
+    return _reshaped(t, shape + [size(rows), size(inner)])
+
+
+def _reshaped(t, shape):
+    """``t.reshape(shape)``: a view where the strides merge, else a packed copy,
+    made in parts on the worker threads (numpy's copy releases the GIL) when it
+    is large."""
+    try:
+        return np.reshape(t, shape, copy=False)
+    except ValueError:
+        pass
+    n = _threads()
+    if n <= 1 or t.size < GEMM_SPLIT_MIN or t.ndim == 0 or t.shape[0] < n:
+        return t.reshape(shape)
+    out = np.empty(t.shape, dtype=t.dtype)
+    cuts = np.linspace(0, t.shape[0], n + 1).astype(int)
+    futures = [_pool().submit(np.copyto, out[lo:hi], t[lo:hi])
+               for lo, hi in zip(cuts[1:-1], cuts[2:])]
+    np.copyto(out[:cuts[1]], t[:cuts[1]])
+    for f in futures:
+        f.result()
+    return out.reshape(shape)
+
+
+def _run_piece(p, arrays_a, arrays_b, out, scale, add, dtype, real=None):
+    """One piece: operand ``a`` from ``arrays_a``, ``b`` from ``arrays_b`` (their
+    data-dependent masks read ``real``, default the same); the result written
+    into (``add``: added to) its slice of ``out``."""
+    batch, m, n, k, a_only, b_only, neither = p.roles()
+    a = _operand(p.a, arrays_a, p.axes, dtype, real)
+    b = _operand(p.b, arrays_b, p.axes, dtype, real)
+    a_axes, b_axes = list(p.a.axes), list(p.b.axes)
+    if a_only:
+        a = a.sum(axis=tuple(a_axes.index(q) for q in a_only))
+        a_axes = [q for q in a_axes if q not in a_only]
+    if b_only:
+        b = b.sum(axis=tuple(b_axes.index(q) for q in b_only))
+        b_axes = [q for q in b_axes if q not in b_only]
+    spatial = [q for q, ax in enumerate(p.axes) if ax[2] == "spatial"]
+    layout = None if neither else _direct_layout(spatial, batch, m, n)
+    if layout is not None:
+        return _run_direct(p, a, a_axes, b, b_axes, k, layout, out, scale, add, spatial)
+    # the packed copies' innermost dimension follows the smallest stride
+    big = a if a.size >= b.size else b
+    big_axes = a_axes if big is a else b_axes
+    k = _by_stride(big, big_axes, k)
+    m, n = _by_stride(a, a_axes, m), _by_stride(b, b_axes, n)
+    # layout (.., M, K) or (.., K, M): the one whose last group holds the smallest stride
+    a_mk = _last_is_finer(a, a_axes, m, k)
+    b_kn = _last_is_finer(b, b_axes, k, n)
+    am = _pack(a, a_axes, [batch, m, k] if a_mk else [batch, k, m])
+    bm = _pack(b, b_axes, [batch, k, n] if b_kn else [batch, n, k])
+    if not a_mk:
+        am = am.swapaxes(1, 2)
+    if not b_kn:
+        bm = bm.swapaxes(1, 2)
+    if scale != 1:
+        if am.size <= bm.size:
+            am = am * np.asarray(scale, dtype=am.dtype)
+        else:
+            bm = bm * np.asarray(scale, dtype=bm.dtype)
+    if am.shape[0] == 1:
+        res = _matmul(am[0], bm[0])[None]
+    else:
+        res = _matmul(am, bm)
+    ext = [p.axes[q][1] for q in batch + m + n]
+    res = res.reshape(ext)
+    spatial = [q for q, ax in enumerate(p.axes) if ax[2] == "spatial"]
+    have = batch + m + n
+    if neither:
+        sp_neither = [q for q in neither if p.axes[q][2] == "spatial"]
+        res = res.reshape(ext + [1] * len(sp_neither))
+        have = have + sp_neither
+    res = res.transpose([have.index(q) for q in spatial])
+    shape = [p.axes[q][1] for q in spatial]
+    res = np.broadcast_to(res, shape)
+    if p.out_masks:
+        res = np.where(_mask_array(p.out_masks, spatial, p.axes, shape), res,
+                       np.zeros((), dtype=res.dtype))
+    target = _byte_view(out, p.out_offset, shape, p.out_strides, writeable=True)
+    if add:
+        target += res
+    else:
+        np.copyto(target, res, casting="unsafe")
+
+
+def _run_direct(p, a, a_axes, b, b_axes, k, layout, out, scale, add, spatial):
+    """The GEMM with its result in the output's axis order (see :func:`_direct_layout`):
+    written by ``np.matmul(..., out=)`` into a contiguous output slice, else copied
+    (or added) once."""
+    prefix, rows, cols, swapped = layout
+    big, big_axes = (a, a_axes) if a.size >= b.size else (b, b_axes)
+    k = _by_stride(big, big_axes, k)
+    if swapped:  # result (.., N, M) = B^T A^T
+        a, a_axes, b, b_axes = b, b_axes, a, a_axes
+    # a supplies the rows, b the columns; each packed as (rows, K) or (K, rows)
+    if _last_is_finer(a, a_axes, rows, k):
+        am = _pack_batched(a, a_axes, prefix, rows, k)
+    else:
+        am = _pack_batched(a, a_axes, prefix, k, rows).swapaxes(-1, -2)
+    if _last_is_finer(b, b_axes, k, cols):
+        bm = _pack_batched(b, b_axes, prefix, k, cols)
+    else:
+        bm = _pack_batched(b, b_axes, prefix, cols, k).swapaxes(-1, -2)
+    if scale != 1:
+        if am.size <= bm.size:
+            am = am * np.asarray(scale, dtype=am.dtype)
+        else:
+            bm = bm * np.asarray(scale, dtype=bm.dtype)
+    shape = [p.axes[q][1] for q in spatial]
+    target = _byte_view(out, p.out_offset, shape, p.out_strides, writeable=True)
+    ext = [p.axes[q][1] for q in prefix] + [am.shape[-2], bm.shape[-1]]
+    if not add and not p.out_masks and target.flags.c_contiguous and target.size:
+        _matmul(am, bm, out=target.reshape(ext))
+        return
+    res = _matmul(am, bm).reshape(shape)
+    if p.out_masks:
+        res = np.where(_mask_array(p.out_masks, spatial, p.axes, shape), res,
+                       np.zeros((), dtype=res.dtype))
+    if add:
+        target += res
+    else:
+        np.copyto(target, res, casting="unsafe")
+
+
+# ---- matching ----------------------------------------------------------------------------
+
+class _Instance:
+    """A contraction over axes (IterVars): ``spatial`` with their output strides,
+    ``reduce``, two loads ``(tensor, args)``, the conjuncts of the domain, and
+    what has been tried (``split``, ``tapped``)."""
+
+    def __init__(self, spatial, out_strides, out_offset, reduce_, loads, conjuncts,
+                 split=False, tapped=False):
+        self.spatial, self.out_strides, self.out_offset = list(spatial), list(out_strides), out_offset
+        self.reduce, self.loads, self.conjuncts = list(reduce_), list(loads), list(conjuncts)
+        self.split, self.tapped = split, tapped
+
+    @property
+    def axes(self):
+        return self.spatial + self.reduce
+
+    def subst(self, mapping, spatial, out_strides, out_offset, reduce_, extra=(), **flags):
+        loads = [(t, tuple(substitute(a, mapping) for a in args)) for t, args in self.loads]
+        conj = [substitute(c, mapping) for c in self.conjuncts] + list(extra)
+        kw = dict(split=self.split, tapped=self.tapped)
+        kw.update(flags)
+        return _Instance(spatial, out_strides, out_offset, reduce_, loads, conj, **kw)
+
+
+def _factors(e, out, conds):
+    """Split a product into factors (loads, constants); ``select(c, x, 0)`` adds ``c``
+    to ``conds``."""
+    if isinstance(e, E.Mul):
+        _factors(e.a, out, conds)
+        _factors(e.b, out, conds)
+    elif isinstance(e, E.Select) and isinstance(e.false_value, E.Const) \
+            and e.false_value.value == 0:
+        conds.append(e.cond)
+        _factors(e.true_value, out, conds)
+    elif isinstance(e, E.Cast) and e.dtype == e.value.dtype:
+        _factors(e.value, out, conds)
+    else:
+        out.append(e)
+
+
+def _conjuncts(c, out):
+    if isinstance(c, E.And):
+        _conjuncts(c.a, out)
+        _conjuncts(c.b, out)
+    elif not (isinstance(c, E.Const) and c.value is True):
+        out.append(c)
+    return out
+
+
+def _contraction_of(op, inlined):
+    """The :class:`_Instance` of a stage, or raise _NoMatch."""
+    if not isinstance(op, ComputeOp) or op.num_outputs != 1 or not op.reduce_axis:
+        raise _NoMatch("not a single-output reduction")
+    body = inline_expand(op.body[0], inlined)
+    if not isinstance(body, E.Reduce) or body.combiner.kind != "sum" or len(body.source) != 1:
+        raise _NoMatch("not a sum")
+    dtype = body.dtype
+    if dtype not in ("float32", "float64") or op.output(0).dtype != dtype:
+        raise _NoMatch(f"a {dtype} sum")
+    facs, conds = [], []
+    _factors(body.source[0], facs, conds)
+    loads = [f for f in facs if isinstance(f, E.Load)]
+    consts = [f for f in facs if isinstance(f, E.Const)]
+    if len(loads) != 2 or len(loads) + len(consts) != len(facs):
+        raise _NoMatch("the summand is not a product of two loads (and constants)")
+    for ld in loads:
+        if ld.dtype != dtype:
+            raise _NoMatch(f"load of {ld.tensor.name} is {ld.dtype}, the sum {dtype}")
+    scale = 1.0
+    for c in consts:
+        scale *= float(c.value)
+    conj = []
+    _conjuncts(body.where, conj)
+    for c in conds:
+        _conjuncts(c, conj)
+    for c in conj:
+        if isinstance(c, E.Const) and c.value is False:
+            raise _NoMatch("an empty domain")
+    shape = op.output(0).shape
+    strides = [int(np.prod(shape[d + 1:], dtype=np.int64)) for d in range(len(shape))]
+    inst = _Instance(list(op.axis), strides, 0, list(body.axes),
+                     [(ld.tensor, tuple(ld.args)) for ld in loads], conj)
+    if len(set(id(a) for a in inst.axes)) != len(inst.axes):
+        raise _NoMatch("an axis appears twice")
+    return inst, scale, dtype
+
+
+def _eval_int(e, env):
+    """The value of an integer index expression at ``env`` (id(Var) -> int), Python
+    floor semantics; None where it is not plain integer arithmetic."""
+    if isinstance(e, E.Const):
+        return int(e.value) if isinstance(e.value, (int, np.integer)) and not isinstance(
+            e.value, bool) else None
+    if isinstance(e, E.Var):
+        return env.get(id(e))
+    kids = [_eval_int(a, env) for a in e.args]
+    if any(k is None for k in kids):
+        return None
+    if isinstance(e, E.Add):
+        return kids[0] + kids[1]
+    if isinstance(e, E.Sub):
+        return kids[0] - kids[1]
+    if isinstance(e, E.Mul):
+        return kids[0] * kids[1]
+    if isinstance(e, E.FloorDiv):
+        return None if kids[1] == 0 else kids[0] // kids[1]
+    if isinstance(e, E.FloorMod):
+        return None if kids[1] == 0 else kids[0] % kids[1]
+    if isinstance(e, E.Min):
+        return min(kids)
+    if isinstance(e, E.Max):
+        return max(kids)
+    return None
+
+
+def _affine(e, axes, space, box):
+    """``(coefs, const)`` with ``e == const + sum(coefs[k] * axes[k])`` on ``box``
+    (proved by isl), or None. The candidate comes from the values at the box's
+    corner and one step along each axis."""
+    pa = to_pwaff(e, space)
+    if pa is None:
+        return None
+    base = {id(a): a.dom[0] for a in axes}
+    v0 = _eval_int(e, base)
+    if v0 is None:
+        return None
+    coefs = []
+    for a in axes:
+        if a.dom[1] - a.dom[0] < 2:
+            coefs.append(0)
+            continue
+        env = dict(base)
+        env[id(a)] = a.dom[0] + 1
+        v1 = _eval_int(e, env)
+        if v1 is None:
+            return None
+        coefs.append(v1 - v0)
+    const = v0 - sum(c * a.dom[0] for c, a in zip(coefs, axes))
+    ce = E.const(int(const))
+    for c, a in zip(coefs, axes):
+        if c:
+            ce = ce + a * int(c)
+    cand = to_pwaff(ce, space)
+    if not pa.ne_set(cand).intersect(box).is_empty():
+        return None
+    return coefs, const
+
+
+def _range(pa, box):
+    """``(min, max)`` of a PwAff over ``box`` (non-empty)."""
+    p = pa.intersect_domain(box)
+    return p.min_val().to_python(), p.max_val().to_python()
+
+
+def _cond_affine(c, axes, space, box):
+    """A comparison as ``[(coefs, const, is_eq)]`` (``expr >= 0`` / ``== 0``), or None."""
+    if not isinstance(c, (E.LT, E.LE, E.GT, E.GE, E.EQ)):
+        return None
+    if c.a.dtype not in ("int32", "int64") or c.b.dtype not in ("int32", "int64"):
+        return None
+    fa, fb = _affine(c.a, axes, space, box), _affine(c.b, axes, space, box)
+    if fa is None or fb is None:
+        return None
+    d = [x - y for x, y in zip(fa[0], fb[0])]
+    k = fa[1] - fb[1]
+    if isinstance(c, E.GE):
+        return [(d, k, False)]
+    if isinstance(c, E.GT):
+        return [(d, k - 1, False)]
+    if isinstance(c, E.LE):
+        return [([-x for x in d], -k, False)]
+    if isinstance(c, E.LT):
+        return [([-x for x in d], -k - 1, False)]
+    return [(d, k, True)]
+
+
+def _analyze(inst):
+    """The :class:`GemmPiece` of an instance, None when its domain is empty, or
+    raise _NoMatch (``args[1]``: "nonaffine", "inefficient" or "other")."""
+    axes = inst.axes
+    space = VarSpace(axes)
+    box = box_set(space)
+    dom = box
+    data = []  # the data-dependent conjuncts (their domain is a superset: the affine part)
+    for c in inst.conjuncts:
+        s, resid = to_set(c, space)
+        if resid is not None:
+            data.append(c)
+            continue
+        dom = dom.intersect(s)
+    if dom.is_empty():
+        return None
+    inb = []
+    for t, args in inst.loads:
+        s = box
+        for ix, n in zip(args, t.shape):
+            pa = to_pwaff(ix, space)
+            if pa is None:
+                raise _NoMatch(f"an index of {t.name} is not quasi-affine", "other")
+            s = s.intersect(pa.ge_set(space.const(0))).intersect(pa.lt_set(space.const(n)))
+        inb.append(s)
+    if not dom.is_subset(inb[0].intersect(inb[1])):
+        raise _NoMatch("a load may leave its tensor (the loop nest checks it)", "other")
+    both = inb[0].intersect(inb[1])
+    # the conjuncts: implied by the operands' bounds (padding), spatial-only
+    # (output mask), or on one operand's axes (operand mask)
+    load_axes = []
+    for t, args in inst.loads:
+        used = set()
+        for ix in args:
+            used |= {id(v) for v in post_order(ix) if isinstance(v, E.IterVar)}
+        load_axes.append(used)
+    sp_ids = {id(a) for a in inst.spatial}
+    out_masks, op_masks, op_data = [], [[], []], [[], []]
+    for c in data:
+        cvars = {id(v) for v in post_order(c) if isinstance(v, E.IterVar)}
+        side = next((i for i in (0, 1) if cvars <= load_axes[i]), None)
+        if side is None:
+            raise _NoMatch("a data-dependent condition not on one operand's axes", "other")
+        op_data[side].append(_tree(c, axes, space, box))
+    for c in inst.conjuncts:
+        if any(c is d for d in data):
+            continue
+        s, _ = to_set(c, space)
+        if both.is_subset(s):
+            continue
+        cvars = {id(v) for v in post_order(c) if isinstance(v, E.IterVar)}
+        aff = _cond_affine(c, axes, space, box)
+        if aff is None:
+            raise _NoMatch("a condition that is not affine", "nonaffine")
+        if cvars <= sp_ids:
+            out_masks.extend(aff)
+        elif cvars <= load_axes[0]:
+            op_masks[0].extend(aff)
+        elif cvars <= load_axes[1]:
+            op_masks[1].extend(aff)
+        else:
+            raise _NoMatch("a condition that ties both operands", "other")
+    views = []
+    for (t, args), masks, dmasks, lax in zip(inst.loads, op_masks, op_data, load_axes):
+        pad, shape = [], tuple(t.shape)
+        for ix, n in zip(args, shape):
+            lo, hi = _range(to_pwaff(ix, space), box)
+            pad.append((max(0, -lo), max(0, hi - (n - 1))))
+        padded = tuple(n + a + b for n, (a, b) in zip(shape, pad))
+        pstr = [int(np.prod(padded[d + 1:], dtype=np.int64)) for d in range(len(padded))]
+        flat = E.const(int(sum(lo * s for (lo, _), s in zip(pad, pstr))))
+        for ix, s in zip(args, pstr):
+            flat = flat + ix * s
+        aff = _affine(flat, axes, space, box) if args else ([0] * len(axes), 0)
+        if aff is None:
+            raise _NoMatch(f"the offset of {t.name} is not affine", "nonaffine")
+        coefs, const = aff
+        used = [k for k, c in enumerate(coefs) if c]
+        mvars = [k for k in range(len(axes)) if any(m[0][k] for m in masks)]
+        if dmasks:
+            mvars += [k for k, a in enumerate(axes) if id(a) in lax]
+        vaxes = sorted(set(used) | set(mvars))
+        offset = const + sum(coefs[k] * axes[k].dom[0] for k in vaxes)
+        vmasks = [([m[0][k] for k in vaxes], m[1], m[2]) for m in masks]
+        views.append(OperandView(t, shape, pad if any(a or b for a, b in pad) else None,
+                                 vaxes, offset, [coefs[k] for k in vaxes], vmasks, dmasks))
+    piece_axes = [(a.dom[0], a.dom[1] - a.dom[0], a.kind) for a in axes]
+    nsp = len(inst.spatial)
+    out_masks = [(m[0][:nsp], m[1], m[2]) for m in out_masks]
+    if any(any(m[0][nsp:]) for m in out_masks):
+        raise _NoMatch("internal: an output mask on a reduction axis", "other")
+    out_offset = inst.out_offset + sum(s * a.dom[0] for s, a in zip(inst.out_strides, inst.spatial))
+    points = card(dom)
+    piece = GemmPiece(piece_axes, out_offset, inst.out_strides, views[0], views[1],
+                      out_masks, points)
+    vol = int(np.prod([ax[1] for ax in piece_axes], dtype=np.int64))
+    if points < TAP_EFFICIENCY * vol:
+        piece.inefficient = True
+    return piece
+
+
+def _tree(e, axes, space, box):
+    """A data-dependent condition as a plain tree over axis positions (picklable,
+    evaluated by numpy on an operand's grid: :func:`_eval_tree`); loads must
+    have quasi-affine indices inside their tensors over the whole box (the mask
+    is evaluated there). Loads hold the Tensor until :func:`match` gives keys."""
+    pos = {id(a): k for k, a in enumerate(axes)}
+
+    def go(x):
+        if isinstance(x, E.Const):
+            return ("c", x.value, x.dtype if x.dtype != "bool" else "bool")
+        if isinstance(x, E.IterVar):
+            if id(x) not in pos:
+                raise _NoMatch(f"a condition reads `{x.name}`", "other")
+            return ("v", pos[id(x)])
+        if isinstance(x, E.Load):
+            for ix, n in zip(x.args, x.tensor.shape):
+                pa = to_pwaff(ix, space)
+                if pa is None:
+                    raise _NoMatch("a condition loads at a data-dependent index", "other")
+                lo, hi = _range(pa, box)
+                if lo < 0 or hi >= n:
+                    raise _NoMatch(f"a condition may read {x.tensor.name} outside its shape",
+                                   "other")
+            return ("ld", x.tensor, tuple(x.tensor.shape), x.dtype, tuple(go(i) for i in x.args))
+        if isinstance(x, E.Not):
+            return ("not", go(x.a))
+        if isinstance(x, E.Select):
+            return ("sel", go(x.cond), go(x.true_value), go(x.false_value))
+        if isinstance(x, E.Cast):
+            return ("cast", go(x.value), x.dtype)
+        if isinstance(x, E.Call) and x.name == "abs":
+            return ("abs", go(x.args[0]))
+        if type(x) in _TREE_OPS:
+            if isinstance(x, (E.FloorDiv, E.FloorMod)) and dt.is_float(x.dtype):
+                raise _NoMatch("a float floor division in a condition", "other")
+            return (type(x), go(x.a), go(x.b))
+        raise _NoMatch(f"a condition with {type(x).__name__}", "other")
+    return go(e)
+
+
+def _keyed(t, key):
+    """A tree with its Tensors replaced by buffer keys."""
+    if t[0] == "ld":
+        return ("ld", key(t[1]), t[2], t[3], tuple(_keyed(i, key) for i in t[4]))
+    return tuple(_keyed(x, key) if isinstance(x, tuple) else x for x in t)
+
+
+def _split(inst, moduli, kinds_done="split"):
+    """The instances of the residue classes of the axes in ``moduli``
+    (id(axis) -> m): ``axis = m * axis' + a``, empty classes dropped."""
+    by_id = {id(a): a for a in inst.axes}
+    split_axes = [by_id[i] for i in moduli]
+    classes = [[]]
+    for a in split_axes:
+        m = moduli[id(a)]
+        classes = [c + [r] for c in classes for r in range(m)]
+    out = []
+    for cls in classes:
+        mapping, spatial, ostr, reduce_ = {}, [], [], []
+        off = inst.out_offset
+        new = {}
+        empty = False
+        for a, r in zip(split_axes, cls):
+            m = moduli[id(a)]
+            lo = -((r - a.dom[0]) // m)  # ceil((lo - r) / m)
+            hi = (a.dom[1] - 1 - r) // m + 1
+            if hi <= lo:
+                empty = True
+                break
+            v = E.iter_var(lo, hi, f"{a.name}{m}r{r}", a.kind)
+            mapping[a] = v * m + r
+            new[id(a)] = (v, m, r)
+        if empty:
+            continue
+        for a, s in zip(inst.spatial, inst.out_strides):
+            if id(a) in new:
+                v, m, r = new[id(a)]
+                spatial.append(v)
+                ostr.append(s * m)
+                off += s * r
+            else:
+                spatial.append(a)
+                ostr.append(s)
+        for a in inst.reduce:
+            reduce_.append(new[id(a)][0] if id(a) in new else a)
+        out.append(inst.subst(mapping, spatial, ostr, off, reduce_, split=True))
+    return out
+
+
+def _residue_moduli(inst):
+    """id(axis) -> the lcm of the divisors of the ``//`` and ``%`` it appears under."""
+    mod = {}
+    ids = {id(a) for a in inst.axes}
+    exprs = [a for _, args in inst.loads for a in args] + inst.conjuncts
+    for n in post_order(exprs):
+        if isinstance(n, (E.FloorDiv, E.FloorMod)) and isinstance(n.b, E.Const) \
+                and isinstance(n.b.value, int) and n.b.value >= 2:
+            for v in post_order(n.a):
+                if isinstance(v, E.IterVar) and id(v) in ids:
+                    mod[id(v)] = math.lcm(mod.get(id(v), 1), n.b.value)
+    return mod
+
+
+def _tap(inst):
+    """The instances with reduction axes replaced by the taps of narrow operand
+    dimensions (see the module docstring), or None when there is none."""
+    axes = inst.axes
+    space = VarSpace(axes)
+    box = box_set(space)
+    red_ids = {id(a) for a in inst.reduce}
+    for li, (t, args) in enumerate(inst.loads):
+        for d, (ix, n) in enumerate(zip(args, t.shape)):
+            aff = _affine(ix, axes, space, box)
+            if aff is None:
+                continue
+            coefs, const = aff
+            rs = [k for k, a in enumerate(axes) if coefs[k] and id(a) in red_ids]
+            if len(rs) != 1:
+                continue
+            lo, hi = _range(to_pwaff(ix, space), box)
+            if hi - lo + 1 <= 2 * n:
+                continue
+            kr = rs[0]
+            r, cr = axes[kr], coefs[kr]
+            m = abs(cr)
+            moduli = {id(a): m for k, a in enumerate(axes)
+                      if k != kr and coefs[k] and coefs[k] % m and a.kind == "spatial"}
+            if any(coefs[k] % m for k, a in enumerate(axes) if k != kr and coefs[k]
+                   and a.kind != "spatial"):
+                continue
+            pieces = _split(inst, moduli) if moduli else [inst]
+            out = []
+            for p in pieces:
+                pa = p.axes
+                psp = VarSpace(pa)
+                pbox = box_set(psp)
+                pix = p.loads[li][1][d]
+                paff = _affine(pix, pa, psp, pbox)
+                if paff is None:
+                    return None
+                pc, pk = paff
+                kr2 = next(k for k, a in enumerate(pa) if a is r)
+                if any(pc[k] % cr for k in range(len(pa)) if k != kr2):
+                    return None
+                # ix = cr * u + pk with u = r + sum(pc[k] / cr * a_k), 0 <= ix < n
+                if cr > 0:
+                    ulo, uhi = -(pk // cr), (n - 1 - pk) // cr
+                else:
+                    ulo, uhi = -((n - 1 - pk) // -cr), pk // -cr
+                if uhi < ulo:
+                    continue
+                u = E.iter_var(ulo, uhi + 1, f"{r.name}_tap", "reduce")
+                shift = E.const(0)
+                for k, a in enumerate(pa):
+                    if k != kr2 and pc[k]:
+                        shift = shift + a * (pc[k] // cr)
+                r_val = u - shift
+                extra = [r_val >= r.dom[0], r_val < r.dom[1]]
+                red = [u if a is r else a for a in p.reduce]
+                out.append(p.subst({r: r_val}, p.spatial, p.out_strides, p.out_offset, red,
+                                   extra=extra, tapped=True))
+            return out
+    return None
+
+
+def _pieces(inst, depth=0):
+    if depth > 6:
+        raise _NoMatch("too many transformations")
+    try:
+        piece = _analyze(inst)
+    except _NoMatch as exc:
+        if len(exc.args) > 1 and exc.args[1] == "nonaffine" and not inst.split:
+            moduli = _residue_moduli(inst)
+            if not moduli or int(np.prod(list(moduli.values()))) > MAX_CLASSES:
+                raise
+            out = []
+            for sub in _split(inst, moduli):
+                out.extend(_pieces(sub, depth + 1))
+                if len(out) > MAX_PIECES:
+                    raise _NoMatch(f"more than {MAX_PIECES} residue classes") from None
+            return out
+        raise
+    if piece is None:
+        return []
+    if getattr(piece, "inefficient", False):
+        subs = _tap(inst)
+        if subs is not None:
+            try:
+                out = []
+                for sub in subs:
+                    out.extend(_pieces(sub, depth + 1))
+                return out
+            except _NoMatch:
+                pass
+    return [piece]
+
+
+def match(op, inlined=(), key=None, why=None):
+    """The :class:`ContractionPlan` of a stage, or None when it is not a contraction.
+
+    Args:
+        op: the stage's ComputeOp.
+        inlined: ids of the inlined ops (their bodies are substituted first).
+        key: ``tensor -> buffer key`` (the keys :meth:`ContractionPlan.run` looks
+            up); default: the tensor's name.
+        why: a list; when the stage does not match, the reason is appended.
+    Returns:
+        A plan (whatever its cost: see :func:`cost_ok`), or None.
+    """
+    key = key or (lambda t: t.name)
+    try:
+        inst, scale, dtype = _contraction_of(op, set(inlined))
+        pieces = _pieces(inst)
+        if len(pieces) > MAX_PIECES:
+            raise _NoMatch(f"{len(pieces)} pieces")
+    except _NoMatch as exc:
+        if why is not None:
+            why.append(exc.args[0])
+        return None
+    except (isl.Error, TexprError) as exc:
+        if why is not None:
+            why.append(f"isl: {exc}")
+        return None
+    for p in pieces:
+        for v in (p.a, p.b):
+            v.key = key(v.key)
+            v.data_masks = [_keyed(t, key) for t in v.data_masks]
+    out = op.output(0)
+    return ContractionPlan(op.name, key(out), out.shape, dtype, scale, pieces,
+                           not _partition(pieces, out.shape))
+
+
+def _partition(pieces, shape):
+    """Whether the pieces' output slices cover every output element exactly once
+    (else the output is zeroed first and every piece adds into it)."""
+    size = int(np.prod(shape, dtype=np.int64))
+    c_strides = tuple(int(np.prod(shape[d + 1:], dtype=np.int64)) for d in range(len(shape)))
+    if len(pieces) == 1:  # the usual case: one GEMM writes the whole output in order
+        p = pieces[0]
+        ext = tuple(ax[1] for ax in p.axes if ax[2] == "spatial")
+        if p.out_offset == 0 and ext == tuple(shape) and tuple(p.out_strides) == c_strides:
+            return True
+    if size > 1 << 24:
+        return False  # too large to count: zero the output, every piece adds
+    count = np.zeros(size, dtype=np.int32)
+    for p in pieces:
+        ext = [ax[1] for ax in p.axes if ax[2] == "spatial"]
+        _byte_view(count, p.out_offset, ext, p.out_strides, writeable=True)[...] += 1
+    return bool((count == 1).all())
+
+
+def cost_ok(plan):
+    """The cost rule of the module docstring: whether BLAS pays for ``plan``."""
+    if plan.flop < BLAS_MIN_FLOP:
+        return False
+    if plan.flop / 2 * BLAS_MIN_EFFICIENCY > plan.points:
+        return False
+    for p in plan.pieces:
+        _b, m, n, k = p.gemm_dims()
+        if min(m, n, k) < BLAS_MIN_DIM:
+            return False
+    return True
+
+
+# ---- the unit kind (codegen.units) ----------------------------------------------------------
+
+class ContractionUnitSource:
+    """The description of a stage run as GEMMs, beside the numba units of a
+    program (:mod:`codegen.units`): ``kind`` ``"blas"``, ``stage``,
+    ``definition``, ``plan`` (its keys are buffer positions), ``args`` (the
+    buffers it reads and writes), ``errors`` (none: a plan checks nothing at run
+    time, isl proved its loads in bounds), ``parallel`` (False: the BLAS has
+    its own threads), ``source`` (the readable comment of ``Kernel.source``).
+    Picklable."""
+
+    kind = "blas"
+
+    def __init__(self, stage, definition, plan, readable):
+        self.stage, self.definition, self.plan = stage, definition, plan
+        keys = {plan.out_key} | {v.key for p in plan.pieces for v in (p.a, p.b)}
+        for p in plan.pieces:
+            for v in (p.a, p.b):
+                for t in v.data_masks:
+                    keys |= _tree_keys(t)
+        self.args = tuple(sorted(keys))
+        self.errors, self.parallel, self.source = [], False, readable
+        self.module_source, self.arg_specs = None, []
+
+    def describe(self):
+        d = self.definition
+        return "the stage " + (d if len(d) < 400 else d[:400] + " ...")
+
+
+def _tree_keys(t):
+    out = {t[1]} if t[0] == "ld" else set()
+    for x in t[1:]:
+        if isinstance(x, tuple) and x and isinstance(x[0], (str, type)):
+            out |= _tree_keys(x)
+        elif isinstance(x, tuple):
+            for y in x:
+                if isinstance(y, tuple):
+                    out |= _tree_keys(y)
+    return out
+
+
+class ContractionUnit:
+    """A runnable unit (:mod:`codegen.units` interface): ``run(arrays, err)`` runs
+    the plan on the kernel's flat buffers. Nothing is compiled."""
+
+    kind = "blas"
+
+    def __init__(self, desc):
+        self.stage, self.args, self.errors = desc.stage, desc.args, desc.errors
+        self.plan = desc.plan
+        self.key = self.path = None
+        self.compile_seconds = 0.0
+        self.from_disk_cache, self.from_memory_cache, self.compiled = False, True, False
+        self.in_worker = False
+
+    def run(self, arrays, err):
+        self.plan.run(arrays)
+
+    def __repr__(self):
+        return f"ContractionUnit({self.stage!r}, {self.plan.describe()})"

@@ -1,0 +1,416 @@
+"""Contraction stages as GEMMs (texpr.codegen.contraction).
+
+Plans are checked directly against ``te.evaluate`` (no numba) on the suite's
+contraction cases at small sizes with their simplified gradients, on the
+27-case conv sweep and on variants (batched, Gram, scaled, dot product,
+broadcast, one-operand reduction axes), in float32 and float64; kernels run
+both paths (``blas(True)`` / ``blas(False)``) against each other and the
+evaluator; stages that are not contractions keep their loop nests.
+"""
+
+import itertools
+import pickle
+
+import numpy as np
+import pytest
+
+import texpr as te
+from texpr import codegen, simplify
+from texpr import expr as E
+from texpr.codegen import contraction as C
+from texpr.codegen.schedule import create_schedule, default_materialized, inline_expand
+from texpr.errors import ScheduleError
+from texpr.testing import random_feed
+from texpr.visitor import post_order
+
+nn = te.nn
+
+
+def _graph(outs):
+    outs = list(simplify.simplify(outs))
+    s = create_schedule(outs)
+    mat, inl = default_materialized(s, simplify.materialized_stages)
+    return outs, s, [op for op in s.ops if id(op) in mat], inl
+
+
+def _tol(dtype, ref):
+    scale = max(1.0, float(np.abs(ref).max()) if ref.size else 1.0)
+    return (2e-5 if dtype == "float32" else 1e-11) * scale
+
+
+def _assert_close(got, ref, what):
+    """Equal non-finite patterns (NaN, +inf, -inf), finite values within tolerance."""
+    for f in (np.isnan, np.isposinf, np.isneginf):
+        bad = f(got) != f(ref)
+        assert not bad.any(), f"{what}: {f.__name__} differs at {np.argwhere(bad)[:3].tolist()}"
+    fin = np.isfinite(ref)
+    err = float(np.abs(got[fin].astype("float64") - ref[fin]).max()) if fin.any() else 0.0
+    assert err <= _tol(ref.dtype.name, ref[fin] if fin.any() else ref), f"{what}: error {err}"
+
+
+def check_plans(outs, feed):
+    """Run the plan of every materialised stage that matches against the evaluator
+    (after a pickle round trip); returns the names of the stages that matched."""
+    _, _, ops, inl = _graph(outs)
+    matched = []
+    for op in ops:
+        plan = C.match(op, inl, key=id)  # tensors may share a name (two layers' "dense")
+        if plan is None:
+            continue
+        matched.append(op.name)
+        plan = pickle.loads(pickle.dumps(plan))
+        body = inline_expand(op.body[0], inl)
+        loaded = {id(n.tensor): n.tensor for n in post_order(body) if isinstance(n, E.Load)}
+        ts = [op.output(0)] + list(loaded.values())
+        vals = te.evaluate(ts, feed)
+        arrays = {id(t): v.reshape(-1) for t, v in zip(ts[1:], vals[1:])}
+        ref = vals[0]
+        arrays[id(op.output(0))] = np.full(max(ref.size, 1), np.nan, ref.dtype)
+        plan.run(arrays)
+        got = arrays[id(op.output(0))].reshape(ref.shape)
+        _assert_close(got, ref, f"{op.name}: {plan.describe()}")
+    return matched
+
+
+def _with_grads(out, wrt, dtype):
+    head = te.placeholder(out.shape, "H", dtype)
+    grads = list(te.differentiate(out, wrt, head=head).result)
+    return [out] + grads
+
+
+def _case(name, dtype):
+    """(output, differentiated inputs) of a suite case at a small size."""
+    P = lambda shape, n: te.placeholder(shape, n, dtype)  # noqa: E731
+    if name == "dense":
+        x, w = P((6, 20), "X"), P((5, 20), "W")
+        return nn.dense(x, w), [x, w]
+    conv = {"conv2d_s1": dict(stride=1, padding=1), "conv2d_s2": dict(stride=2, padding=1),
+            "conv2d_dil2": dict(stride=1, dilation=2, padding=2),
+            "conv2d_s3_pad2": dict(stride=3, padding=2)}
+    if name in conv:
+        x, w = P((2, 3, 10, 10), "X"), P((4, 3, 3, 3), "W")
+        return nn.conv2d(x, w, **conv[name]), [x, w]
+    if name == "depthwise":
+        x, w = P((2, 3, 10, 10), "X"), P((3, 1, 3, 3), "W")
+        return nn.conv2d(x, w, padding=1, groups=3), [x, w]
+    if name == "grouped":
+        x, w = P((2, 4, 9, 9), "X"), P((6, 2, 3, 3), "W")
+        return nn.conv2d(x, w, padding=1, groups=2), [x, w]
+    if name == "conv2d_transpose_s2":
+        x, w = P((2, 3, 5, 5), "X"), P((3, 2, 4, 4), "W")
+        return nn.conv2d_transpose(x, w, stride=2, padding=1), [x, w]
+    if name == "conv2d_transpose_s3":
+        x, w = P((2, 3, 4, 4), "X"), P((3, 2, 5, 5), "W")
+        return nn.conv2d_transpose(x, w, stride=3, padding=2), [x, w]
+    if name == "causal_scores":
+        q, k = P((2, 10, 4), "Q"), P((2, 10, 4), "K")
+        d = te.reduce_axis(4, "d")
+        return te.compute((2, 10, 10), lambda b, i, j: te.sum(q[b, i, d] * k[b, j, d], axis=d,
+                                                              where=j <= i),
+                          name="causal_scores"), [q, k]
+    if name == "flatten_dense":
+        x, w = P((2, 3, 4, 4), "X"), P((10, 48), "W")
+        return nn.dense(nn.flatten(x), w), [x, w]
+    raise KeyError(name)
+
+
+CONTRACTIONS = ["dense", "conv2d_s1", "conv2d_s2", "conv2d_dil2", "conv2d_s3_pad2", "depthwise",
+                "grouped", "conv2d_transpose_s2", "conv2d_transpose_s3", "causal_scores",
+                "flatten_dense"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", CONTRACTIONS)
+def test_suite_contractions_and_gradients(case, dtype):
+    """The forward and both simplified gradients of each case are contractions,
+    and their plans give the evaluator's values."""
+    out, wrt = _case(case, dtype)
+    outs = _with_grads(out, wrt, dtype)
+    feed = random_feed(outs, seed=3)
+    matched = check_plans(outs, feed)
+    assert len(matched) == 3, f"{case}: only {matched} matched"
+
+
+@pytest.mark.parametrize("k,s,d", list(itertools.product([1, 2, 3], [1, 2, 3], [1, 2, 3])))
+def test_conv_sweep_plans(k, s, d):
+    """The suite's 27-case sweep (X 1x2x10x10, W 2x2xKxK, stride, dilation, pad 0):
+    forward, dX and dW all run as GEMMs, with the evaluator's values."""
+    x, w = te.placeholder((1, 2, 10, 10), "X", "float64"), te.placeholder((2, 2, k, k), "W",
+                                                                           "float64")
+    outs = _with_grads(nn.conv2d(x, w, stride=s, dilation=d), [x, w], "float64")
+    matched = check_plans(outs, random_feed(outs, seed=k * 9 + s * 3 + d))
+    assert len(matched) == 3, matched
+
+
+def _variant(name):
+    A = te.placeholder((5, 7), "A", "float64")
+    B = te.placeholder((7, 6), "B", "float64")
+    k = te.reduce_axis(7, "k")
+    if name == "batched":
+        P, Q = te.placeholder((3, 5, 7), "P", "float64"), te.placeholder((3, 7, 6), "Q", "float64")
+        return te.compute((3, 5, 6), lambda b, i, j: te.sum(P[b, i, k] * Q[b, k, j], axis=k),
+                          name="bmm")
+    if name == "gram":
+        return te.compute((5, 5), lambda i, j: te.sum(A[i, k] * A[j, k], axis=k), name="gram")
+    if name == "scaled":
+        return te.compute((5, 6), lambda i, j: te.sum(0.5 * A[i, k] * B[k, j] * 3.0, axis=k),
+                          name="scaled")
+    if name == "dot":
+        v = te.placeholder((7,), "v", "float64")
+        return te.compute((), lambda: te.sum(A[2, k] * v[k], axis=k), name="dot")
+    if name == "broadcast":
+        return te.compute((5, 4, 6), lambda i, c, j: te.sum(A[i, k] * B[k, j], axis=k),
+                          name="bcast")
+    if name == "one_sided":
+        q = te.reduce_axis(5, "q")
+        return te.compute((5, 6), lambda i, j: te.sum(A[i, k] * B[q + 1, j], axis=[k, q]),
+                          name="one_sided")
+    if name == "offset_where":
+        return te.compute((5, 6), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k,
+                                                      where=(k >= 2) & (k < 6)),
+                          name="window")
+    if name == "triangle_operand":
+        return te.compute((5, 6), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k, where=k <= i),
+                          name="tri")
+    if name == "residue":
+        return te.compute((5, 6), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k,
+                                                      where=(k % 3) == 1),
+                          name="every_third")
+    if name == "guarded":
+        return te.compute((5, 6), lambda i, j: te.sum(
+            te.if_then_else(k > j, A[i, k], 0.0) * B[k, j], axis=k), name="guarded")
+    M = te.placeholder((5, 7), "M", "float64")
+    if name == "data_mask":  # a ReLU's adjoint: where= reads another tensor
+        return te.compute((5, 6), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k,
+                                                      where=M[i, k] > 0), name="relu_like")
+    if name == "data_mask_self":  # the condition reads the operand itself
+        return te.compute((5, 6), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k,
+                                                      where=(B[k, j] > 0) & (k % 2 == 0)),
+                          name="self_mask")
+    if name == "data_guard":
+        return te.compute((5, 6), lambda i, j: te.sum(
+            te.if_then_else(M[i, k] > 0.25, A[i, k], 0.0) * B[k, j], axis=k), name="guard")
+    raise KeyError(name)
+
+
+VARIANTS = ["batched", "gram", "scaled", "dot", "broadcast", "one_sided", "offset_where",
+            "triangle_operand", "residue", "guarded", "data_mask", "data_mask_self",
+            "data_guard"]
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_variants(name):
+    out = _variant(name)
+    feed = random_feed([out], seed=5)
+    assert check_plans([out], feed) == [out.op.name]
+
+
+def test_gradient_of_variants_float32():
+    """Gradients of a batched matmul with a mask and a scale, float32."""
+    P = te.placeholder((3, 8, 9), "P", "float32")
+    Q = te.placeholder((3, 9, 8), "Q", "float32")
+    k = te.reduce_axis(9, "k")
+    out = te.compute((3, 8, 8), lambda b, i, j: te.sum(2.0 * P[b, i, k] * Q[b, k, j], axis=k,
+                                                       where=j >= i), name="masked_bmm")
+    outs = _with_grads(out, [P, Q], "float32")
+    assert len(check_plans(outs, random_feed(outs, seed=1))) == 3
+
+
+def _no_match(out):
+    _, _, ops, inl = _graph([out])
+    why = []
+    assert C.match(ops[-1], inl, why=why) is None
+    return why[0]
+
+
+def test_not_contractions():
+    """Stages that are not a sum of a product of two affine loads keep their loops."""
+    A = te.placeholder((5, 7), "A", "float32")
+    B = te.placeholder((7, 6), "B", "float32")
+    I = te.placeholder((5,), "I", "int64")
+    k = te.reduce_axis(7, "k")
+    assert "not a sum" in _no_match(
+        te.compute((5, 6), lambda i, j: te.max(A[i, k] * B[k, j], axis=k), name="mx"))
+    assert "two loads" in _no_match(
+        te.compute((5, 6), lambda i, j: te.sum(A[i, k] * B[k, j] * A[i, k], axis=k), name="t3"))
+    assert "two loads" in _no_match(
+        te.compute((5, 6), lambda i, j: te.sum(te.exp(A[i, k]) * B[k, j], axis=k), name="ex"))
+    assert _no_match(te.compute((5, 6), lambda i, j: te.sum(A[I[i], k] * B[k, j], axis=k),
+                                name="gather"))
+    # a data-dependent condition on the axes of both operands
+    M = te.placeholder((5, 6), "M", "float32")
+    assert "not on one operand" in _no_match(
+        te.compute((5, 6), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k, where=M[i, j] + k > 3),
+                   name="dm"))
+    # a condition tying the axes of both operands
+    assert "both operands" in _no_match(
+        te.compute((5, 6), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k, where=i + j + k < 9),
+                   name="tie"))
+
+
+def _kernels(outs, inputs, force):
+    """Kernels of ``outs`` with every contraction stage forced onto BLAS (``force``
+    True) or onto its loop nest (False)."""
+    outs = list(simplify.simplify(outs))
+    s = create_schedule(outs)
+    mat, inl = default_materialized(s, simplify.materialized_stages)
+    n = 0
+    for op in s.ops:
+        if id(op) in mat and C.match(op, inl) is not None:
+            s[op].blas(force)
+            n += 1
+    return codegen.build(outs, inputs, s), n
+
+
+@pytest.mark.parametrize("case", ["conv2d_s2", "conv2d_transpose_s2", "causal_scores",
+                                  "grouped"])
+def test_kernel_paths_agree(case):
+    """Both paths of the same graph agree with each other and the evaluator (float32)."""
+    out, wrt = _case(case, "float32")
+    outs = _with_grads(out, wrt, "float32")
+    head = next(t for t in _placeholders(outs) if t.name == "H")
+    inputs = wrt + [head]
+    kb, n = _kernels(outs, inputs, True)
+    kl, _ = _kernels(outs, inputs, False)
+    assert n == 3 and kb.source.count("# BLAS:") == 3 and "# BLAS:" not in kl.source
+    feed = random_feed(outs, seed=2)
+    args = [feed[t] for t in inputs]
+    refs = te.evaluate(outs, feed)
+    kb2 = pickle.loads(pickle.dumps(kb))
+    for got_b, got_l, got_p, ref in zip(kb(*args), kl(*args), kb2(*args), refs):
+        tol = _tol("float32", ref)
+        assert np.abs(got_b - ref).max() <= tol
+        assert np.abs(got_l - ref).max() <= tol
+        assert np.abs(got_b - got_l).max() <= tol
+        np.testing.assert_array_equal(got_p, got_b)
+
+
+def _placeholders(outs):
+    from texpr.tensor import PlaceholderOp, topo_order
+    return [op.output(0) for op in topo_order(outs) if isinstance(op, PlaceholderOp)]
+
+
+def test_cost_rule_and_mixed_kernel():
+    """By default a large dense layer runs on BLAS and a tiny one on its loops;
+    loop stages before and after a BLAS stage run in their own segments."""
+    X = te.placeholder((128, 256), "X", "float32")
+    W = te.placeholder((128, 256), "W", "float32")
+    Y = nn.dense(X, W)
+    j = te.reduce_axis(128, "j")
+    Z = te.compute((128,), lambda i: te.sum(te.tanh(Y[i, j]), axis=j), name="Z")
+    H = te.placeholder((128,), "H", "float32")
+    outs = [Z] + list(te.differentiate(Z, [X, W], head=H).result)
+    k = codegen.build(outs, [X, W, H])
+    assert k.source.count("# BLAS:") == 3, k.source
+    assert k.source.count("def kernel(") == 1  # Z and the adjoint of dense, between GEMMs
+    feed = random_feed(outs, seed=4)
+    for got, ref in zip(k(feed[X], feed[W], feed[H]), te.evaluate(outs, feed)):
+        assert np.abs(got - ref).max() <= _tol("float32", ref)
+    x, w = te.placeholder((4, 6), "x", "float32"), te.placeholder((3, 6), "w", "float32")
+    small = codegen.build([nn.dense(x, w)], [x, w])
+    assert "# BLAS:" not in small.source
+
+
+def test_blas_override_errors():
+    A = te.placeholder((5, 7), "A", "float32")
+    k = te.reduce_axis(7, "k")
+    Y = te.compute((5,), lambda i: te.sum(te.exp(A[i, k]), axis=k), name="rowexp")
+    s = create_schedule([Y])
+    s[Y].blas(True)
+    with pytest.raises(ScheduleError, match="rowexp: blas\\(True\\), but it is not a contraction"):
+        codegen.build([Y], [A], s)
+    with pytest.raises(ScheduleError, match="takes True or False"):
+        s[Y].blas("yes")
+
+
+
+@pytest.mark.parametrize("case", ["conv2d_s1", "conv2d_s2", "conv2d_transpose_s2",
+                                  "causal_scores", "dense"])
+@pytest.mark.parametrize("pattern", ["inf_corner", "nan", "mixed"])
+def test_non_finite_operands(case, pattern):
+    """Infinities and NaNs give the loop nest's (the evaluator's) values: a padded
+    or masked term is absent, never ``0 * inf``; an infinity times a real zero is
+    NaN; +inf and -inf terms of one element give NaN."""
+    out, wrt = _case(case, "float32")
+    outs = _with_grads(out, wrt, "float32")
+    feed = random_feed(outs, seed=7)
+    first, second = wrt[0], wrt[1]
+    a, b = feed[first].reshape(-1), feed[second].reshape(-1)
+    if pattern == "inf_corner":  # an infinite weight (a convolution's border taps)
+        b[0] = np.inf
+    elif pattern == "nan":
+        a[a.size // 2] = np.nan
+    else:
+        b[0], b[-1], a[1], a[2] = np.inf, -np.inf, -np.inf, 0.0
+    assert len(check_plans(outs, feed)) == 3
+
+
+def test_non_finite_kernels_agree():
+    """Both kernel paths give the same non-finite pattern (conv2d, stride 2)."""
+    out, wrt = _case("conv2d_s2", "float32")
+    outs = _with_grads(out, wrt, "float32")
+    head = next(t for t in _placeholders(outs) if t.name == "H")
+    inputs = wrt + [head]
+    feed = random_feed(outs, seed=8)
+    feed[wrt[1]].reshape(-1)[0] = np.inf
+    feed[head].reshape(-1)[5] = np.nan
+    args = [feed[t] for t in inputs]
+    kb, _ = _kernels(outs, inputs, True)
+    kl, _ = _kernels(outs, inputs, False)
+    # the simplified graph: a padded input's terms are absent (the unsimplified
+    # one multiplies the padding's select(.., 0) by inf: docs/conventions.md)
+    refs = te.evaluate(list(simplify.simplify(outs)), feed)
+    assert all(np.isfinite(r).any() and not np.isfinite(r).all() for r in refs)
+    for got_b, got_l, ref in zip(kb(*args), kl(*args), refs):
+        _assert_close(got_b, ref, "blas")
+        _assert_close(got_l, ref, "loops")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_relu_mlp_gradients(dtype):
+    """A two-layer ReLU network: the adjoints under the ReLU's data-dependent mask
+    (``where=dense[i, j] > 0``) are contractions too; finite and non-finite inputs."""
+    x = te.placeholder((6, 20), "x", dtype)
+    w1, w2 = te.placeholder((8, 20), "w1", dtype), te.placeholder((5, 8), "w2", dtype)
+    out = nn.dense(nn.relu(nn.dense(x, w1)), w2)
+    outs = _with_grads(out, [x, w1, w2], dtype)
+    feed = random_feed(outs, seed=11)
+    matched = check_plans(outs, feed)
+    assert {"d_x__dense", "d_w1__dense"} <= set(matched), matched
+    feed[w1].reshape(-1)[3] = np.inf
+    feed[x].reshape(-1)[0] = np.nan
+    check_plans(outs, feed)
+
+
+def test_plan_runs_in_a_forked_child():
+    """The GEMM worker pool is made again in a forked process (the child inherits
+    the pool object but not its threads)."""
+    import os
+    A = te.placeholder((256, 512), "A", "float32")
+    B = te.placeholder((512, 256), "B", "float32")
+    k = te.reduce_axis(512, "k")
+    out = te.compute((256, 256), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="mm")
+    _, _, ops, inl = _graph([out])
+    plan = C.match(ops[-1], inl, key=id)
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((256, 512), "float32"), rng.standard_normal((512, 256), "float32")
+    arrays = {id(A): a, id(B): b, id(out): np.empty(256 * 256, "float32")}
+    plan.run(arrays)  # the parent's pool exists now
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            plan.run(arrays)
+            ok = np.abs(arrays[id(out)].reshape(256, 256) - a @ b).max() < 1e-3
+            os.write(w, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    import select
+    import signal
+    os.close(w)
+    ready, _, _ = select.select([r], [], [], 120)
+    got = os.read(r, 1) if ready else b"hung"
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    assert got == b"1"
