@@ -20,6 +20,8 @@ stages read the step buffers. Body stages follow the simplifier's
 materialisation rule within the body (the updates always have buffers).
 """
 
+import functools
+
 import numpy as np
 
 from texpr.expr import Load, iter_var, load
@@ -27,6 +29,34 @@ from texpr.tensor import ComputeOp
 from texpr.visitor import substitute, transform
 
 __all__ = ["lower_scan"]
+
+
+@functools.lru_cache(maxsize=None)
+def _step_classes():
+    """The stage lowering and its expression emitter, told which loads are proven in
+    bounds (built on first use: :mod:`texpr.codegen.lower` imports this module)."""
+    from .lower import ExprEmitter, _StageLowering
+
+    class _StepEmitter(ExprEmitter):
+        safe = frozenset()
+
+        @property
+        def checks(self):
+            return self._checks
+
+        @checks.setter
+        def checks(self, ids):
+            self._checks = {i for i in ids if i not in self.safe}
+
+    class _StepLowering(_StageLowering):
+        safe = frozenset()
+
+        def _emitter(self):
+            em = _StepEmitter(self.names, self.buffers, self.op.name, self.errors)
+            em.safe = self.safe
+            return em
+
+    return _StepLowering
 
 
 def _step_ops(op):
@@ -73,10 +103,42 @@ def _body_materialized(op):
     return mat
 
 
+def _proven_loads(step, tv, inlined):
+    """Ids of the loads of the step stage ``step`` that isl proves in bounds once it
+    knows the step ``L <= t < T`` (the stage lowering alone does not: ``t`` is not
+    one of its loops, and it would check them at run time)."""
+    from texpr.expr import Reduce
+    from texpr.simplify.isl_bridge import VarSpace, box_set, to_set
+    from texpr.visitor import post_order
+
+    from .lower import _BoundsChecker, lift_zero_guards
+    from .schedule import inline_expand
+
+    body = [inline_expand(b, inlined) for b in step.body]
+    red = body[0] if isinstance(body[0], Reduce) else None
+    axes = list(step.axis) + (list(red.axes) if red is not None else [])
+    space = VarSpace(axes + [tv])
+    box = box_set(space)
+    ck = _BoundsChecker(step.name, space, box)
+    exprs = list(body)
+    if red is None:
+        for b in body:
+            ck.walk(b, box, False)
+    else:
+        for r in (red, lift_zero_guards(red, VarSpace(axes))):
+            exprs.append(r)
+            ck.walk(r.where, box, False)
+            wset, resid = to_set(r.where, space)
+            for src in r.source:
+                ck.walk(src, box.intersect(wset), resid is not None)
+    loads = {id(n) for n in post_order(exprs) if isinstance(n, Load)}
+    return loads - ck.need
+
+
 def lower_scan(sl, depth):
     """Emit the scan stage of the stage lowering ``sl`` (a
     :class:`texpr.codegen.lower._StageLowering` whose ``op`` is a ScanOp) at ``depth``."""
-    from .lower import BufferInfo, _StageLowering
+    from .lower import BufferInfo
     from .schedule import Stage
 
     op, w, k = sl.op, sl.w, sl.k
@@ -87,6 +149,7 @@ def lower_scan(sl, depth):
             w(depth, f"{sl.buffers[id(out)].name}[:{n}] = {sl.buffers[id(init)].name}[:{n}]")
     if T == L or any(d == 0 for out in op.outputs for d in out.shape[1:]):
         return
+    _StepLowering = _step_classes()
     pairs, tv = _step_ops(op)
     mat = _body_materialized(op)
     inlined = set(sl.inlined) | {id(s) for b, s in pairs if id(b) not in mat}
@@ -112,8 +175,9 @@ def lower_scan(sl, depth):
     for j, (b, s) in enumerate(pairs):
         if id(b) not in mat:
             continue
-        sub = _StageLowering(f"{k}s{j}", s, Stage(s), buffers, inlined, sl.errors,
-                             sl.parallel_on, w)
+        sub = _StepLowering(f"{k}s{j}", s, Stage(s), buffers, inlined, sl.errors,
+                            sl.parallel_on, w)
+        sub.safe = _proven_loads(s, tv, inlined)
         sub.names[id(tv)] = tname
         sub.run(depth + 1)
         sl.uses_prange |= sub.uses_prange

@@ -385,27 +385,24 @@ def test_kernel_two_steps_back_with_gradient(L):
     np.testing.assert_allclose(got[1], numeric_gradient(loss, X, feed), rtol=1e-6, atol=1e-8)
 
 
-def test_kernel_second_order_two_states():
+def test_kernel_second_order():
+    # Hessian-vector product of sum(C * s) for s[t] = s[t-1] * x[t] + x[t] through a kernel
     T, n = 6, 2
     X = te.placeholder((T, n), name="X", dtype="float64")
-    A = te.placeholder((T, n), name="A", dtype="float64")
-    B = te.placeholder((T, n), name="B", dtype="float64")
-    a0 = te.compute((1, n), lambda _, i: X[0, i], name="a0")
-    b0 = te.compute((1, n), lambda _, i: X[0, i] * 0.5, name="b0")
-    ua = te.compute((T, n), lambda t, i: A[t - 1, i] * te.sigmoid(B[t - 1, i]) + X[t, i],
-                    name="ua")
-    ub = te.compute((T, n), lambda t, i: te.tanh(B[t - 1, i] - A[t - 1, i] * X[t, i]), name="ub")
-    sa, sb = te.scan([a0, b0], [ua, ub], [A, B], name="pair")
-    j, q = te.reduce_axis(T, "j"), te.reduce_axis(n, "q")
-    loss = te.compute((), lambda: te.sum(sa[j, q] * sb[j, q], axis=[j, q]), name="L")
+    S = te.placeholder((T, n), name="S", dtype="float64")
+    init = te.compute((1, n), lambda _, i: X[0, i], name="init")
+    upd = te.compute((T, n), lambda t, i: S[t - 1, i] * X[t, i] + X[t, i], name="upd")
+    s = te.scan(init, upd, S, name="s")
+    loss, C = weighted_sum(s)
     (g,) = te.differentiate(loss, [X])
     V = te.placeholder((T, n), name="V", dtype="float64")
     r, p = te.reduce_axis(T, "r"), te.reduce_axis(n, "p")
     gv = te.compute((), lambda: te.sum(g[r, p] * V[r, p], axis=[r, p]), name="gv")
     (hv,) = te.differentiate(gv, [X])
-    feed = {X: RNG.standard_normal((T, n)) * 0.7, V: RNG.standard_normal((T, n))}
-    _kernel, got = _kernel_matches([loss, g, hv], [X, V], feed)
-    np.testing.assert_allclose(got[2], numeric_gradient(gv, X, feed), rtol=1e-5, atol=1e-7)
+    feed = {X: RNG.uniform(-1, 1, (T, n)), C: RNG.standard_normal((T, n)),
+            V: RNG.standard_normal((T, n))}
+    _kernel, got = _kernel_matches([g, hv], [X, C, V], feed)
+    np.testing.assert_allclose(got[1], numeric_gradient(gv, X, feed), rtol=1e-5, atol=1e-7)
 
 
 def test_kernel_big_step_runs_parallel():
