@@ -431,3 +431,26 @@ def test_schedule_cannot_inline_scan_or_its_input():
     sch[Y].compute_inline()
     with pytest.raises(te.ScheduleError, match="reads it whole"):
         codegen.build([z], [X], sch)
+
+
+@pytest.mark.parametrize("L", [1, 2])
+def test_jvp_through_scan_and_hessian_vector_product(L):
+    from texpr.testing import numeric_jacobian
+
+    X, f = _fib(6, 2, L)
+    D = te.placeholder((6, 2), name="D", dtype="float64")
+    feed = {X: RNG.uniform(-1, 1, (6, 2)), D: RNG.standard_normal((6, 2))}
+    jac = numeric_jacobian(f, X, feed)
+    want = np.einsum("tiuj,uj->ti", jac, feed[D])
+    for simplify_flag in (False, True):
+        df = te.jvp(f, [X], [D], simplify=simplify_flag)
+        np.testing.assert_allclose(te.evaluate(df, feed), want, rtol=1e-6, atol=1e-8)
+    # forward over reverse: H v of sum(C * f)
+    loss, C = weighted_sum(f)
+    feed[C] = RNG.standard_normal((6, 2))
+    (g,) = te.differentiate(loss, [X])
+    hv = te.jvp(g, [X], [D])
+    r, q = te.reduce_axis(6, "r"), te.reduce_axis(2, "q")
+    gd = te.compute((), lambda: te.sum(g[r, q] * D[r, q], axis=[r, q]), name="gd")
+    np.testing.assert_allclose(te.evaluate(hv, feed), numeric_gradient(gd, X, feed),
+                               rtol=1e-5, atol=1e-7)
