@@ -4,8 +4,8 @@ A scan's body (:mod:`texpr.scan`) is a graph of its own: from the state
 placeholders and the external inputs to the updates. The passes run on it as on
 any graph, with every external input stood in for by a placeholder (so that the
 outer graph's stages are neither rewritten nor copied in here), and without
-the passes that turn stages into scatter-adds (a body holds compute stages
-only). The result must still be a valid scan body (the time index forms
+the passes that turn stages into scatter-adds or scans (a body holds compute
+stages only). The result must still be a valid scan body (the time index forms
 ``t - k``, guards); when a rewrite breaks that, the body is kept as it was:
 slower, never wrong.
 """
@@ -21,10 +21,12 @@ from .graph import rebuild, remap_loads
 
 def _body_pipeline():
     from .pipeline import PIPELINE
+    from .prefix_scan import prefix_sums_to_scans
     from .scatter import gathers_to_scatters
     from .support import restrict_to_support
 
-    skip = (gathers_to_scatters, restrict_to_support, simplify_scan_bodies)
+    skip = (gathers_to_scatters, restrict_to_support, simplify_scan_bodies,
+            prefix_sums_to_scans)
     return tuple(p for p in PIPELINE if p not in skip)
 
 

@@ -370,7 +370,7 @@ def test_kernel_rnn_forward_and_gradients():
     np.testing.assert_allclose(got[0], _np_rnn(feed[X], feed[W]), rtol=1e-12)
     np.testing.assert_allclose(got[1], numeric_gradient(loss, X, feed), rtol=1e-6, atol=1e-8)
     src = kernel.source
-    assert src.count("scan(") == 2, src  # the forward scan once, its reverse scan once
+    assert src.count(" = scan(") == 2, src  # the forward scan once, its reverse scan once
     assert "for t" in src
 
 
