@@ -454,3 +454,28 @@ def test_jvp_through_scan_and_hessian_vector_product(L):
     gd = te.compute((), lambda: te.sum(g[r, q] * D[r, q], axis=[r, q]), name="gd")
     np.testing.assert_allclose(te.evaluate(hv, feed), numeric_gradient(gd, X, feed),
                                rtol=1e-5, atol=1e-7)
+
+
+def test_data_dependent_reads_of_the_state():
+    # s[t, i] = 0.5 s[t-1, P[i]] + tanh(X[t, P[i]]): the adjoint of the gather of the state
+    # is a scatter, held in the reverse body as the equivalent sum; a bad index raises
+    T, n = 5, 4
+    X = te.placeholder((T, n), name="X", dtype="float64")
+    P = te.placeholder((n,), name="P", dtype="int64")
+    S = te.placeholder((T, n), name="S", dtype="float64")
+    init = te.compute((1, n), lambda _, i: X[0, i], name="init")
+    upd = te.compute((T, n), lambda t, i: S[t - 1, P[i]] * 0.5 + te.tanh(X[t, P[i]]),
+                     name="upd")
+    s = te.scan(init, upd, S, name="s")
+    loss, C = weighted_sum(s)
+    feed = {X: RNG.standard_normal((T, n)), C: RNG.standard_normal((T, n)),
+            P: np.array([2, 0, 0, 3])}
+    for simplify_flag in (False, True):
+        res = _check_grads(loss, [X], feed, simplify_flag)
+    (g,) = res
+    _kernel, _got = _kernel_matches([s, g], [X, P, C], feed)
+    feed[P] = np.array([2, 0, 7, 3])
+    with pytest.raises(te.OutOfBoundsError, match=r"P\[r?_?[iu]"):
+        te.evaluate(g, feed)
+    with pytest.raises(te.OutOfBoundsError):
+        _kernel(feed[X], feed[P], feed[C])

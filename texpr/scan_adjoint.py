@@ -40,7 +40,7 @@ from .errors import TexprError
 from .expr import Load, Reduce, const, load, select, var, iter_var, cast
 from .jacobian import contribution
 from .scan import ScanOp, affine_in
-from .tensor import ComputeOp, PlaceholderOp, Tensor
+from .tensor import ComputeOp, PlaceholderOp, ScatterAddOp
 from .visitor import substitute, transform
 
 
@@ -296,6 +296,8 @@ class _ScanAdjoint:
     def _instantiate(self, sop, k, inst, theta_of, qhat):
         """The step-graph stage ``sop`` as a stage of the reverse scan's body at
         offset ``k``: leading axis ``tau``, the step ``t = T - 1 - tau + k``."""
+        if isinstance(sop, ScatterAddOp):
+            sop = _as_gather(sop)
         if not isinstance(sop, ComputeOp):
             raise TexprError(f"scan adjoint: unexpected stage {sop.name} "
                              f"({type(sop).__name__}) in the step graph")
@@ -335,6 +337,29 @@ class _ScanAdjoint:
         body = _guard(body, cond)
         new = ComputeOp(f"{sop.name}_rev{k}", axis, body, tag=sop.tag, attrs=sop.attrs)
         return new.outputs
+
+
+def _as_gather(sop):
+    """A scatter-add stage (the adjoint of a data-dependent gather in the body) as
+    the equivalent compute stage, which a scan's body can hold: ``out[j] = init[j] +
+    sum_q select(where(q) && index(q) == j, value(q), 0)``. An index out of range
+    adds nothing here; the forward body's own load of that index raises first
+    (the reverse scan reads the forward states)."""
+    from .expr import all_of
+    from .reduction import sum as te_sum
+
+    j = _axes(sop.shape, "j")
+    q = tuple(iter_var(a.dom[0], a.dom[1], a.name, "reduce") for a in sop.axis)
+    m = dict(zip(sop.axis, q))
+    hit = all_of([substitute(sop.where, m)]
+                 + [substitute(i, m) == jj for i, jj in zip(sop.indices, j)])
+    value = substitute(sop.value, m)
+    term = select(hit, value, const(0, value.dtype))
+    body = te_sum(term, axis=list(q)) if q else term
+    body = _cast(body, sop.dtypes[0])
+    if sop.init is not None:
+        body = sop.init[j] + body
+    return ComputeOp(sop.name, j, (body,), tag="adjoint_contribution")
 
 
 def _cast(e, dtype):
