@@ -135,6 +135,35 @@ def _proven_loads(step, tv, inlined):
     return loads - ck.need
 
 
+def _pointwise(op, pairs, mat, inlined):
+    """For a one-state scan whose body is one elementwise stage reading the state only
+    at its own point (``S[t - k, i...]``; cumsum, cumprod, their adjoints, moving
+    averages): that stage over ``(u, i...)`` with the step ``t = u + L``, to be run
+    with the time loop innermost (each point's history is independent: the loops
+    interchange), else None."""
+    from texpr.expr import Reduce
+    from texpr.visitor import post_order
+
+    from .schedule import inline_expand
+
+    if len(op.outputs) != 1 or len(mat) != 1:
+        return None
+    (b, step), = [(b, s) for b, s in pairs if id(b) in mat]
+    if step.num_outputs != 1:
+        return None
+    body = inline_expand(step.body[0], inlined)
+    if isinstance(body, Reduce):
+        return None
+    out = op.outputs[0]
+    for n in post_order(body):
+        if isinstance(n, Load) and n.tensor is out:
+            if len(n.args) != len(step.axis) + 1 or any(
+                    x is not a for x, a in zip(n.args[1:], step.axis)):
+                return None
+    T, L = op.time_extent, op.init_extent
+    return body, None, step.axis
+
+
 def lower_scan(sl, depth):
     """Emit the scan stage of the stage lowering ``sl`` (a
     :class:`texpr.codegen.lower._StageLowering` whose ``op`` is a ScanOp) at ``depth``."""
@@ -154,6 +183,9 @@ def lower_scan(sl, depth):
     mat = _body_materialized(op)
     inlined = set(sl.inlined) | {id(s) for b, s in pairs if id(b) not in mat}
     buffers = dict(sl.buffers)
+    point = _pointwise(op, pairs, mat, inlined)
+    if point is not None:
+        return _lower_pointwise(sl, depth, point, tv, buffers)
     tname = f"t{k}"
     views = []  # (name, state buffer, row size): the update's view of step t
     for j, (b, s) in enumerate(pairs):
@@ -181,3 +213,35 @@ def lower_scan(sl, depth):
         sub.names[id(tv)] = tname
         sub.run(depth + 1)
         sl.uses_prange |= sub.uses_prange
+
+
+def _lower_pointwise(sl, depth, point, tv, buffers):
+    """The interchanged loop nest of :func:`_pointwise`: ``for i...: for t: S[t, i] =
+    t >= L ? body : S[t, i]`` (the outermost ``i`` loop parallel when the scan is
+    big), written into the state's own buffer (no view: a parallel loop must see
+    that it reads what it writes)."""
+    from texpr.expr import select
+
+    from .lower import BufferInfo, PARALLEL_MIN_POINTS, _StageLowering
+    from .schedule import Stage
+
+    op, k = sl.op, sl.k
+    body, _u, step_axes = point
+    T, L = op.time_extent, op.init_extent
+    out = op.outputs[0]
+    t = iter_var(0, T, "t", "spatial")
+    rest = tuple(iter_var(0, n, f"i{d}", "spatial") for d, n in enumerate(out.shape[1:]))
+    body = substitute(body, {tv: t, **dict(zip(step_axes, rest))})
+    body = select(t >= L, body, out[(t,) + rest])
+    nest = ComputeOp(f"{op.name}_steps", (t,) + rest, (body,), tag="scan_pointwise")
+    state = sl.buffers[id(out)]
+    buffers[id(nest.output(0))] = BufferInfo(state.name, nest.output(0), state.role)
+    st = Stage(nest)
+    if rest:
+        st.reorder(*(rest + (t,)))
+        if out.size >= PARALLEL_MIN_POINTS and sl.parallel_on:
+            st.parallel(rest[0])
+    sub = _StageLowering(f"{k}p", nest, st, buffers, sl.inlined, sl.errors, sl.parallel_on,
+                         sl.w)
+    sub.run(depth)
+    sl.uses_prange |= sub.uses_prange
