@@ -479,3 +479,50 @@ def test_data_dependent_reads_of_the_state():
         te.evaluate(g, feed)
     with pytest.raises(te.OutOfBoundsError):
         _kernel(feed[X], feed[P], feed[C])
+
+
+def _body_variant(kind, T=5, n=3):
+    X = te.placeholder((T, n), name="X", dtype="float64")
+    W = te.placeholder((n, n), name="W", dtype="float64")
+    S = te.placeholder((T, n), name="S", dtype="float64")
+    k = te.reduce_axis(n, "k")
+    init = te.compute((1, n), lambda _, i: X[0, i], name="init")
+    if kind == "max":  # a max-plus (Viterbi) recurrence: argmax stages in both bodies
+        upd = te.compute((T, n), lambda t, i: te.max(W[i, k] + S[t - 1, k], axis=k) + X[t, i],
+                         name="upd")
+    elif kind == "prod":  # the rest stages of a product in the body
+        upd = te.compute((T, n), lambda t, i: te.prod(S[t - 1, k] * W[i, k] + 1.0, axis=k) * 0.3
+                         + X[t, i], name="upd")
+    else:  # the init gives every step: no update runs
+        init = te.compute((T, n), lambda t, i: X[t, i] * 2.0, name="init")
+        upd = te.compute((T, n), lambda t, i: S[t - 1, i] + W[i, i], name="upd")
+    return X, W, te.scan(init, upd, S, name=kind)
+
+
+@pytest.mark.parametrize("kind", ["max", "prod", "init_only"])
+def test_body_reducers_and_init_only(kind):
+    X, W, s = _body_variant(kind)
+    loss, C = weighted_sum(s)
+    feed = {X: RNG.standard_normal((5, 3)), W: RNG.standard_normal((3, 3)),
+            C: RNG.standard_normal((5, 3))}
+    for simplify_flag in (False, True):
+        _check_grads(loss, [X, W] if kind != "init_only" else [X], feed, simplify_flag)
+    if kind == "init_only":
+        np.testing.assert_allclose(te.evaluate(s, feed), 2 * feed[X])
+        (gw,) = te.differentiate(loss, [W])
+        np.testing.assert_array_equal(te.evaluate(gw, feed), np.zeros((3, 3)))
+
+
+def test_scalar_steps_kernel():
+    T = 7
+    Xs = te.placeholder((T,), name="Xs", dtype="float64")
+    Ss = te.placeholder((T,), name="Ss", dtype="float64")
+    i0 = te.compute((1,), lambda _: Xs[0], name="i0")
+    upd = te.compute((T,), lambda t: Ss[t - 1] * te.sin(Xs[t]) + Xs[t], name="upd")
+    s = te.scan(i0, upd, Ss, name="sc")
+    r = te.reduce_axis(T, "r")
+    loss = te.compute((), lambda: te.sum(s[r] * s[r], axis=r), name="L")
+    (g,) = te.differentiate(loss, [Xs])
+    feed = {Xs: RNG.standard_normal(T)}
+    _kernel, got = _kernel_matches([s, g], [Xs], feed)
+    np.testing.assert_allclose(got[1], numeric_gradient(loss, Xs, feed), rtol=1e-6, atol=1e-8)
