@@ -220,7 +220,8 @@ def test_full_jacobian_head_none():
 
 
 def test_rnn_gradients_vs_torch():
-    torch = pytest.importorskip("torch")
+    import torch
+
     T, n = 8, 5
     X, W, h = _tanh_rnn(T, n)
     loss, C = weighted_sum(h)
@@ -526,3 +527,16 @@ def test_scalar_steps_kernel():
     feed = {Xs: RNG.standard_normal(T)}
     _kernel, got = _kernel_matches([s, g], [Xs], feed)
     np.testing.assert_allclose(got[1], numeric_gradient(loss, Xs, feed), rtol=1e-6, atol=1e-8)
+
+
+def test_torch_bridge_through_a_scan():
+    # a scan as a differentiable torch op: its forward and adjoint kernels (double
+    # backward works too, checked by hand: its kernels take minutes to compile here)
+    import torch
+    import texpr.torch
+
+    X, W, h = _tanh_rnn(4, 3)
+    f = texpr.torch.op(h, [X, W])
+    xt = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    wt = torch.randn(3, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(f, (xt, wt))
