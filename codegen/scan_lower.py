@@ -8,8 +8,9 @@ init extent ``L`` becomes::
         <each materialised body stage at step t>   (its own loop nest, parallel over
                                                     its axes when it is big)
 
-Each body stage is lowered by the ordinary stage lowering
-(:class:`texpr.codegen.lower._StageLowering`) as a *step stage*: the body
+The scan is one compiled unit (:mod:`texpr.codegen.lower`). Each body stage is
+lowered inside it by the ordinary stage lowering
+(:class:`texpr.codegen.stage._StageLowering`) as a *step stage*: the body
 stage without its time axis, the step ``t`` a bounded variable (``L <= t <
 T``) that is not a loop of the stage. A step stage writes into a view of one
 step: an update into ``S_a[t]`` (the state's own buffer), any other body stage
@@ -34,8 +35,9 @@ __all__ = ["lower_scan"]
 @functools.lru_cache(maxsize=None)
 def _step_classes():
     """The stage lowering and its expression emitter, told which loads are proven in
-    bounds (built on first use: :mod:`texpr.codegen.lower` imports this module)."""
-    from .lower import ExprEmitter, _StageLowering
+    bounds (built on first use: :mod:`texpr.codegen.stage` imports this module)."""
+    from .emit import ExprEmitter
+    from .stage import _StageLowering
 
     class _StepEmitter(ExprEmitter):
         safe = frozenset()
@@ -57,6 +59,33 @@ def _step_classes():
             return em
 
     return _StepLowering
+
+
+class _ScanBuffers(dict):
+    """The buffers the scan's step stages see: the scan's own (its outputs, inputs,
+    step scratch buffers, added here) over those of the unit (``outer``, which
+    registers a buffer of the program as a parameter of the unit at first use)."""
+
+    def __init__(self, outer):
+        super().__init__()
+        self.outer = outer
+
+    def __missing__(self, key):
+        return self.outer[key]
+
+
+class _SubWriter:
+    """The unit's source writer for a step stage: the same lines, its canonical
+    comments tagged with the step stage's prefix (they must be distinct in a unit)."""
+
+    def __init__(self, w, tag):
+        self.w, self.tag = w, tag
+
+    def __call__(self, depth, text):
+        self.w(depth, text)
+
+    def comment(self, depth, canonical, readable):
+        self.w.comment(depth, f"{canonical} {self.tag}", readable)
 
 
 def _step_ops(op):
@@ -111,7 +140,8 @@ def _proven_loads(step, tv, inlined):
     from texpr.simplify.isl_bridge import VarSpace, box_set, to_set
     from texpr.visitor import post_order
 
-    from .lower import _BoundsChecker, lift_zero_guards
+    from .bounds import _BoundsChecker
+    from .stage import lift_zero_guards
     from .schedule import inline_expand
 
     body = [inline_expand(b, inlined) for b in step.body]
@@ -166,7 +196,8 @@ def _pointwise(op, pairs, mat, inlined):
 
 def lower_scan(sl, depth):
     """Emit the scan stage of the stage lowering ``sl`` (a
-    :class:`texpr.codegen.lower._StageLowering` whose ``op`` is a ScanOp) at ``depth``."""
+    :class:`texpr.codegen.stage._StageLowering` whose ``op`` is a ScanOp) at ``depth``:
+    the whole scan is one compiled unit (its step stages are loop nests inside it)."""
     from .lower import BufferInfo
     from .schedule import Stage
 
@@ -182,7 +213,7 @@ def lower_scan(sl, depth):
     pairs, tv = _step_ops(op)
     mat = _body_materialized(op)
     inlined = set(sl.inlined) | {id(s) for b, s in pairs if id(b) not in mat}
-    buffers = dict(sl.buffers)
+    buffers = _ScanBuffers(sl.buffers)
     point = _pointwise(op, pairs, mat, inlined)
     if point is not None:
         return _lower_pointwise(sl, depth, point, tv, buffers)
@@ -208,7 +239,7 @@ def lower_scan(sl, depth):
         if id(b) not in mat:
             continue
         sub = _StepLowering(f"{k}s{j}", s, Stage(s), buffers, inlined, sl.errors,
-                            sl.parallel_on, w)
+                            sl.parallel_on, _SubWriter(w, f"{k}s{j}"))
         sub.safe = _proven_loads(s, tv, inlined)
         sub.names[id(tv)] = tname
         sub.run(depth + 1)
@@ -222,7 +253,8 @@ def _lower_pointwise(sl, depth, point, tv, buffers):
     that it reads what it writes)."""
     from texpr.expr import select
 
-    from .lower import BufferInfo, PARALLEL_MIN_POINTS, _StageLowering
+    from .lower import BufferInfo
+    from .stage import PARALLEL_MIN_POINTS, _StageLowering
     from .schedule import Stage
 
     op, k = sl.op, sl.k
@@ -242,6 +274,6 @@ def _lower_pointwise(sl, depth, point, tv, buffers):
         if out.size >= PARALLEL_MIN_POINTS and sl.parallel_on:
             st.parallel(rest[0])
     sub = _StageLowering(f"{k}p", nest, st, buffers, sl.inlined, sl.errors, sl.parallel_on,
-                         sl.w)
+                         _SubWriter(sl.w, f"{k}p"))
     sub.run(depth)
     sl.uses_prange |= sub.uses_prange
