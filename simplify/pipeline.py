@@ -34,17 +34,21 @@ from .lift import lift_conditions, split_sums
 from .materialize import iteration_count
 from .propagate import propagate_zero_conditions
 from .scatter import gathers_to_scatters
+from .prefix_scan import prefix_sums_to_scans
+from .scan_body import simplify_scan_bodies
 from .solve import solve_equalities, tighten_domains
 from .support import restrict_to_support
 
 #: the passes, in order (a name may appear twice: it runs twice per round)
 PIPELINE = (
+    simplify_scan_bodies,       # a scan's body is a graph of its own: the same passes on it
     inline_elementwise,         # identity head, Jacobian indicators, cheap producers
     propagate_zero_conditions,  # a producer's zero region guards its loads in sums
     lift_conditions,            # select(c, v, 0) in a sum's summand -> where=c
     split_sums,                 # sum(a + b) with different conditions -> sum(a) + sum(b)
     solve_equalities,           # reduction axes fixed by equalities disappear
     tighten_domains,            # reduction boxes shrink to the projection; gist where
+    prefix_sums_to_scans,       # sums over triangles (k <= j) -> scans: O(n), not O(n^2)
     gathers_to_scatters,        # data-dependent index equalities -> scatter-add
     inline_elementwise,         # stages that became elementwise go into their consumers
     inline_tail_accesses,       # reshape/flatten/adjoint sum after reductions: fold them in

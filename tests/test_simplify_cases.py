@@ -70,7 +70,15 @@ def dense_case(n, m, k):
 
 def cumsum_case(n, m):
     X = te.placeholder((n, m), "X")
-    return te.nn.cumsum(X, axis=1), [X], [n * m * (m + 1) // 2]
+    return te.nn.cumsum(X, axis=1), [X], [n * m]
+
+
+#: cases whose simplified gradient is linear but not yet at its ideal: the exact counts,
+#: which the count tests check instead of the ideal. cumsum's gradient is a reverse scan
+#: (n * m points: its first step and n * (m - 1) steps) whose state is time-major
+#: (m, n), plus its first step as a stage (n) and the copy into X's layout (n * m); the
+#: triangle it replaces visited n * m * (m + 1) / 2 points.
+KNOWN_GAPS = {"cumsum": lambda n, m: [2 * n * m + n]}
 
 
 def causal_case(b, t, dd):
@@ -166,7 +174,7 @@ SUITE_FULL_IDEALS = {  # the suite's table of ideals, to check the independent c
     "dense": [25690112] * 2, "conv2d_s1": [110166016] * 2, "conv2d_s2": [27541504] * 2,
     "conv2d_dil2": [104857600] * 2, "depthwise": [6885376] * 2,
     "maxpool2": [802816 * 2], "avgpool3s2": [1721344],
-    "conv2d_transpose_s2": [11943936] * 2, "cumsum": [134348800],
+    "conv2d_transpose_s2": [11943936] * 2, "cumsum": [262144],
     "causal_scores": [4227072] * 2, "upsample2": [401408], "pixel_shuffle2": [401408],
     "flatten_dense": [250880] * 2, "transpose_sum": [100],
 }

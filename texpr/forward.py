@@ -12,7 +12,9 @@ topological order:
   with a unit head (``sum``: 1; ``max``/``min``: the indicator of the first
   extreme point, from the argmax stage; ``prod``/custom: the chain rule
   through the rest stages), under the reduction's ``where=``;
-* a scatter-add ``Y = init; Y[idx(q)] += v(q)``: ``dY = dinit; dY[idx(q)] += dv(q)``.
+* a scatter-add ``Y = init; Y[idx(q)] += v(q)``: ``dY = dinit; dY[idx(q)] += dv(q)``;
+* a scan (:mod:`texpr.scan`): one scan over the states and their tangents together,
+  the tangent body the tangent stages of the body (``dS[t]`` reads ``dS[t - k]``).
 
 Integer and bool tensors have no tangent; a stage none of whose float inputs
 has a tangent has a symbolic zero tangent (no stage is built). The entry point
@@ -25,6 +27,7 @@ from .errors import NotDifferentiableError, ShapeError, TexprError
 from .expr import Load, Reduce, const, iter_var
 from .jacobian import REDUCTION_RULES, _Context, _reduce_copy
 from .rules import jvp
+from .scan import ScanOp
 from .tensor import ComputeOp, PlaceholderOp, ScatterAddOp, as_tensor_list, topo_order
 from .visitor import post_order, substitute
 
@@ -41,6 +44,37 @@ def _seeds(expr, tan):
             if d is not None:
                 seeds[node] = d[node.args]
     return seeds
+
+
+def _zeros(shape, dtype, name):
+    axis = tuple(iter_var(0, s, f"j{d}", "spatial") for d, s in enumerate(shape))
+    return ComputeOp(name, axis, (const(0, dtype),), tag="zeros").output(0)
+
+
+def _scan_tangents(op, tan, cache):
+    """The tangents of a scan's states: one scan over the states and their tangents
+    together (``dS[t]`` reads ``dS[t - k]`` where ``S[t]`` reads ``S[t - k]``, and the
+    forward values of the same step), ``{id(state output): tangent}``."""
+    from .scan import ScanOp
+
+    states = op.state_placeholder
+    dstates = [PlaceholderOp(f"t_{s.name}", tuple(s.shape), s.dtype).output(0) for s in states]
+    local = dict(tan)
+    for s, ds in zip(states, dstates):
+        local[id(s)] = ds
+    for b in op.body_ops:
+        for out in b.outputs:
+            if dt.is_float(out.dtype):
+                d = _tangent_of(out, local, cache)
+                if d is not None:
+                    local[id(out)] = d
+    dinits = [tan.get(id(i)) or _zeros(i.shape, i.dtype, f"t_{i.name}") for i in op.init]
+    dupdates = [local.get(id(u)) or _zeros(u.shape, u.dtype, f"t_{u.name}") for u in op.update]
+    joint = ScanOp(f"t_{op.name}", list(op.init) + dinits, list(op.update) + dupdates,
+                   list(states) + dstates, tag="scan_tangent", attrs={"of": op.name})
+    n = len(states)
+    return {id(out): joint.outputs[n + a] for a, out in enumerate(op.outputs)
+            if dt.is_float(out.dtype)}
 
 
 def _tangent_of(out, tan, cache):
@@ -142,6 +176,9 @@ def tangents(outputs, inputs, tangent_tensors):
         if isinstance(op, PlaceholderOp) or any(id(o) in tan for o in op.outputs):
             continue
         if not any(id(t) in tan for t in op.input_tensors()):
+            continue
+        if isinstance(op, ScanOp):
+            tan.update(_scan_tangents(op, tan, cache))
             continue
         for out in op.outputs:
             if dt.is_float(out.dtype):

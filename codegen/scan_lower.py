@@ -1,0 +1,279 @@
+"""Lowering of a scan stage: a sequential time loop around its body's loop nests.
+
+A :class:`texpr.scan.ScanOp` with states ``S_a`` of shape ``(T,) + R_a`` and
+init extent ``L`` becomes::
+
+    S_a[:L] = init_a                         (flat copies)
+    for t in range(L, T):                    (sequential: step t reads earlier steps)
+        <each materialised body stage at step t>   (its own loop nest, parallel over
+                                                    its axes when it is big)
+
+The scan is one compiled unit (:mod:`texpr.codegen.lower`). Each body stage is
+lowered inside it by the ordinary stage lowering
+(:class:`texpr.codegen.stage._StageLowering`) as a *step stage*: the body
+stage without its time axis, the step ``t`` a bounded variable (``L <= t <
+T``) that is not a loop of the stage. A step stage writes into a view of one
+step: an update into ``S_a[t]`` (the state's own buffer), any other body stage
+into a scratch buffer of one step allocated once before the loop (the body is
+read only at the current step). Loads of the state at ``t - k`` read the
+state's buffer (with a bounds check: isl does not see ``t``); loads of body
+stages read the step buffers. Body stages follow the simplifier's
+materialisation rule within the body (the updates always have buffers).
+"""
+
+import functools
+
+import numpy as np
+
+from texpr.expr import Load, iter_var, load
+from texpr.tensor import ComputeOp
+from texpr.visitor import substitute, transform
+
+__all__ = ["lower_scan"]
+
+
+@functools.lru_cache(maxsize=None)
+def _step_classes():
+    """The stage lowering and its expression emitter, told which loads are proven in
+    bounds (built on first use: :mod:`texpr.codegen.stage` imports this module)."""
+    from .emit import ExprEmitter
+    from .stage import _StageLowering
+
+    class _StepEmitter(ExprEmitter):
+        safe = frozenset()
+
+        @property
+        def checks(self):
+            return self._checks
+
+        @checks.setter
+        def checks(self, ids):
+            self._checks = {i for i in ids if i not in self.safe}
+
+    class _StepLowering(_StageLowering):
+        safe = frozenset()
+
+        def _emitter(self):
+            em = _StepEmitter(self.names, self.buffers, self.op.name, self.errors)
+            em.safe = self.safe
+            return em
+
+    return _StepLowering
+
+
+class _ScanBuffers(dict):
+    """The buffers the scan's step stages see: the scan's own (its outputs, inputs,
+    step scratch buffers, added here) over those of the unit (``outer``, which
+    registers a buffer of the program as a parameter of the unit at first use)."""
+
+    def __init__(self, outer):
+        super().__init__()
+        self.outer = outer
+
+    def __missing__(self, key):
+        return self.outer[key]
+
+
+class _SubWriter:
+    """The unit's source writer for a step stage: the same lines, its canonical
+    comments tagged with the step stage's prefix (they must be distinct in a unit)."""
+
+    def __init__(self, w, tag):
+        self.w, self.tag = w, tag
+
+    def __call__(self, depth, text):
+        self.w(depth, text)
+
+    def comment(self, depth, canonical, readable):
+        self.w.comment(depth, f"{canonical} {self.tag}", readable)
+
+
+def _step_ops(op):
+    """``[(body op, step op)]`` and the step variable: each body stage without its
+    time axis, the step a variable over ``[L, T)``, state loads re-pointed at the
+    scan's outputs and body loads at the step stages."""
+    T, L = op.time_extent, op.init_extent
+    tv = iter_var(L, T, "t", "spatial")
+    state_out = {id(s): o for s, o in zip(op.state_placeholder, op.outputs)}
+    step_of = {}
+
+    def remap(node):
+        if not isinstance(node, Load):
+            return None
+        t = node.tensor
+        out = state_out.get(id(t))
+        if out is not None:
+            return load(out, node.args)
+        step = step_of.get(id(t))
+        if step is not None:
+            return load(step, node.args[1:])
+        return None
+
+    pairs = []
+    for b in op.body_ops:
+        axis = tuple(iter_var(0, n, a.name, "spatial") for n, a in zip(b.shape[1:], b.axis[1:]))
+        mapping = dict(zip(b.axis, (tv,) + axis))
+        body = tuple(transform(substitute(e, mapping), remap) for e in b.body)
+        new = ComputeOp(b.name, axis, body, b.tag, b.attrs)
+        for old, o in zip(b.outputs, new.outputs):
+            step_of[id(old)] = o
+        pairs.append((b, new))
+    return pairs, tv
+
+
+def _body_materialized(op):
+    """Ids of the body stages that get a buffer (the simplifier's rule over the
+    body graph, the updates always)."""
+    from texpr.simplify import materialized_stages
+
+    body_ids = {id(b) for b in op.body_ops}
+    mat = {id(b) for b in materialized_stages(list(op.update)) if id(b) in body_ids}
+    mat.update(id(u.op) for u in op.update)
+    return mat
+
+
+def _proven_loads(step, tv, inlined):
+    """Ids of the loads of the step stage ``step`` that isl proves in bounds once it
+    knows the step ``L <= t < T`` (the stage lowering alone does not: ``t`` is not
+    one of its loops, and it would check them at run time)."""
+    from texpr.expr import Reduce
+    from texpr.simplify.isl_bridge import VarSpace, box_set, to_set
+    from texpr.visitor import post_order
+
+    from .bounds import _BoundsChecker
+    from .stage import lift_zero_guards
+    from .schedule import inline_expand
+
+    body = [inline_expand(b, inlined) for b in step.body]
+    red = body[0] if isinstance(body[0], Reduce) else None
+    axes = list(step.axis) + (list(red.axes) if red is not None else [])
+    space = VarSpace(axes + [tv])
+    box = box_set(space)
+    ck = _BoundsChecker(step.name, space, box)
+    exprs = list(body)
+    if red is None:
+        for b in body:
+            ck.walk(b, box, False)
+    else:
+        for r in (red, lift_zero_guards(red, VarSpace(axes))):
+            exprs.append(r)
+            ck.walk(r.where, box, False)
+            wset, resid = to_set(r.where, space)
+            for src in r.source:
+                ck.walk(src, box.intersect(wset), resid is not None)
+    loads = {id(n) for n in post_order(exprs) if isinstance(n, Load)}
+    return loads - ck.need
+
+
+def _pointwise(op, pairs, mat, inlined):
+    """For a one-state scan whose body is one elementwise stage reading the state only
+    at its own point (``S[t - k, i...]``; cumsum, cumprod, their adjoints, moving
+    averages): that stage over ``(u, i...)`` with the step ``t = u + L``, to be run
+    with the time loop innermost (each point's history is independent: the loops
+    interchange), else None."""
+    from texpr.expr import Reduce
+    from texpr.visitor import post_order
+
+    from .schedule import inline_expand
+
+    if len(op.outputs) != 1 or len(mat) != 1:
+        return None
+    (b, step), = [(b, s) for b, s in pairs if id(b) in mat]
+    if step.num_outputs != 1:
+        return None
+    body = inline_expand(step.body[0], inlined)
+    if isinstance(body, Reduce):
+        return None
+    out = op.outputs[0]
+    for n in post_order(body):
+        if isinstance(n, Load) and n.tensor is out:
+            if len(n.args) != len(step.axis) + 1 or any(
+                    x is not a for x, a in zip(n.args[1:], step.axis)):
+                return None
+    T, L = op.time_extent, op.init_extent
+    return body, None, step.axis
+
+
+def lower_scan(sl, depth):
+    """Emit the scan stage of the stage lowering ``sl`` (a
+    :class:`texpr.codegen.stage._StageLowering` whose ``op`` is a ScanOp) at ``depth``:
+    the whole scan is one compiled unit (its step stages are loop nests inside it)."""
+    from .lower import BufferInfo
+    from .schedule import Stage
+
+    op, w, k = sl.op, sl.w, sl.k
+    T, L = op.time_extent, op.init_extent
+    for out, init in zip(op.outputs, op.init):
+        n = int(np.prod(init.shape, dtype=np.int64))
+        if n:
+            w(depth, f"{sl.buffers[id(out)].name}[:{n}] = {sl.buffers[id(init)].name}[:{n}]")
+    if T == L or any(d == 0 for out in op.outputs for d in out.shape[1:]):
+        return
+    _StepLowering = _step_classes()
+    pairs, tv = _step_ops(op)
+    mat = _body_materialized(op)
+    inlined = set(sl.inlined) | {id(s) for b, s in pairs if id(b) not in mat}
+    buffers = _ScanBuffers(sl.buffers)
+    point = _pointwise(op, pairs, mat, inlined)
+    if point is not None:
+        return _lower_pointwise(sl, depth, point, tv, buffers)
+    tname = f"t{k}"
+    views = []  # (name, state buffer, row size): the update's view of step t
+    for j, (b, s) in enumerate(pairs):
+        if id(b) not in mat:
+            continue
+        for c, (bo, so) in enumerate(zip(b.outputs, s.outputs)):
+            a = next((a for a, u in enumerate(op.update) if u is bo), None)
+            name = f"scan{k}_{j}_{c}"
+            info = BufferInfo(name, so, "temp")
+            buffers[id(so)] = info
+            if a is not None:
+                state = sl.buffers[id(op.outputs[a])]
+                views.append((name, state.name, info.size))
+            else:
+                w(depth, f"{name} = np.empty({info.size}, dtype=np.{info.dtype})")
+    w(depth, f"for {tname} in range({L}, {T}):")
+    for name, state, size in views:
+        w(depth + 1, f"{name} = {state}[{tname} * {size}:({tname} + 1) * {size}]")
+    for j, (b, s) in enumerate(pairs):
+        if id(b) not in mat:
+            continue
+        sub = _StepLowering(f"{k}s{j}", s, Stage(s), buffers, inlined, sl.errors,
+                            sl.parallel_on, _SubWriter(w, f"{k}s{j}"))
+        sub.safe = _proven_loads(s, tv, inlined)
+        sub.names[id(tv)] = tname
+        sub.run(depth + 1)
+        sl.uses_prange |= sub.uses_prange
+
+
+def _lower_pointwise(sl, depth, point, tv, buffers):
+    """The interchanged loop nest of :func:`_pointwise`: ``for i...: for t: S[t, i] =
+    t >= L ? body : S[t, i]`` (the outermost ``i`` loop parallel when the scan is
+    big), written into the state's own buffer (no view: a parallel loop must see
+    that it reads what it writes)."""
+    from texpr.expr import select
+
+    from .lower import BufferInfo
+    from .stage import PARALLEL_MIN_POINTS, _StageLowering
+    from .schedule import Stage
+
+    op, k = sl.op, sl.k
+    body, _u, step_axes = point
+    T, L = op.time_extent, op.init_extent
+    out = op.outputs[0]
+    t = iter_var(0, T, "t", "spatial")
+    rest = tuple(iter_var(0, n, f"i{d}", "spatial") for d, n in enumerate(out.shape[1:]))
+    body = substitute(body, {tv: t, **dict(zip(step_axes, rest))})
+    body = select(t >= L, body, out[(t,) + rest])
+    nest = ComputeOp(f"{op.name}_steps", (t,) + rest, (body,), tag="scan_pointwise")
+    state = sl.buffers[id(out)]
+    buffers[id(nest.output(0))] = BufferInfo(state.name, nest.output(0), state.role)
+    st = Stage(nest)
+    if rest:
+        st.reorder(*(rest + (t,)))
+        if out.size >= PARALLEL_MIN_POINTS and sl.parallel_on:
+            st.parallel(rest[0])
+    sub = _StageLowering(f"{k}p", nest, st, buffers, sl.inlined, sl.errors, sl.parallel_on,
+                         _SubWriter(sl.w, f"{k}p"))
+    sub.run(depth)
+    sl.uses_prange |= sub.uses_prange

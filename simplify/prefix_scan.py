@@ -1,0 +1,198 @@
+"""Prefix and suffix sums become scans: O(n) work instead of the triangle's O(n^2).
+
+A reduction stage ::
+
+    Y[.., j, ..] = sum(s(.., k), axis=k, where=k - j <= c && w(.., k))     (a prefix)
+    Y[.., j, ..] = sum(s(.., k), axis=k, where=k - j >= c && w(.., k))     (a suffix)
+
+whose summand ``s`` and other conditions ``w`` do not mention ``j`` is the
+recurrence ``Y[j] = Y[j - 1] + [k = j + c in k's domain and w] s(k = j + c)``
+(a suffix runs the other way). It becomes a scan (:mod:`texpr.scan`) over a
+state with the time axis ``j`` first (in reversed order for a suffix):
+
+* init: the original reduction at the first step (``j = 0``, or ``j = n - 1``),
+  a reduction stage of one step;
+* update: ``P[t, ..] = P[t - 1, ..] + select(guard, s(k = j(t) + c), 0)``;
+* the result: ``Y[.., j, ..] = P[j or n - 1 - j, ..]``, a re-indexing the
+  materialisation rule inlines into its consumers (or, for a prefix over the
+  first axis, the scan's output itself).
+
+``prod`` reductions become ``P[t - 1] * factor`` the same way (exact with zero
+factors: no division). This covers cumsum, its adjoint (a suffix sum of the
+head), exclusive and reverse sums and cumprod, alone or inside larger
+expressions (the summand may be anything that does not mention ``j``). A
+stage is rewritten only when the scan visits fewer points than the triangle.
+"""
+
+from texpr import expr as E
+from texpr.errors import TexprError
+from texpr.expr import Reduce, const, iter_var, select
+from texpr.scan import ScanOp
+from texpr.tensor import ComputeOp, PlaceholderOp
+from texpr.visitor import free_vars, substitute
+
+from .graph import rebuild
+from .materialize import stage_count
+
+_OPS = {"sum": lambda a, b: a + b, "prod": lambda a, b: a * b}
+
+
+def _linear(e):
+    """``({id(var): (var, coef)}, const)`` when the int expression ``e`` is affine in
+    its variables with int coefficients, else None."""
+    if isinstance(e, E.Const):
+        if isinstance(e.value, bool) or not isinstance(e.value, int):
+            return None
+        return {}, e.value
+    if isinstance(e, E.Var):
+        return {id(e): (e, 1)}, 0
+    if isinstance(e, E.Cast):
+        return _linear(e.args[0]) if e.dtype in ("int32", "int64") else None
+    if isinstance(e, (E.Add, E.Sub)):
+        a, b = _linear(e.args[0]), _linear(e.args[1])
+        if a is None or b is None:
+            return None
+        sign = 1 if isinstance(e, E.Add) else -1
+        out = dict(a[0])
+        for k, (v, c) in b[0].items():
+            out[k] = (v, out.get(k, (v, 0))[1] + sign * c)
+        return out, a[1] + sign * b[1]
+    if isinstance(e, E.Mul):
+        a, b = _linear(e.args[0]), _linear(e.args[1])
+        if a is None or b is None:
+            return None
+        if a[0] and b[0]:
+            return None
+        if a[0]:
+            a, b = b, a
+        return {k: (v, c * a[1]) for k, (v, c) in b[0].items()}, a[1] * b[1]
+    return None
+
+
+def _conjuncts(c):
+    if isinstance(c, E.And):
+        return _conjuncts(c.args[0]) + _conjuncts(c.args[1])
+    if isinstance(c, E.Const) and c.value is True:
+        return []
+    return [c]
+
+
+def _bound(c, k, axes):
+    """``(j, c0, kind)`` when the condition ``c`` is ``k - j <= c0`` (kind "prefix") or
+    ``k - j >= c0`` ("suffix") for one of the spatial ``axes`` ``j``; else None."""
+    if not isinstance(c, (E.LE, E.LT, E.GE, E.GT)):
+        return None
+    a, b = _linear(c.args[0]), _linear(c.args[1])
+    if a is None or b is None:
+        return None
+    coef = dict(a[0])
+    for key, (v, x) in b[0].items():
+        coef[key] = (v, coef.get(key, (v, 0))[1] - x)
+    const_ = a[1] - b[1]  # lhs - rhs = sum coef * v + const_
+    coef = {key: vc for key, vc in coef.items() if vc[1]}
+    if id(k) not in coef or len(coef) != 2:
+        return None
+    (j, cj), = [vc for key, vc in coef.items() if key != id(k)]
+    ck = coef[id(k)][1]
+    if not any(j is a_ for a_ in axes) or ck not in (1, -1) or cj != -ck:
+        return None
+    # ck (k - j) + const_ OP 0
+    if isinstance(c, (E.LE, E.LT)):
+        le = True
+        bound = -const_ - (1 if isinstance(c, E.LT) else 0)  # ck (k - j) <= bound
+    else:
+        le = False
+        bound = -const_ + (1 if isinstance(c, E.GT) else 0)  # ck (k - j) >= bound
+    if ck == -1:  # -(k - j) <= bound  <=>  k - j >= -bound
+        le, bound = not le, -bound
+    return j, bound, "prefix" if le else "suffix"
+
+
+def _as_scan(op):
+    """The scan form of the reduction stage ``op`` (a Tensor of ``op``'s shape), or None."""
+    if op.num_outputs != 1 or not isinstance(op.body[0], Reduce):
+        return None
+    red = op.body[0]
+    if red.combiner.kind not in _OPS or len(red.axes) != 1 or len(red.source) != 1:
+        return None
+    k = red.axes[0]
+    found, rest = None, []
+    for c in _conjuncts(red.where):
+        b = _bound(c, k, op.axis) if found is None else None
+        if b is not None:
+            found = b
+        else:
+            rest.append(c)
+    if found is None:
+        return None
+    j, c0, kind = found
+    src = red.source[0]
+    mentions = {id(v) for v in free_vars([src] + rest)}
+    if id(j) in mentions:
+        return None
+    n = j.extent
+    p = next(d for d, a in enumerate(op.axis) if a is j)
+    others = [a for a in op.axis if a is not j]
+    dtype = op.dtypes[0]
+    # the state: time axis (j, or reversed j) first, then the other axes
+    state = PlaceholderOp(f"{op.name}_state", (n,) + tuple(a.extent for a in others),
+                          dtype).output(0)
+    first = 0 if kind == "prefix" else n - 1
+
+    def axes_of(shape_axes):
+        return [iter_var(0, a.extent, a.name, "spatial") for a in shape_axes]
+
+    # init: the reduction at the first step
+    i_axes = axes_of([j] + others)
+    mapping = {j: const(first, j.dtype)}
+    mapping.update(zip(others, i_axes[1:]))
+    init_body = substitute(red, mapping)
+    init = ComputeOp(f"{op.name}_first", [iter_var(0, 1, "t0", "spatial")] + i_axes[1:],
+                     (init_body,), tag="scan_init").output(0)
+    # update: the previous step combined with the new term
+    u_axes = axes_of([j] + others)
+    t = u_axes[0]
+    jt = t if kind == "prefix" else (n - 1) - t
+    kv = jt + c0
+    # k = j + c0 runs over [c0, n - 1 + c0]: test only the ends of k's domain it leaves
+    in_dom = ([kv >= k.dom[0]] if c0 < k.dom[0] else []) + \
+        ([kv < k.dom[1]] if n - 1 + c0 >= k.dom[1] else [])
+    guard = E.all_of(in_dom
+                     + [substitute(c, {k: kv, **dict(zip(others, u_axes[1:]))}) for c in rest])
+    term = substitute(src, {k: kv, **dict(zip(others, u_axes[1:]))})
+    ident = red.combiner.identity[0]
+    new_term = select(guard, term, const(ident.value, dtype))
+    prev = state[tuple([t - 1] + list(u_axes[1:]))]
+    upd = ComputeOp(f"{op.name}_step", u_axes, (_OPS[red.combiner.kind](prev, new_term),),
+                    tag="scan_update").output(0)
+    scan = ScanOp(f"{op.name}_scan", [init], [upd], [state], tag="prefix_scan",
+                  attrs={"of": op.name, "kind": kind})
+    out = scan.output(0)
+    if kind == "prefix" and p == 0:
+        return out
+    y_axes = axes_of(op.axis)
+    yj = y_axes[p] if kind == "prefix" else (n - 1) - y_axes[p]
+    idx = [yj] + [a for d, a in enumerate(y_axes) if d != p]
+    return ComputeOp(op.name, y_axes, (out[tuple(idx)],), tag=op.tag, attrs=op.attrs).output(0)
+
+
+def prefix_sums_to_scans(tensors):
+    """Prefix/suffix sums and products (triangular domains) become scans (module docstring)."""
+
+    def fn(op, _orig, _tmap):
+        if not isinstance(op, ComputeOp) or not isinstance(op.body[0], Reduce):
+            return None
+        try:
+            new = _as_scan(op)
+        except TexprError:  # a form the scan cannot take (its checks say why): keep the sum
+            return None
+        if new is None:
+            return None
+        before = stage_count(op)
+        after = stage_count(new.op) if isinstance(new.op, ScanOp) else (
+            stage_count(new.op.body[0].tensor.op) + new.size)
+        if after >= before:
+            return None
+        return new
+
+    return rebuild(tensors, fn)
