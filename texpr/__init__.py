@@ -19,8 +19,9 @@ import importlib as _importlib
 
 from . import dtypes
 from .errors import (AxisError, ConcretizationError, DTypeError, FeedError,
-                     NotDifferentiableError, OutOfBoundsError, ScheduleError, ShapeError,
-                     TexprError, TexprWarning)
+                     NotDifferentiableError, OutOfBoundsError, ScanDependenceError, ScanError,
+                     ScanInitError, ScanShapeError, ScheduleError, ShapeError, TexprError,
+                     TexprWarning)
 from .evaluate import evaluate
 from .expr import (Expr, IterVar, Var, all_of as all, any_of as any, cast, const, floordiv,
                    floormod, logical_and, logical_not, logical_or, select)
@@ -31,6 +32,8 @@ from .printer import expr_str, graph_str, tensor_str
 from .reduction import CommReducer, comm_reducer, max, min, prod, sum
 from .tensor import (ComputeOp, Operation, PlaceholderOp, ScatterAddOp, Tensor, compute,
                      placeholder, reduce_axis, scatter_add, topo_order)
+# recurrences (the module texpr.scan is shadowed by the function)
+from .scan import ScanOp, scan  # noqa: E402
 # differentiation (the module texpr.differentiate is shadowed by the function)
 from .differentiate import DifferentiationResult, differentiate, jvp  # noqa: E402
 # the operator library, te.nn

@@ -50,3 +50,22 @@ class ConcretizationError(TexprError, TypeError):
 class TexprWarning(UserWarning):
     """Base class of texpr's warnings (e.g. ``codegen.CacheWarning``: the kernel
     cache was repaired or could not be used)."""
+
+
+class ScanError(TexprError):
+    """A ``te.scan`` is malformed (the subclasses say how)."""
+
+
+class ScanShapeError(ScanError, ShapeError):
+    """The shapes or dtypes of a scan's init, update and state placeholder disagree
+    (or a stage of its body lacks the leading time axis)."""
+
+
+class ScanDependenceError(ScanError):
+    """A scan's body reads its state at step ``t`` or later, at a time index that is
+    not ``t - k`` for a constant ``k``, or another body stage at a step other than ``t``."""
+
+
+class ScanInitError(ScanError):
+    """A scan's body reads its state at ``t - k`` where ``t - k`` can be negative:
+    ``k`` is larger than the init's leading extent and no guard ``t >= k`` protects it."""

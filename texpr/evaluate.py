@@ -26,6 +26,7 @@ from .errors import FeedError, OutOfBoundsError, TexprError
 from .expr import (Add, And, Call, Cast, Const, Div, EQ, FloorDiv, FloorMod, GE, GT, LE, LT,
                    Load, Max, Min, Mul, NE, Not, Or, Reduce, Select, Sub, Var)
 from .printer import expr_str
+from .scan import ScanOp
 from .tensor import (ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, check_allocatable,
                      check_input_array, topo_order)
 
@@ -223,42 +224,84 @@ def _eval_compute(op, values):
         return outs
     body = op.body
     red = body[0] if isinstance(body[0], Reduce) else None
+    red_extents = tuple(a.extent for a in red.axes) if red is not None else ()
+    per_row = int(np.prod(shape[1:] + red_extents, dtype=np.int64)) if n else 1
+    rows = max(1, CHUNK_ELEMENTS // max(per_row, 1)) if n else 1
+    for start in range(0, shape[0] if n else 1, rows):
+        _eval_rows(op, values, outs, start, min(start + rows, shape[0]) if n else 1)
+    return outs
+
+
+def _eval_rows(op, values, outs, start, stop):
+    """Evaluate the rows ``start <= axis0 < stop`` of the compute stage ``op`` into
+    ``outs`` (the whole stage for a scalar)."""
+    shape = op.shape
+    n = len(shape)
+    body = op.body
+    red = body[0] if isinstance(body[0], Reduce) else None
     red_axes = red.axes if red is not None else ()
     ndim = n + len(red_axes)
     red_extents = tuple(a.extent for a in red_axes)
-    per_row = int(np.prod(shape[1:] + red_extents, dtype=np.int64)) if n else 1
-    rows = max(1, CHUNK_ELEMENTS // max(per_row, 1)) if n else 1
     point_axes = [(a.name, a) for a in op.axis] + [(a.name, a) for a in red_axes]
-    for start in range(0, shape[0] if n else 1, rows):
-        stop = min(start + rows, shape[0]) if n else 1
-        env = _grid(op.axis, ndim, (start, stop) if n else None)
-        for k, a in enumerate(red_axes):
-            s = [1] * ndim
-            s[n + k] = a.extent
-            env[id(a)] = np.arange(a.dom[0], a.dom[1], dtype=np.int64).reshape(s)
-        ev = _StageEval(op.name, env, values, point_axes)
-        chunk_shape = ((stop - start,) + shape[1:]) if n else ()
-        sl = (slice(start, stop),) if n else ()
-        if red is None:
-            for o, b in zip(outs, body):
-                o[sl] = np.broadcast_to(ev(b), chunk_shape)
-            continue
-        grid_shape = chunk_shape + red_extents
-        where = red.where
-        mask = None
-        if not (isinstance(where, Const) and where.value is True):
-            mask = np.broadcast_to(ev(where), grid_shape)
-        srcs = [ev(s, mask) for s in red.source]
-        red_dims = tuple(range(n, ndim))
-        if red.combiner.kind != "custom":
-            src = np.broadcast_to(srcs[0], grid_shape)
-            outs[0][sl] = _reduce_builtin(red.combiner.kind, src, mask, red_dims, red.combiner,
-                                          op.dtypes[0])
-        else:
-            res = _reduce_custom(ev, red.combiner, srcs, mask, grid_shape, n)
-            for o, r in zip(outs, res):
-                o[sl] = r
-    return outs
+    env = _grid(op.axis, ndim, (start, stop) if n else None)
+    for k, a in enumerate(red_axes):
+        s = [1] * ndim
+        s[n + k] = a.extent
+        env[id(a)] = np.arange(a.dom[0], a.dom[1], dtype=np.int64).reshape(s)
+    ev = _StageEval(op.name, env, values, point_axes)
+    chunk_shape = ((stop - start,) + shape[1:]) if n else ()
+    sl = (slice(start, stop),) if n else ()
+    if red is None:
+        for o, b in zip(outs, body):
+            o[sl] = np.broadcast_to(ev(b), chunk_shape)
+        return
+    grid_shape = chunk_shape + red_extents
+    where = red.where
+    mask = None
+    if not (isinstance(where, Const) and where.value is True):
+        mask = np.broadcast_to(ev(where), grid_shape)
+    srcs = [ev(s, mask) for s in red.source]
+    red_dims = tuple(range(n, ndim))
+    if red.combiner.kind != "custom":
+        src = np.broadcast_to(srcs[0], grid_shape)
+        outs[0][sl] = _reduce_builtin(red.combiner.kind, src, mask, red_dims, red.combiner,
+                                      op.dtypes[0])
+    else:
+        res = _reduce_custom(ev, red.combiner, srcs, mask, grid_shape, n)
+        for o, r in zip(outs, res):
+            o[sl] = r
+
+
+def _eval_scan(op, values):
+    """A scan: the inits' steps, then one step at a time the body stages at that
+    step (each vectorised over its other axes), the updates written into the states."""
+    for t in op.outputs:
+        check_allocatable(t, "evaluate")
+    for b in op.body_ops:
+        for t in b.outputs:
+            check_allocatable(t, "evaluate")
+    T, L = op.time_extent, op.init_extent
+    states = [np.empty(t.shape, dtype=t.dtype) for t in op.outputs]
+    local = dict(values)
+    for st, s, init in zip(states, op.state_placeholder, op.init):
+        st[:L] = values[id(init)]
+        local[id(s)] = st
+    update_of = {id(u): st for u, st in zip(op.update, states)}
+    bufs = {}
+    for b in op.body_ops:
+        # an update's buffer is its state: step t writes it, later steps read it
+        arrays = [update_of.get(id(o)) for o in b.outputs]
+        arrays = [np.empty(o.shape, dtype=o.dtype) if a is None else a
+                  for o, a in zip(b.outputs, arrays)]
+        bufs[id(b)] = arrays
+        for o, a in zip(b.outputs, arrays):
+            local[id(o)] = a
+    if any(d == 0 for t in op.outputs for d in t.shape[1:]):
+        return states
+    for t in range(L, T):
+        for b in op.body_ops:
+            _eval_rows(b, local, bufs[id(b)], t, t + 1)
+    return states
 
 
 def _eval_scatter(op, values):
@@ -323,6 +366,8 @@ def evaluate(outputs, feed):
                 arrays = _eval_compute(op, values)
             elif isinstance(op, ScatterAddOp):
                 arrays = _eval_scatter(op, values)
+            elif isinstance(op, ScanOp):
+                arrays = _eval_scan(op, values)
             else:
                 raise TexprError(f"evaluate: unknown operation {type(op).__name__}")
             for t, a in zip(op.outputs, arrays):

@@ -134,6 +134,18 @@ def _stage_str(t, names):
             f" if {_s(op.where, names)}"
         return (f"{names.tensor(t)}{op.shape} = {init}; for [{dom}]{cond}: "
                 f"{names.tensor(t)}[{idx}] += {_s(op.value, names)}  # {t.dtype}")
+    from .scan import ScanOp
+
+    if isinstance(op, ScanOp):
+        # the outputs, then the body stages indented below (they run step by step)
+        outs = ", ".join(f"{names.tensor(o)}{o.shape}" for o in op.outputs)
+        parts = ", ".join(f"{names.tensor(s)} := {names.tensor(o)} from {names.tensor(i)}"
+                          for s, o, i in zip(op.state_placeholder, op.outputs, op.init))
+        ups = ", ".join(names.tensor(u) for u in op.update)
+        lines = [f"{outs} = scan({parts}; steps {op.init_extent}..{op.time_extent}: "
+                 f"{ups})  # {', '.join(op.dtypes)}"]
+        lines += ["  | " + _stage_str(b.output(0), names) for b in op.body_ops]
+        return "\n".join(lines)
     raise TypeError(f"printer: unknown operation {type(op).__name__}")
 
 

@@ -90,7 +90,9 @@ class Tensor(NeedsValue):
 
     @property
     def shape(self):
-        return self.op.shape
+        op = self.op
+        shapes = op.shapes
+        return op.shape if shapes is None else shapes[self.value_index]
 
     @property
     def dtype(self):
@@ -103,12 +105,12 @@ class Tensor(NeedsValue):
 
     @property
     def ndim(self):
-        return len(self.op.shape)
+        return len(self.shape)
 
     @property
     def size(self):
         """The number of elements, exactly (a Python int: no int64 wrap-around)."""
-        return math.prod(self.op.shape)
+        return math.prod(self.shape)
 
     def __getitem__(self, indices):
         if not isinstance(indices, tuple):
@@ -172,6 +174,8 @@ class Operation:
 
     num_outputs = 1
     simplify_record = None
+    #: per-output shapes when the outputs differ in shape (a scan's states), else None
+    shapes = None
 
     @property
     def outputs(self):
