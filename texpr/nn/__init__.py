@@ -17,6 +17,7 @@ fault. Families:
   concatenate, split, pad, take, embedding, upsample_nearest, pixel_shuffle
 - :mod:`.scan` -- cumsum, cumprod
 - :mod:`.recurrent` -- rnn_cell, lstm_cell, gru_cell (torch's weight layout)
+- :mod:`.sequence` -- rnn, lstm, gru over a whole sequence (``te.scan``)
 - :mod:`.reduce` -- sum, mean, max, min (along axes, with keepdims)
 """
 
@@ -29,6 +30,7 @@ from .pool import adaptive_avg_pool2d, avg_pool2d, global_avg_pool2d, max_pool2d
 from .reduce import max, mean, min, sum  # noqa: A004 - numpy's names
 from .recurrent import gru_cell, lstm_cell, rnn_cell
 from .scan import cumprod, cumsum
+from .sequence import gru, lstm, rnn
 from .shape import (broadcast_to, concatenate, embedding, expand_dims, flatten, pad,
                     pixel_shuffle, reshape, split, squeeze, take, transpose, upsample_nearest)
 
@@ -52,6 +54,8 @@ __all__ = [
     "cumsum", "cumprod",
     # recurrent cells
     "rnn_cell", "lstm_cell", "gru_cell",
+    # whole-sequence recurrent models
+    "rnn", "lstm", "gru",
     # reductions
     "sum", "mean", "max", "min",
 ]
