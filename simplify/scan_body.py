@@ -26,6 +26,40 @@ def _body_pipeline():
     return tuple(p for p in PIPELINE if p not in skip)
 
 
+def _inline_cheap_externals(op, limit=8):
+    """The scan ``op`` with the cheap elementwise stages it reads (the materialisation
+    rule's cheap bodies: heads, indicators, re-indexings) inlined into its body, so
+    that they need no buffer of their own."""
+    from texpr.expr import Load
+    from texpr.tensor import ComputeOp
+    from texpr.visitor import substitute, transform
+
+    from .graph import is_elementwise
+    from .materialize import is_cheap
+
+    for _ in range(limit):
+        cheap = {id(t): t for t in op.externals
+                 if is_elementwise(t.op) and is_cheap(t.op.body[0])}
+        if not cheap:
+            return op
+
+        def fn(node):
+            if isinstance(node, Load) and id(node.tensor) in cheap:
+                src = node.tensor.op
+                return substitute(src.body[0], dict(zip(src.axis, node.args)))
+            return None
+
+        local = {}
+        for b in op.body_ops:
+            body = tuple(transform(remap_loads(e, local), fn) for e in b.body)
+            new = ComputeOp(b.name, b.axis, body, b.tag, b.attrs)
+            for old, o in zip(b.outputs, new.outputs):
+                local[id(old)] = o
+        updates = [local[id(u)] for u in op.update]
+        op = ScanOp(op.name, op.init, updates, op.state_placeholder, op.tag, op.attrs)
+    return op
+
+
 def simplify_body(op, rounds=4):
     """The scan ``op`` with its body simplified (``op`` itself if that fails)."""
     from texpr.tensor import ComputeOp
@@ -70,13 +104,20 @@ def simplify_body(op, rounds=4):
 
 
 def simplify_scan_bodies(tensors):
-    """Every scan stage's body simplified as a graph of its own (once per scan)."""
-    if not any(isinstance(op, ScanOp) and not op.body_simplified for op in topo_order(tensors)):
+    """Every scan stage's body simplified as a graph of its own (again only when the
+    cheap stages it reads, inlined, changed it)."""
+    if not any(isinstance(op, ScanOp) for op in topo_order(tensors)):
         return list(tensors)
 
     def fn(op, _orig, _tmap):
-        if isinstance(op, ScanOp) and not op.body_simplified:
-            return simplify_body(op).outputs
-        return None
+        if not isinstance(op, ScanOp):
+            return None
+        try:
+            new = _inline_cheap_externals(op)
+        except TexprError:
+            new = op
+        if new is op and op.body_simplified:
+            return None
+        return simplify_body(new).outputs
 
     return rebuild(tensors, fn)
