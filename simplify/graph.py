@@ -10,6 +10,7 @@ producers, and lets the pass replace any stage.
 
 from texpr import expr as E
 from texpr.expr import Load, Reduce, iter_var
+from texpr.scan import ScanOp
 from texpr.tensor import ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, topo_order
 from texpr.visitor import post_order, substitute, transform
 
@@ -49,6 +50,9 @@ def accesses(outputs):
                 out.setdefault(id(node.tensor.op), []).append((op, node))
         if isinstance(op, ScatterAddOp) and op.init is not None:
             out.setdefault(id(op.init.op), []).append((op, None))
+        if isinstance(op, ScanOp):  # a scan reads its inputs whole, step by step
+            for t in op.input_tensors():
+                out.setdefault(id(t.op), []).append((op, None))
     return out
 
 
@@ -83,6 +87,8 @@ def _remapped(op, tmap):
                 and where is op.where and init is op.init):
             return op
         return ScatterAddOp(op.name, op.shape, op.dtypes[0], op.axis, idx, value, where, init)
+    if isinstance(op, ScanOp):
+        return op.rebuilt(tmap)
     return op
 
 

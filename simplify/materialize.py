@@ -36,6 +36,7 @@ import numpy as np
 from texpr import expr as E
 from texpr.errors import TexprError
 from texpr.expr import Reduce
+from texpr.scan import ScanOp
 from texpr.tensor import ComputeOp, PlaceholderOp, ScatterAddOp, as_tensor_list, topo_order
 from texpr.visitor import post_order
 
@@ -122,7 +123,28 @@ def stage_count(op):
         return int(np.prod(op.shape, dtype=np.int64))
     if isinstance(op, ScatterAddOp):
         return domain_count(op.axis, op.where)
+    if isinstance(op, ScanOp):
+        return scan_count(op)
     raise TexprError(f"iteration_count: unknown operation {type(op).__name__}")
+
+
+def scan_count(op):
+    """Points a scan visits: its inits' steps (copied), then its materialised body
+    stages at the steps ``L <= t < T`` (the body's own materialisation rule, with
+    the updates materialised: they are the states)."""
+    body_ids = {id(b) for b in op.body_ops}
+    n = sum(t.size for t in op.init)
+    L = op.init_extent
+    for b in materialized_stages(list(op.update)):
+        if id(b) not in body_ids:
+            continue
+        body = b.body[0]
+        steps = b.axis[0] >= L
+        if isinstance(body, Reduce):
+            n += domain_count(b.axis + body.axes, body.where & steps)
+        else:
+            n += domain_count(b.axis, steps)
+    return n
 
 
 def iteration_count(tensors):

@@ -34,11 +34,13 @@ from .lift import lift_conditions, split_sums
 from .materialize import iteration_count
 from .propagate import propagate_zero_conditions
 from .scatter import gathers_to_scatters
+from .scan_body import simplify_scan_bodies
 from .solve import solve_equalities, tighten_domains
 from .support import restrict_to_support
 
 #: the passes, in order (a name may appear twice: it runs twice per round)
 PIPELINE = (
+    simplify_scan_bodies,       # a scan's body is a graph of its own: the same passes on it
     inline_elementwise,         # identity head, Jacobian indicators, cheap producers
     propagate_zero_conditions,  # a producer's zero region guards its loads in sums
     lift_conditions,            # select(c, v, 0) in a sum's summand -> where=c

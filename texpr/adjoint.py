@@ -48,6 +48,7 @@ from . import dtypes as dt
 from .errors import NotDifferentiableError, ShapeError, TexprError
 from .expr import all_of, const, iter_var, select
 from .jacobian import check_head, contribution
+from .scan import ScanOp
 from .tensor import ComputeOp, PlaceholderOp, Tensor, as_tensor_list, topo_order
 
 
@@ -249,6 +250,9 @@ def accumulate(output, inputs=None, head=None, manual=None):
     for op in reversed(ops):
         if isinstance(op, PlaceholderOp):
             continue
+        if isinstance(op, ScanOp):
+            _scan_step(op, output, adjoints, summands, depends, prefix, manual)
+            continue
         for out in op.outputs:
             if out is not output:
                 _finalize(out, summands, adjoints)
@@ -279,6 +283,32 @@ def accumulate(output, inputs=None, head=None, manual=None):
             a = zeros(prefix + tuple(t.shape), dt.promote(adj_dtype, t.dtype), f"d_{t.name}")
         result.append(a)
     return DifferentiationResult(result, adjoints, summands, head)
+
+
+def _scan_step(op, output, adjoints, summands, depends, prefix, manual):
+    """The contributions of a scan to its inputs: all its states' adjoints at once
+    (the reverse-time scan of :mod:`texpr.scan_adjoint`)."""
+    from .scan_adjoint import scan_contributions
+
+    for out in op.outputs:
+        if out is not output:
+            _finalize(out, summands, adjoints)
+    heads = [adjoints.get(out) for out in op.outputs]
+    if all(h is None for h in heads):
+        return
+    wanted = []
+    for inp in op.input_tensors():
+        if id(inp) not in depends or not dt.is_float(inp.dtype):
+            continue
+        for out in op.outputs:
+            if manual.lookup(out, inp) is not None:
+                raise TexprError(
+                    f"differentiate: a manual entry matches the edge ({out.name}, {inp.name}) "
+                    f"of the scan {op.name}; a scan's adjoint couples all its states, so its "
+                    "edges cannot be overridden one by one")
+        wanted.append(id(inp))
+    for _tid, (inp, c) in scan_contributions(op, heads, prefix, wanted).items():
+        summands.setdefault(inp, {})[op.output(0)] = c
 
 
 def _finalize(t, summands, adjoints):

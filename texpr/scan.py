@@ -172,6 +172,9 @@ class ScanOp(Operation):
                 inputs.append(t)
         self._inputs = inputs
 
+    #: set by the simplifier once the body went through it (a pass-local fact)
+    body_simplified = False
+
     def input_tensors(self):
         return list(self._inputs)
 
@@ -194,6 +197,9 @@ class ScanOp(Operation):
             if not s.shape:
                 raise ScanShapeError(f"scan {name}: the state placeholder {s.name} is a scalar; "
                                      "a state has a leading time axis (shape (T, ...))")
+            if not isinstance(u.op, ComputeOp):
+                raise ScanError(f"scan {name}: update {u.name} is not a compute stage "
+                                f"({type(u.op).__name__}); define it with te.compute")
             if tuple(u.shape) != tuple(s.shape):
                 raise ScanShapeError(
                     f"scan {name}: update {u.name} has shape {u.shape}; expected the shape of "
@@ -256,7 +262,9 @@ class ScanOp(Operation):
                 local[id(old)] = o
         init = tuple(tmap.get(id(t), t) for t in self.init)
         update = tuple(local.get(id(u), u) for u in self.update)
-        return ScanOp(self.name, init, update, self.state_placeholder, self.tag, self.attrs)
+        new = ScanOp(self.name, init, update, self.state_placeholder, self.tag, self.attrs)
+        new.body_simplified = self.body_simplified
+        return new
 
 
 def _remap(e, tmap):

@@ -1,0 +1,346 @@
+"""te.scan (issue 13): forward values against numpy loops, gradients against float64
+finite differences (raw and simplified) and torch, second order, linear work, errors."""
+
+import pickle
+
+import numpy as np
+import pytest
+
+import texpr as te
+from texpr import simplify
+from texpr.testing import numeric_gradient
+from gradcheck import weighted_sum
+
+RNG = np.random.default_rng(13)
+
+
+def _cumsum(T, n, dtype="float64"):
+    X = te.placeholder((T, n), name="X", dtype=dtype)
+    S = te.placeholder((T, n), name="S", dtype=dtype)
+    init = te.compute((1, n), lambda _, i: X[0, i], name="init")
+    upd = te.compute((T, n), lambda t, i: S[t - 1, i] + X[t, i], name="upd")
+    return X, te.scan(init, upd, S, name="csum")
+
+
+def _tanh_rnn(T, n):
+    """h[t] = tanh(W h[t-1] + X[t]) with h[0] = tanh(X[0]); W (n, n)."""
+    X = te.placeholder((T, n), name="X", dtype="float64")
+    W = te.placeholder((n, n), name="W", dtype="float64")
+    S = te.placeholder((T, n), name="S", dtype="float64")
+    k = te.reduce_axis(n, "k")
+    init = te.compute((1, n), lambda _, i: te.tanh(X[0, i]), name="h0")
+    upd = te.compute((T, n), lambda t, i: te.tanh(te.sum(W[i, k] * S[t - 1, k], axis=k)
+                                                  + X[t, i]), name="h")
+    return X, W, te.scan(init, upd, S, name="rnn")
+
+
+def _np_rnn(x, w):
+    h = np.empty_like(x)
+    h[0] = np.tanh(x[0])
+    for t in range(1, len(x)):
+        h[t] = np.tanh(w @ h[t - 1] + x[t])
+    return h
+
+
+def _check_grads(loss, inputs, feed, simplify_flag, rtol=1e-6, atol=1e-8):
+    res = te.differentiate(loss, inputs, simplify=simplify_flag)
+    got = te.evaluate(list(res.result), feed)
+    for g, x in zip(got, inputs):
+        fd = numeric_gradient(loss, x, feed)
+        np.testing.assert_allclose(g, fd, rtol=rtol, atol=atol, err_msg=f"d/d{x.name}")
+    return res
+
+
+# ---- forward -----------------------------------------------------------------------------
+
+
+def test_cumsum_forward_and_printing():
+    X, c = _cumsum(7, 3)
+    x = RNG.standard_normal((7, 3))
+    np.testing.assert_allclose(te.evaluate(c, {X: x}), np.cumsum(x, axis=0))
+    assert c.shape == (7, 3) and c.dtype == "float64"
+    text = te.graph_str(c)
+    assert "csum(7, 3) = scan(S := csum from init; steps 1..7: upd)" in text
+    assert "| upd[t<7, i<3] = S[t - 1, i] + X[t, i]" in text
+
+
+def test_cumprod_and_rnn_forward():
+    T, n = 6, 4
+    X = te.placeholder((T, n), name="X", dtype="float64")
+    S = te.placeholder((T, n), name="S", dtype="float64")
+    init = te.compute((1, n), lambda _, i: X[0, i], name="init")
+    upd = te.compute((T, n), lambda t, i: S[t - 1, i] * X[t, i], name="upd")
+    cp = te.scan(init, upd, S, name="cprod")
+    x = RNG.uniform(-2, 2, (T, n))
+    x[2, 1] = 0.0
+    np.testing.assert_array_equal(te.evaluate(cp, {X: x}), np.cumprod(x, axis=0))
+    Xr, W, h = _tanh_rnn(T, n)
+    xr, w = RNG.standard_normal((T, n)), RNG.standard_normal((n, n)) * 0.5
+    np.testing.assert_allclose(te.evaluate(h, {Xr: xr, W: w}), _np_rnn(xr, w), rtol=1e-12)
+
+
+def test_two_states_updated_together():
+    # a[t] = a[t-1] + b[t-1] * x[t], b[t] = b[t-1] * 0.5 - a[t-1]: each reads the other
+    T, n = 8, 3
+    X = te.placeholder((T, n), name="X", dtype="float64")
+    A = te.placeholder((T, n), name="A", dtype="float64")
+    B = te.placeholder((T, n), name="B", dtype="float64")
+    a0 = te.compute((1, n), lambda _, i: X[0, i], name="a0")
+    b0 = te.compute((1, n), lambda _, i: X[0, i] * 2.0, name="b0")
+    ua = te.compute((T, n), lambda t, i: A[t - 1, i] + B[t - 1, i] * X[t, i], name="ua")
+    ub = te.compute((T, n), lambda t, i: B[t - 1, i] * 0.5 - A[t - 1, i], name="ub")
+    sa, sb = te.scan([a0, b0], [ua, ub], [A, B], name="pair")
+    assert isinstance(sa.op, te.ScanOp) and sa.op is sb.op
+    x = RNG.standard_normal((T, n))
+    a, b = np.empty((T, n)), np.empty((T, n))
+    a[0], b[0] = x[0], 2 * x[0]
+    for t in range(1, T):
+        a[t] = a[t - 1] + b[t - 1] * x[t]
+        b[t] = b[t - 1] * 0.5 - a[t - 1]
+    got = te.evaluate([sa, sb], {X: x})
+    np.testing.assert_allclose(got[0], a, rtol=1e-12)
+    np.testing.assert_allclose(got[1], b, rtol=1e-12)
+
+
+def _fib(T, n, guard_extent=2):
+    """f[t] = f[t-1] * c[t] + f[t-2] (init extent 2), or with init extent 1 and a guard."""
+    X = te.placeholder((T, n), name="X", dtype="float64")
+    S = te.placeholder((T, n), name="S", dtype="float64")
+    if guard_extent == 2:
+        init = te.compute((2, n), lambda t, i: X[t, i], name="init2")
+        upd = te.compute((T, n), lambda t, i: S[t - 1, i] * X[t, i] + S[t - 2, i], name="upd")
+    else:
+        init = te.compute((1, n), lambda t, i: X[t, i], name="init1")
+        upd = te.compute((T, n), lambda t, i: S[t - 1, i] * X[t, i]
+                         + te.if_then_else(t >= 2, S[t - 2, i], 0.0), name="upd")
+    return X, te.scan(init, upd, S, name="fib")
+
+
+def _np_fib(x, L):
+    f = np.empty_like(x)
+    f[:L] = x[:L]
+    for t in range(L, len(x)):
+        f[t] = f[t - 1] * x[t] + (f[t - 2] if t >= 2 else 0.0)
+    return f
+
+
+@pytest.mark.parametrize("L", [1, 2])
+def test_reads_two_steps_back(L):
+    X, f = _fib(9, 2, L)
+    x = RNG.uniform(-1.2, 1.2, (9, 2))
+    np.testing.assert_allclose(te.evaluate(f, {X: x}), _np_fib(x, L), rtol=1e-12)
+
+
+def test_pickle_roundtrip():
+    X, c = _cumsum(5, 2)
+    c2 = pickle.loads(pickle.dumps(c))
+    (X2,) = [op.output(0) for op in te.topo_order(c2) if isinstance(op, te.PlaceholderOp)]
+    x = RNG.standard_normal((5, 2))
+    np.testing.assert_allclose(te.evaluate(c2, {X2: x}), np.cumsum(x, axis=0))
+
+
+# ---- gradients -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("simplify_flag", [False, True])
+def test_rnn_gradients_vs_finite_differences(simplify_flag):
+    X, W, h = _tanh_rnn(6, 3)
+    loss, C = weighted_sum(h)
+    feed = {X: RNG.standard_normal((6, 3)), W: RNG.standard_normal((3, 3)) * 0.7,
+            C: RNG.standard_normal((6, 3))}
+    _check_grads(loss, [X, W], feed, simplify_flag)
+
+
+@pytest.mark.parametrize("simplify_flag", [False, True])
+def test_two_state_gradients(simplify_flag):
+    T, n = 7, 2
+    X = te.placeholder((T, n), name="X", dtype="float64")
+    V = te.placeholder((n,), name="V", dtype="float64")
+    A = te.placeholder((T, n), name="A", dtype="float64")
+    B = te.placeholder((T, n), name="B", dtype="float64")
+    a0 = te.compute((1, n), lambda _, i: V[i], name="a0")
+    b0 = te.compute((1, n), lambda _, i: X[0, i] * V[i], name="b0")
+    ua = te.compute((T, n), lambda t, i: A[t - 1, i] * te.sigmoid(B[t - 1, i]) + X[t, i],
+                    name="ua")
+    ub = te.compute((T, n), lambda t, i: te.tanh(B[t - 1, i] - A[t - 1, i] * V[i]), name="ub")
+    sa, sb = te.scan([a0, b0], [ua, ub], [A, B], name="pair")
+    j = te.reduce_axis(T, "j")
+    q = te.reduce_axis(n, "q")
+    loss = te.compute((), lambda: te.sum(sa[j, q] * sb[j, q] + sb[j, q], axis=[j, q]), name="L")
+    feed = {X: RNG.standard_normal((T, n)), V: RNG.standard_normal((n,))}
+    _check_grads(loss, [X, V], feed, simplify_flag)
+
+
+@pytest.mark.parametrize("L", [1, 2])
+@pytest.mark.parametrize("simplify_flag", [False, True])
+def test_two_steps_back_gradients(L, simplify_flag):
+    X, f = _fib(7, 2, L)
+    loss, C = weighted_sum(f)
+    feed = {X: RNG.uniform(-1.2, 1.2, (7, 2)), C: RNG.standard_normal((7, 2))}
+    _check_grads(loss, [X], feed, simplify_flag)
+
+
+def _scan_reading(Y, X, T, n):
+    S = te.placeholder((T, n), name="S", dtype="float64")
+    init = te.compute((1, n), lambda _, i: X[0, i] * X[0, i], name="init")
+    upd = te.compute((T, n), lambda t, i: S[t - 1, i] * Y[t, i] - Y[t - 1, i], name="upd")
+    return init, te.scan(init, upd, S, inputs=[Y], name="s")
+
+
+def test_gradient_wrt_init_and_intermediate_input():
+    # the init and an intermediate stage the update reads get their adjoints
+    T, n = 5, 3
+    X = te.placeholder((T, n), name="X", dtype="float64")
+    Y = te.compute((T, n), lambda t, i: te.exp(X[t, i] * 0.5), name="Y")
+    init, s = _scan_reading(Y, X, T, n)
+    loss, C = weighted_sum(s)
+    feed = {X: RNG.standard_normal((T, n)), C: RNG.standard_normal((T, n))}
+    _check_grads(loss, [X], feed, True)
+    g_init, g_y = te.evaluate(list(te.differentiate(loss, [init, Y])), feed)
+    # the same graph with Y fed: its gradient by finite differences
+    YP = te.placeholder((T, n), name="YP", dtype="float64")
+    _init2, s2 = _scan_reading(YP, X, T, n)
+    r, q = te.reduce_axis(T, "r"), te.reduce_axis(n, "q")
+    loss2 = te.compute((), lambda: te.sum(C[r, q] * s2[r, q], axis=[r, q]), name="L2")
+    feed2 = dict(feed)
+    feed2[YP] = np.exp(feed[X] * 0.5)
+    np.testing.assert_allclose(g_y, numeric_gradient(loss2, YP, feed2), rtol=1e-6, atol=1e-8)
+    # d L / d s[0] = C[0] + sum_{t >= 1} C[t] * prod_{u=1..t} y[u]
+    y, c = feed2[YP], feed[C]
+    want = c[0] + sum(c[t] * np.prod(y[1:t + 1], axis=0) for t in range(1, T))
+    np.testing.assert_allclose(g_init, want[None], rtol=1e-10)
+
+
+def test_full_jacobian_head_none():
+    X, c = _cumsum(4, 2)
+    (jac,) = te.differentiate(c, [X])
+    got = te.evaluate(jac, {X: RNG.standard_normal((4, 2))})
+    want = np.einsum("ts,ij->tisj", np.tril(np.ones((4, 4))), np.eye(2))
+    np.testing.assert_allclose(got, want)
+
+
+def test_rnn_gradients_vs_torch():
+    torch = pytest.importorskip("torch")
+    T, n = 8, 5
+    X, W, h = _tanh_rnn(T, n)
+    loss, C = weighted_sum(h)
+    feed = {X: RNG.standard_normal((T, n)), W: RNG.standard_normal((n, n)) * 0.5,
+            C: RNG.standard_normal((T, n))}
+    gx, gw = te.evaluate(list(te.differentiate(loss, [X, W])), feed)
+    xt = torch.tensor(feed[X], requires_grad=True)
+    wt = torch.tensor(feed[W], requires_grad=True)
+    hs = [torch.tanh(xt[0])]
+    for t in range(1, T):
+        hs.append(torch.tanh(wt @ hs[-1] + xt[t]))
+    (torch.stack(hs) * torch.tensor(feed[C])).sum().backward()
+    np.testing.assert_allclose(gx, xt.grad.numpy(), rtol=1e-10)
+    np.testing.assert_allclose(gw, wt.grad.numpy(), rtol=1e-10)
+
+
+@pytest.mark.parametrize("L", [1, 2])
+def test_second_order(L):
+    # the gradient of a gradient: d/dX of sum(V * dL/dX), vs finite differences of dL/dX
+    X, f = _fib(6, 2, L)
+    loss, C = weighted_sum(f)
+    V = te.placeholder((6, 2), name="V", dtype="float64")
+    (g,) = te.differentiate(loss, [X])
+    r, q = te.reduce_axis(6, "r"), te.reduce_axis(2, "q")
+    gv = te.compute((), lambda: te.sum(g[r, q] * V[r, q], axis=[r, q]), name="gv")
+    feed = {X: RNG.uniform(-1, 1, (6, 2)), C: RNG.standard_normal((6, 2)),
+            V: RNG.standard_normal((6, 2))}
+    for simplify_flag in (False, True):
+        _check_grads(gv, [X, C], feed, simplify_flag, rtol=1e-5, atol=1e-7)
+
+
+def test_gradient_work_is_linear_in_T():
+    counts = []
+    for T in (64, 128, 256):
+        X, c = _cumsum(T, 4, "float32")
+        loss, _C = weighted_sum(c)
+        (g,) = te.differentiate(loss, [X])
+        counts.append(simplify.iteration_count([g]))
+    # exactly linear: doubling T doubles the count's growth, no T**2 term
+    d1, d2 = counts[1] - counts[0], counts[2] - counts[1]
+    assert d2 == 2 * d1, counts
+    assert counts[2] < 8 * 256 * 4, counts
+
+
+# ---- errors --------------------------------------------------------------------------------
+
+
+def test_shape_errors():
+    T, n = 5, 3
+    X = te.placeholder((T, n), name="X")
+    S = te.placeholder((T, n), name="S")
+    init = te.compute((1, n), lambda _, i: X[0, i], name="init")
+    bad_init = te.compute((1, n + 1), lambda _, i: 0.0, name="bad_init")
+    upd = te.compute((T, n), lambda t, i: S[t - 1, i] + X[t, i], name="upd")
+    short = te.compute((T - 1, n), lambda t, i: S[t, i] * 2.0, name="short")
+    with pytest.raises(te.ScanShapeError, match="init bad_init has shape"):
+        te.scan(bad_init, upd, S)
+    with pytest.raises(te.ScanShapeError, match="update short has shape"):
+        te.scan(init, short, S)
+    S64 = te.placeholder((T, n), name="S64", dtype="float64")
+    upd64 = te.compute((T, n), lambda t, i: S64[t - 1, i] + 1.0, name="upd64")
+    with pytest.raises(te.ScanShapeError, match="dtype float32"):
+        te.scan(init, upd64, S64)
+    long_init = te.compute((T + 1, n), lambda t, i: 0.0, name="long")
+    with pytest.raises(te.ScanShapeError, match="at most T"):
+        te.scan(long_init, upd, S)
+    with pytest.raises(te.ScanShapeError, match="one of each"):
+        te.scan([init], [upd, upd], [S])
+    with pytest.raises(te.ScanError, match="not a placeholder"):
+        te.scan(init, upd, init)
+    assert issubclass(te.ScanShapeError, te.ShapeError)
+
+
+def test_dependence_errors():
+    T, n = 5, 3
+    X = te.placeholder((T, n), name="X")
+    S = te.placeholder((T, n), name="S")
+    init = te.compute((1, n), lambda _, i: X[0, i], name="init")
+    now = te.compute((T, n), lambda t, i: S[t, i] + 1.0, name="now")
+    with pytest.raises(te.ScanDependenceError, match=r"reads `S\[t, i\]`.*earlier steps"):
+        te.scan(init, now, S)
+    later = te.compute((T, n), lambda t, i: te.if_then_else(t < T - 1, S[t + 1, i], 0.0),
+                       name="later")
+    with pytest.raises(te.ScanDependenceError, match="earlier steps"):
+        te.scan(init, later, S)
+    k = te.reduce_axis(T, "k")
+    allpast = te.compute((T, n), lambda t, i: te.sum(S[k, i], axis=k, where=k < t), name="past")
+    with pytest.raises(te.ScanDependenceError, match="constant k >= 1"):
+        te.scan(init, allpast, S)
+    mid = te.compute((T, n), lambda t, i: S[t - 1, i] * 2.0, name="mid")
+    shifted = te.compute((T, n), lambda t, i: mid[t - 1, i] + 1.0, name="shifted")
+    with pytest.raises(te.ScanDependenceError, match="same step"):
+        te.scan(init, shifted, S)
+
+
+def test_init_errors():
+    T, n = 6, 2
+    X = te.placeholder((T, n), name="X")
+    S = te.placeholder((T, n), name="S")
+    init = te.compute((1, n), lambda _, i: X[0, i], name="init")
+    two_back = te.compute((T, n), lambda t, i: S[t - 1, i] + S[t - 2, i], name="two_back")
+    with pytest.raises(te.ScanInitError, match=r"give 2 \(init.shape\[0\] = 2\)"):
+        te.scan(init, two_back, S)
+    weak_guard = te.compute((T, n), lambda t, i: te.if_then_else(t >= 1, S[t - 2, i], 0.0),
+                            name="weak")
+    with pytest.raises(te.ScanInitError, match="t >= 2"):
+        te.scan(init, weak_guard, S)
+    # guards in other spellings are understood
+    for cond in (lambda t: t > 1, lambda t: 2 <= t, lambda t: (t - 2 >= 0) & (t < 99)):
+        ok = te.compute((T, n), lambda t, i: te.if_then_else(cond(t), S[t - 2, i], 0.0)
+                        + S[t - 1, i], name="ok")
+        te.scan(init, ok, S)
+
+
+def test_inputs_must_not_depend_on_state():
+    T, n = 4, 2
+    X = te.placeholder((T, n), name="X")
+    S = te.placeholder((T, n), name="S")
+    init = te.compute((1, n), lambda _, i: X[0, i], name="init")
+    mid = te.compute((T, n), lambda t, i: S[t - 1, i] * 2.0, name="mid")
+    upd = te.compute((T, n), lambda t, i: mid[t, i] + X[t, i], name="upd")
+    with pytest.raises(te.ScanError, match="inputs lists mid"):
+        te.scan(init, upd, S, inputs=[X, mid])
