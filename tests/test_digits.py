@@ -82,3 +82,67 @@ def test_program_end_to_end(tmp_path):
     assert "dconv1.w" in text and "iterations" in text
     assert plot.exists() and plot.stat().st_size > 1000
     assert 0.0 <= history["final_accuracy"] <= 1.0
+
+
+# ---- the LSTM model (--model lstm) ----------------------------------------------------
+
+
+def _lstm_feed(model, seed, mask):
+    rng = np.random.default_rng(seed)
+    images, labels = digits.load_digits()
+    idx = rng.choice(len(images), model.batch, replace=False)
+    feed = {model.x: images[idx].astype(model.dtype), model.labels: labels[idx],
+            model.mask: np.asarray(mask, dtype=model.dtype)}
+    params = model.init_weights(rng)
+    feed.update({model.weights[n]: v for n, v in params.items()})
+    return feed, params
+
+
+def test_lstm_model_gradients_match_torch_lstm_with_copied_weights():
+    import torch
+
+    model = digits.LSTMModel(batch=3, dtype="float64", hidden=5)
+    feed, params = _lstm_feed(model, 0, [1.0, 1.0, 0.0])
+    names = list(model.weights)
+    res = te.differentiate(model.loss, [model.weights[n] for n in names])
+    got = te.evaluate([model.loss] + list(res.result), feed)
+    # the same model in torch, weights copied in texpr's (= torch's) layout
+    lstm, dense = torch.nn.LSTM(8, 5, batch_first=True).double(), torch.nn.Linear(5, 10).double()
+    tparams = {"lstm.w_ih": lstm.weight_ih_l0, "lstm.w_hh": lstm.weight_hh_l0,
+               "lstm.b_ih": lstm.bias_ih_l0, "lstm.b_hh": lstm.bias_hh_l0,
+               "dense.w": dense.weight, "dense.b": dense.bias}
+    with torch.no_grad():
+        for n, p in tparams.items():
+            p.copy_(torch.from_numpy(params[n]))
+    _, (h_n, _) = lstm(torch.from_numpy(feed[model.x]))
+    ce = torch.nn.functional.cross_entropy(dense(h_n[0]), torch.from_numpy(feed[model.labels]),
+                                           reduction="none")
+    mask = torch.from_numpy(feed[model.mask])
+    loss = (ce * mask).sum() / mask.sum()
+    loss.backward()
+    assert float(got[0]) == pytest.approx(loss.item(), rel=1e-12)
+    for n, g in zip(names, got[1:]):
+        np.testing.assert_allclose(g, tparams[n].grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=n)
+
+
+def test_lstm_model_gradient_matches_finite_differences():
+    model = digits.LSTMModel(batch=2, dtype="float64", hidden=3)
+    feed, _ = _lstm_feed(model, 1, [1.0, 1.0])
+    wrt = [model.weights["lstm.w_hh"], model.weights["lstm.b_ih"]]
+    grads = te.evaluate(list(te.differentiate(model.loss, wrt).result), feed)
+    for w, g in zip(wrt, grads):
+        np.testing.assert_allclose(g, numeric_gradient(model.loss, w, feed), rtol=1e-6,
+                                   atol=1e-9, err_msg=w.name)
+
+
+def test_lstm_program_learns():
+    """A short run of ``--model lstm`` (compiled kernels): the loss falls epoch by epoch
+    and the test accuracy is far above chance (10%)."""
+    out = io.StringIO()
+    args = digits.parse_args(["--model", "lstm", "--epochs", "3", "--limit", "600"])
+    assert args.lr == 0.3
+    history = digits.train(args, out=out)
+    assert "test accuracy: " in out.getvalue()
+    loss = history["loss"]
+    assert loss[2] < loss[1] < loss[0]
+    assert history["final_accuracy"] > 0.5
