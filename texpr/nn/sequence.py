@@ -8,14 +8,13 @@ same weight layout, so a torch module's ``weight_ih_l0``, ``weight_hh_l0``,
 
 The structure, per model:
 
-* ``{name}_ih[t, b, :] = x[t, b] W_ih^T + b_ih (+ b_hh)``: the input projection
-  of every step at once, one contraction before the scan (it does not depend on
-  the state);
+* ``{name}_ih[t, b, :] = x[t, b] W_ih^T``: the input projection of every step at
+  once, one contraction before the scan (it does not depend on the state);
 * a scan over states of shape ``(T + 1, B, H)`` whose step 0 is the initial
   state (``hx``, or zeros) and whose step ``t >= 1`` is the cell applied to
   ``x[t - 1]`` and the state at ``t - 1``: a body stage ``{name}_hh[t] =
   S[t - 1] W_hh^T`` (the only product inside the time loop) and the cell's
-  elementwise gate stages;
+  elementwise gate stages, which add the biases;
 * ``output[t] = S_h[t + 1]`` (steps 1..T) and the final states ``S[T]``.
 
 Differentiation goes through the scan (its adjoint is a scan in reverse time
@@ -71,31 +70,31 @@ def _initial(op, what, s, batch, hidden, dtype, name):
                      f"(layers*directions, batch, hidden) or ({batch}, {hidden}), got {s.shape}")
 
 
-def _input_projection(x_at, steps, batch, weight_ih, biases, name):
-    """``{name}_ih[t, b, j] = sum_k x[t, b, k] W_ih[j, k] + sum(biases)[j]``: ``(T, B, G*H)``."""
+def _input_projection(x_at, steps, batch, weight_ih, name):
+    """``{name}_ih[t, b, j] = sum_k x[t, b, k] W_ih[j, k]``: ``(T, B, G*H)``, one reduction
+    stage (the biases are added in the body, where it is read)."""
     k = reduce_axis(weight_ih.shape[1], "k")
-
-    def body(t, b, j):
-        v = red.sum(x_at(t, b, k) * weight_ih[j, k], axis=k)
-        for bias in biases:
-            if bias is not None:
-                v = v + bias[j]
-        return v
-
-    return compute((steps, batch, weight_ih.shape[0]), body, name=f"{name}_ih", tag="recurrent")
+    return compute((steps, batch, weight_ih.shape[0]),
+                   lambda t, b, j: red.sum(x_at(t, b, k) * weight_ih[j, k], axis=k),
+                   name=f"{name}_ih", tag="recurrent")
 
 
-def _hidden_projection(state, weight_hh, bias, name):
-    """The body stage ``{name}_hh[t, b, j] = sum_k S[t - 1, b, k] W_hh[j, k] (+ b[j])``,
-    of the state's shape with ``G*H`` columns."""
+def _hidden_projection(state, weight_hh, name):
+    """The body stage ``{name}_hh[t, b, j] = sum_k S[t - 1, b, k] W_hh[j, k]``, of the
+    state's shape with ``G*H`` columns."""
     steps1, batch, hidden = state.shape
     k = reduce_axis(hidden, "k")
+    return compute((steps1, batch, weight_hh.shape[0]),
+                   lambda t, b, j: red.sum(state[t - 1, b, k] * weight_hh[j, k], axis=k),
+                   name=f"{name}_hh", tag="recurrent")
 
-    def body(t, b, j):
-        v = red.sum(state[t - 1, b, k] * weight_hh[j, k], axis=k)
-        return v if bias is None else v + bias[j]
 
-    return compute((steps1, batch, weight_hh.shape[0]), body, name=f"{name}_hh", tag="recurrent")
+def _plus_biases(v, biases, col):
+    """``v + b[col]`` for each bias that is not ``None``."""
+    for bias in biases:
+        if bias is not None:
+            v = v + bias[col]
+    return v
 
 
 def _outputs(states, steps, batch_first, name, final_names=("h_n", "c_n")):
@@ -136,12 +135,13 @@ def rnn(x, weight_ih, weight_hh, bias_ih=None, bias_hh=None, hx=None, nonlineari
     nonlinearity = check_choice(nonlinearity, ("tanh", "relu"), op, "nonlinearity")
     steps, batch, hidden, dtype, x_at = _check_input(op, "rnn", x, weight_ih, weight_hh,
                                                      bias_ih, bias_hh, batch_first)
-    xw = _input_projection(x_at, steps, batch, weight_ih, (bias_ih, bias_hh), name)
+    xw = _input_projection(x_at, steps, batch, weight_ih, name)
     shape = (steps + 1, batch, hidden)
     state = placeholder(shape, f"{name}_state_h", dtype)
-    hw = _hidden_projection(state, weight_hh, None, name)
-    update = rnn_update(shape, lambda idx, g, j: hw[idx + (j,)] + xw[(idx[0] - 1, idx[1], j)],
-                        nonlinearity, f"{name}_step")
+    hw = _hidden_projection(state, weight_hh, name)
+    update = rnn_update(shape, lambda idx, g, j: _plus_biases(
+        hw[idx + (j,)] + xw[(idx[0] - 1, idx[1], j)], (bias_ih, bias_hh), j),
+        nonlinearity, f"{name}_step")
     init = _initial(op, "hx", hx, batch, hidden, dtype, f"{name}_h0")
     hs = scan(init, update, state, name=f"{name}_h")
     out, (h_n,) = _outputs([hs], steps, batch_first, name)
@@ -173,20 +173,24 @@ def lstm(x, weight_ih, weight_hh, bias_ih=None, bias_hh=None, hx=None, batch_fir
     steps, batch, hidden, dtype, x_at = _check_input(op, "lstm", x, weight_ih, weight_hh,
                                                      bias_ih, bias_hh, batch_first)
     h0, c0 = _pair(op, hx)
-    xw = _input_projection(x_at, steps, batch, weight_ih, (bias_ih, bias_hh), name)
+    xw = _input_projection(x_at, steps, batch, weight_ih, name)
     shape = (steps + 1, batch, hidden)
     sh = placeholder(shape, f"{name}_state_h", dtype)
     sc = placeholder(shape, f"{name}_state_c", dtype)
-    hw = _hidden_projection(sh, weight_hh, None, name)
+    hw = _hidden_projection(sh, weight_hh, name)
 
     def pre(idx, gate, j):
         col = gate * hidden + j
-        return hw[idx + (col,)] + xw[(idx[0] - 1, idx[1], col)]
+        return _plus_biases(hw[idx + (col,)] + xw[(idx[0] - 1, idx[1], col)],
+                            (bias_ih, bias_hh), col)
 
     h_upd, c_upd = lstm_update(shape, pre, lambda idx, j: sc[(idx[0] - 1, idx[1], j)],
                                f"{name}_step")
-    inits = [_initial(op, "h_0", h0, batch, hidden, dtype, f"{name}_h0"),
-             _initial(op, "c_0", c0, batch, hidden, dtype, f"{name}_c0")]
+    h_init = _initial(op, "h_0", h0, batch, hidden, dtype, f"{name}_h0")
+    if h0 is None and c0 is None:  # one zero stage for both
+        inits = [h_init, h_init]
+    else:
+        inits = [h_init, _initial(op, "c_0", c0, batch, hidden, dtype, f"{name}_c0")]
     hs, cs = scan(inits, [h_upd, c_upd], [sh, sc], name=f"{name}_hc")
     out, (h_n, c_n) = _outputs([hs, cs], steps, batch_first, name)
     return out, (h_n, c_n)
@@ -212,13 +216,15 @@ def gru(x, weight_ih, weight_hh, bias_ih=None, bias_hh=None, hx=None, batch_firs
     op = "gru"
     steps, batch, hidden, dtype, x_at = _check_input(op, "gru", x, weight_ih, weight_hh,
                                                      bias_ih, bias_hh, batch_first)
-    xw = _input_projection(x_at, steps, batch, weight_ih, (bias_ih,), name)
+    xw = _input_projection(x_at, steps, batch, weight_ih, name)
     shape = (steps + 1, batch, hidden)
     state = placeholder(shape, f"{name}_state_h", dtype)
-    hw = _hidden_projection(state, weight_hh, bias_hh, name)
+    hw = _hidden_projection(state, weight_hh, name)
     update = gru_update(shape,
-                        lambda idx, g, j: xw[(idx[0] - 1, idx[1], g * hidden + j)],
-                        lambda idx, g, j: hw[idx + (g * hidden + j,)],
+                        lambda idx, g, j: _plus_biases(
+                            xw[(idx[0] - 1, idx[1], g * hidden + j)], (bias_ih,), g * hidden + j),
+                        lambda idx, g, j: _plus_biases(
+                            hw[idx + (g * hidden + j,)], (bias_hh,), g * hidden + j),
                         lambda idx, j: state[(idx[0] - 1, idx[1], j)], f"{name}_step")
     init = _initial(op, "hx", hx, batch, hidden, dtype, f"{name}_h0")
     hs = scan(init, update, state, name=f"{name}_h")
