@@ -162,19 +162,30 @@ def test_sequence_forward_matches_the_cell_unrolled():
 
 
 def test_structure_input_projection_outside_the_scan():
-    """The input projection of all steps is computed before the scan; the body holds
-    the state's product and the gate stages only."""
+    """The input projection of all steps is computed before the scan; in the body the
+    gate stages read states only (the pre-activations are a state), and the one product
+    with W_hh is the pre-activation stage."""
     x, w_ih, w_hh = ph((T, B, I), "x"), ph((4 * H, I), "w_ih"), ph((4 * H, H), "w_hh")
-    out, (h_n, c_n) = nn.lstm(x, w_ih, w_hh, name="L1")
+    out, (h_n, c_n) = nn.lstm(x, w_ih, w_hh, ph((4 * H,), "b_ih"), name="L1")
     scan_op = out.op.input_tensors()[0].op
     assert isinstance(scan_op, ScanOp)
-    body = {op.name for op in scan_op.body_ops}
-    assert body == {"L1_hh", "L1_step_c", "L1_step_h"}
-    assert "L1_ih" in {t.op.name for t in scan_op.externals}
+    assert {op.name for op in scan_op.body_ops} == {"L1_pre.red0", "L1_pre", "L1_step_c",
+                                                    "L1_step_h"}
+    assert [s.name for s in scan_op.state_placeholder] == ["L1_state_h", "L1_state_c",
+                                                           "L1_state_pre"]
+    states = {id(s) for s in scan_op.state_placeholder}
+    for op in scan_op.body_ops:
+        if not op.name.startswith("L1_pre"):
+            assert all(id(t) in states or t.op in scan_op.body_ops
+                       for t in op.input_tensors()), op.name
+    assert {t.op.name for t in scan_op.externals} == {"L1_ih", "w_hh", "b_ih"}
     assert out.shape == (T, B, H) and h_n.shape == c_n.shape == (1, B, H)
     out, h_n = nn.gru(ph((B, T, I), "xb"), ph((3 * H, I), "g_ih"), ph((3 * H, H), "g_hh"),
-                      batch_first=True)
+                      batch_first=True, name="G")
     assert out.shape == (B, T, H) and h_n.shape == (1, B, H)
+    scan_op = out.op.input_tensors()[0].op
+    assert [s.name for s in scan_op.state_placeholder] == ["G_state_h", "G_state_xi",
+                                                           "G_state_hw"]
 
 
 def test_float32_stays_float32():

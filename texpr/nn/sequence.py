@@ -10,11 +10,13 @@ The structure, per model:
 
 * ``{name}_ih[t, b, :] = x[t, b] W_ih^T``: the input projection of every step at
   once, one contraction before the scan (it does not depend on the state);
-* a scan over states of shape ``(T + 1, B, H)`` whose step 0 is the initial
+* one scan (``{name}_scan``) over ``T + 1`` steps whose step 0 holds the initial
   state (``hx``, or zeros) and whose step ``t >= 1`` is the cell applied to
-  ``x[t - 1]`` and the state at ``t - 1``: a body stage ``{name}_hh[t] =
-  S[t - 1] W_hh^T`` (the only product inside the time loop) and the cell's
-  elementwise gate stages, which add the biases;
+  ``x[t - 1]`` and the state at ``t - 1``. Its states: ``h`` (and ``c``), and the
+  gate pre-activations the next step reads (``h[t] W_hh^T + xw[t] + b``; the
+  GRU keeps the hidden and input parts apart). The body is the cell's
+  elementwise gate stages, which read states only, and the pre-activation
+  stage, the only product inside the time loop (see :func:`_recurrence`);
 * ``output[t] = S_h[t + 1]`` (steps 1..T) and the final states ``S[T]``.
 
 Differentiation goes through the scan (its adjoint is a scan in reverse time
@@ -23,7 +25,7 @@ over the stored states), so the gradient costs O(T) steps.
 
 from .. import dtypes as dt
 from ..errors import ShapeError
-from ..expr import cast
+from ..expr import cast, select
 from ..scan import scan
 from ..tensor import compute, placeholder, reduce_axis
 from .. import reduction as red
@@ -79,21 +81,88 @@ def _input_projection(x_at, steps, batch, weight_ih, name):
                    name=f"{name}_ih", tag="recurrent")
 
 
-def _hidden_projection(state, weight_hh, name):
-    """The body stage ``{name}_hh[t, b, j] = sum_k S[t - 1, b, k] W_hh[j, k]``, of the
-    state's shape with ``G*H`` columns."""
-    steps1, batch, hidden = state.shape
-    k = reduce_axis(hidden, "k")
-    return compute((steps1, batch, weight_hh.shape[0]),
-                   lambda t, b, j: red.sum(state[t - 1, b, k] * weight_hh[j, k], axis=k),
-                   name=f"{name}_hh", tag="recurrent")
+def _recurrence(name, dtype, xw, weight_hh, ih_biases, hh_biases, h_init, c_init, h_zero,
+                split, make_updates):
+    """The scan of a recurrent model, with the gate pre-activations as states.
+
+    Every state has ``T + 1`` steps, step 0 the initial value: ``h`` (and ``c`` when
+    ``c_init`` is given), ``(B, H)`` per step, and the pre-activations that step
+    ``t + 1`` reads, ``(B, G*H)`` per step:
+
+    * ``split=False`` (LSTM, RNN): one state ``pre[t] = h[t] W_hh^T + xw[t] + b_ih +
+      b_hh`` (stage ``{name}_pre``);
+    * ``split=True`` (GRU, whose reset gate scales the hidden part alone): ``hw[t] =
+      h[t] W_hh^T + b_hh`` (stage ``{name}_hh``) and ``xi[t] = xw[t] + b_ih`` (stage
+      ``{name}_xi``).
+
+    ``make_updates(h_prev, c_prev, pre_prev)`` builds the cell's update stages of step
+    ``t`` (``h`` first) from accessors of step ``t - 1``: ``h_prev(idx, j)``,
+    ``c_prev(idx, j)`` (``None`` without a cell state) and ``pre_prev(idx, col)`` (a pair
+    ``(xi_prev, hw_prev)`` with ``split``), ``idx = (t, b)``. The pre-activation stages
+    then read the new ``h[t]`` (they are zero at the last step, which nothing reads).
+
+    Why states: the scan's adjoint reads the stored states and recomputes the body's
+    other stages for every step. With the product ``h W_hh^T`` and the input
+    projection behind a state, the gate stages read states only, so the gradient
+    neither recomputes the product of every step nor multiplies by ``W_hh`` a second
+    time to reach ``xw`` (about a quarter less gradient work for the LSTM).
+
+    Returns the scan's outputs: ``h``, [``c``,] then the pre-activation states.
+    """
+    _, batch, hidden = h_init.shape
+    steps, cols = xw.shape[0], weight_hh.shape[0]
+    shape, pshape = (steps + 1, batch, hidden), (steps + 1, batch, cols)
+    sh = placeholder(shape, f"{name}_state_h", dtype)
+    sc = None if c_init is None else placeholder(shape, f"{name}_state_c", dtype)
+    pre_names = ("xi", "hw") if split else ("pre",)
+    sp = [placeholder(pshape, f"{name}_state_{n}", dtype) for n in pre_names]
+
+    def lag(state):
+        return lambda idx, j: state[(idx[0] - 1, idx[1], j)]
+
+    pre_prev = (lag(sp[0]), lag(sp[1])) if split else lag(sp[0])
+    updates = list(make_updates(lag(sh), None if sc is None else lag(sc), pre_prev))
+    h_upd = updates[0]
+
+    def product(h_at, b, j, k):  # sum_k h[.., b, k] W_hh[j, k]
+        return red.sum(h_at(b, k) * weight_hh[j, k], axis=k)
+
+    def pre_body(with_x, with_h, h_at, step, product=True):
+        """The pre-activation part: ``xw + b_ih`` (``with_x``), ``h W_hh^T + b_hh``
+        (``with_h``; the product left out when ``product`` is false, for a zero ``h``)."""
+        def body(t, b, j):
+            v = None
+            if with_h and product:
+                k = reduce_axis(hidden, "k")
+                v = red.sum(h_at(t)(b, k) * weight_hh[j, k], axis=k)
+            if with_x:
+                x = xw[step(t), b, j]
+                v = x if v is None else v + x
+            v = _plus_biases(v, (ih_biases if with_x else ()) + (hh_biases if with_h else ()), j)
+            return v if v is not None else float_const(0.0, dtype)
+        return body
+
+    parts = [(True, False), (False, True)] if split else [(True, True)]
+    for (with_x, with_h), n in zip(parts, pre_names):
+        upd = pre_body(with_x, with_h, lambda t: lambda b, k: h_upd[t, b, k], lambda t: t)
+        updates.append(compute(pshape, lambda t, b, j, upd=upd: select(
+            t < steps, upd(t, b, j), float_const(0.0, dtype)), name=f"{name}_{n}",
+            tag="recurrent"))
+    inits = [h_init] + ([] if sc is None else [c_init])
+    for (with_x, with_h), n in zip(parts, pre_names):
+        init = pre_body(with_x, with_h, lambda z: lambda b, k: h_init[z, b, k], lambda z: z,
+                        product=not h_zero)
+        inits.append(compute((1, batch, cols), init, name=f"{name}_{n}0", tag="recurrent"))
+    states = [sh] + ([] if sc is None else [sc]) + sp
+    return scan(inits, updates, states, name=f"{name}_scan")
 
 
 def _plus_biases(v, biases, col):
-    """``v + b[col]`` for each bias that is not ``None``."""
+    """``v + b[col]`` for each bias that is not ``None`` (``v`` may be ``None``: the sum of
+    the biases, ``None`` without any)."""
     for bias in biases:
         if bias is not None:
-            v = v + bias[col]
+            v = bias[col] if v is None else v + bias[col]
     return v
 
 
@@ -136,14 +205,14 @@ def rnn(x, weight_ih, weight_hh, bias_ih=None, bias_hh=None, hx=None, nonlineari
     steps, batch, hidden, dtype, x_at = _check_input(op, "rnn", x, weight_ih, weight_hh,
                                                      bias_ih, bias_hh, batch_first)
     xw = _input_projection(x_at, steps, batch, weight_ih, name)
-    shape = (steps + 1, batch, hidden)
-    state = placeholder(shape, f"{name}_state_h", dtype)
-    hw = _hidden_projection(state, weight_hh, name)
-    update = rnn_update(shape, lambda idx, g, j: _plus_biases(
-        hw[idx + (j,)] + xw[(idx[0] - 1, idx[1], j)], (bias_ih, bias_hh), j),
-        nonlinearity, f"{name}_step")
+
+    def updates(h_prev, c_prev, pre_prev):
+        return [rnn_update((steps + 1, batch, hidden), lambda idx, g, j: pre_prev(idx, j),
+                           nonlinearity, f"{name}_step")]
+
     init = _initial(op, "hx", hx, batch, hidden, dtype, f"{name}_h0")
-    hs = scan(init, update, state, name=f"{name}_h")
+    hs, _ = _recurrence(name, dtype, xw, weight_hh, (bias_ih,), (bias_hh,), init, None,
+                        hx is None, False, updates)
     out, (h_n,) = _outputs([hs], steps, batch_first, name)
     return out, h_n
 
@@ -174,24 +243,19 @@ def lstm(x, weight_ih, weight_hh, bias_ih=None, bias_hh=None, hx=None, batch_fir
                                                      bias_ih, bias_hh, batch_first)
     h0, c0 = _pair(op, hx)
     xw = _input_projection(x_at, steps, batch, weight_ih, name)
-    shape = (steps + 1, batch, hidden)
-    sh = placeholder(shape, f"{name}_state_h", dtype)
-    sc = placeholder(shape, f"{name}_state_c", dtype)
-    hw = _hidden_projection(sh, weight_hh, name)
 
-    def pre(idx, gate, j):
-        col = gate * hidden + j
-        return _plus_biases(hw[idx + (col,)] + xw[(idx[0] - 1, idx[1], col)],
-                            (bias_ih, bias_hh), col)
+    def updates(h_prev, c_prev, pre_prev):
+        return lstm_update((steps + 1, batch, hidden),
+                           lambda idx, gate, j: pre_prev(idx, gate * hidden + j), c_prev,
+                           f"{name}_step")
 
-    h_upd, c_upd = lstm_update(shape, pre, lambda idx, j: sc[(idx[0] - 1, idx[1], j)],
-                               f"{name}_step")
     h_init = _initial(op, "h_0", h0, batch, hidden, dtype, f"{name}_h0")
     if h0 is None and c0 is None:  # one zero stage for both
-        inits = [h_init, h_init]
+        c_init = h_init
     else:
-        inits = [h_init, _initial(op, "c_0", c0, batch, hidden, dtype, f"{name}_c0")]
-    hs, cs = scan(inits, [h_upd, c_upd], [sh, sc], name=f"{name}_hc")
+        c_init = _initial(op, "c_0", c0, batch, hidden, dtype, f"{name}_c0")
+    hs, cs, _ = _recurrence(name, dtype, xw, weight_hh, (bias_ih,), (bias_hh,), h_init, c_init,
+                            h0 is None, False, updates)
     out, (h_n, c_n) = _outputs([hs, cs], steps, batch_first, name)
     return out, (h_n, c_n)
 
@@ -217,16 +281,16 @@ def gru(x, weight_ih, weight_hh, bias_ih=None, bias_hh=None, hx=None, batch_firs
     steps, batch, hidden, dtype, x_at = _check_input(op, "gru", x, weight_ih, weight_hh,
                                                      bias_ih, bias_hh, batch_first)
     xw = _input_projection(x_at, steps, batch, weight_ih, name)
-    shape = (steps + 1, batch, hidden)
-    state = placeholder(shape, f"{name}_state_h", dtype)
-    hw = _hidden_projection(state, weight_hh, name)
-    update = gru_update(shape,
-                        lambda idx, g, j: _plus_biases(
-                            xw[(idx[0] - 1, idx[1], g * hidden + j)], (bias_ih,), g * hidden + j),
-                        lambda idx, g, j: _plus_biases(
-                            hw[idx + (g * hidden + j,)], (bias_hh,), g * hidden + j),
-                        lambda idx, j: state[(idx[0] - 1, idx[1], j)], f"{name}_step")
+
+    def updates(h_prev, c_prev, pre_prev):
+        xi_prev, hw_prev = pre_prev
+        return [gru_update((steps + 1, batch, hidden),
+                           lambda idx, gate, j: xi_prev(idx, gate * hidden + j),
+                           lambda idx, gate, j: hw_prev(idx, gate * hidden + j), h_prev,
+                           f"{name}_step")]
+
     init = _initial(op, "hx", hx, batch, hidden, dtype, f"{name}_h0")
-    hs = scan(init, update, state, name=f"{name}_h")
+    hs, _, _ = _recurrence(name, dtype, xw, weight_hh, (bias_ih,), (bias_hh,), init, None,
+                           hx is None, True, updates)
     out, (h_n,) = _outputs([hs], steps, batch_first, name)
     return out, h_n
