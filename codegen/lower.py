@@ -73,8 +73,10 @@ from texpr import dtypes as dt
 from texpr import expr as E
 from texpr.errors import OutOfBoundsError, TexprError
 from texpr.printer import expr_str, tensor_str
+from texpr.scan import ScanOp
 from texpr.tensor import PlaceholderOp, ScatterAddOp
 
+from .scan_lower import lower_scan
 from .schedule import inline_expand
 from .source import buffer_identifiers, comment_text, remove_dead_assignments, rename
 
@@ -827,6 +829,8 @@ class _StageLowering:
                   f"---- stage {op.name}: {tensor_str(op.output(0))}")
         if isinstance(op, ScatterAddOp):
             return self._scatter(depth)
+        if isinstance(op, ScanOp):
+            return lower_scan(self, depth)
         spatial = list(op.axis)
         body = [inline_expand(b, self.inlined) for b in op.body]
         red = body[0] if isinstance(body[0], E.Reduce) else None

@@ -28,6 +28,7 @@ from texpr.simplify.support import is_support_stage
 from texpr.errors import ScheduleError
 from texpr.expr import IterVar, Load, Reduce, iter_var
 from texpr.printer import expr_str
+from texpr.scan import ScanOp
 from texpr.tensor import ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, topo_order
 from texpr.visitor import post_order, substitute
 
@@ -85,6 +86,8 @@ class Stage:
             raise ScheduleError(f"stage {self.name}: a placeholder cannot be inlined")
         if isinstance(op, ScatterAddOp):
             raise ScheduleError(f"stage {self.name}: a scatter-add stage cannot be inlined")
+        if isinstance(op, ScanOp):
+            raise ScheduleError(f"stage {self.name}: a scan stage cannot be inlined")
         if self._is_reduction():
             raise ScheduleError(f"stage {self.name}: cannot inline a reduction "
                                 f"(`{expr_str(op.body[0])}`); it is always materialised")
@@ -282,15 +285,21 @@ def default_materialized(schedule, rule=None):
         except Exception:  # noqa: BLE001 - a failing external rule falls back to ours
             simp = None
     mat, inlined = set(), set()
+    # a scan reads its inputs whole, step by step: they have buffers
+    scan_inputs = {id(t.op) for op in schedule.ops if isinstance(op, ScanOp)
+                   for t in op.input_tensors()}
     for op in reversed(schedule.ops):
         if isinstance(op, PlaceholderOp):
             continue
         st = schedule[op]
+        if st.inline and id(op) in scan_inputs:
+            raise ScheduleError(f"stage {op.name}: a scan reads it whole at every step; it "
+                                "cannot be inlined (compute_inline)")
         if st.inline is not None:
             (inlined if st.inline else mat).add(id(op))
             continue
-        if id(op) in outputs or isinstance(op, ScatterAddOp) or st._is_reduction() \
-                or op.num_outputs > 1:
+        if id(op) in outputs or isinstance(op, (ScatterAddOp, ScanOp)) \
+                or st._is_reduction() or op.num_outputs > 1 or id(op) in scan_inputs:
             mat.add(id(op))
             continue
         if simp is not None:

@@ -15,6 +15,7 @@
 
 from texpr import expr as E
 from texpr.expr import Reduce, iter_var
+from texpr.scan import ScanOp
 from texpr.tensor import ComputeOp, ScatterAddOp
 from texpr.visitor import free_vars, post_order, substitute
 
@@ -111,7 +112,25 @@ def stage_key(op):
         mapping = {a: _canon_var(d, a, "spatial") for d, a in enumerate(op.axis)}
         parts = tuple(substitute(x, mapping) for x in op.indices + (op.value, op.where))
         return ("scatter", op.shape, op.dtypes, id(op.init), tuple(id(p) for p in parts), parts)
+    if isinstance(op, ScanOp):
+        return scan_key(op)
     return None
+
+
+def scan_key(op):
+    """A hashable key equal for two scans with the same definition: the same inits
+    and external inputs (by identity) and the same body (printed canonically)."""
+    from texpr.printer import _Names, _stage_str
+
+    names = _Names(canonical=True)
+    for s in op.state_placeholder:
+        names.tensor(s)
+    text = "\n".join(_stage_str(b.output(0), names) for b in op.body_ops)
+    ext = tuple(sorted((names.tensors[id(t)], id(t)) for t in op.externals
+                       if id(t) in names.tensors))
+    updates = tuple(names.tensor(u) for u in op.update)
+    return ("scan", op.shapes, op.dtypes, op.init_extent, tuple(id(t) for t in op.init), ext,
+            updates, text, op)
 
 
 def _canonical_reduce(op, value_index=0):

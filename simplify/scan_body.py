@@ -10,6 +10,8 @@ only). The result must still be a valid scan body (the time index forms
 slower, never wrong.
 """
 
+import weakref
+
 from texpr.errors import TexprError
 from texpr.scan import ScanOp
 from texpr.tensor import PlaceholderOp, topo_order
@@ -60,8 +62,22 @@ def _inline_cheap_externals(op, limit=8):
     return op
 
 
+#: scan -> its simplified scan, so that simplifying a graph again (codegen.build after
+#: te.differentiate) finds the very stage the gradient already reads
+_DONE = weakref.WeakKeyDictionary()
+
+
 def simplify_body(op, rounds=4):
     """The scan ``op`` with its body simplified (``op`` itself if that fails)."""
+    done = _DONE.get(op)
+    if done is not None:
+        return done
+    new = _simplify_body(op, rounds)
+    _DONE[op] = new
+    return new
+
+
+def _simplify_body(op, rounds):
     from texpr.tensor import ComputeOp
     from .pipeline import _fingerprint, run_passes
 

@@ -344,3 +344,93 @@ def test_inputs_must_not_depend_on_state():
     upd = te.compute((T, n), lambda t, i: mid[t, i] + X[t, i], name="upd")
     with pytest.raises(te.ScanError, match="inputs lists mid"):
         te.scan(init, upd, S, inputs=[X, mid])
+
+
+# ---- kernels ---------------------------------------------------------------------------------
+
+
+def _kernel_matches(outputs, inputs, feed, rtol=1e-10):
+    from texpr import codegen
+
+    kernel = codegen.build(outputs, inputs)
+    got = kernel(*[feed[x] for x in inputs])
+    want = te.evaluate(outputs, feed)
+    for g, w_, t in zip(got, want, outputs):
+        np.testing.assert_allclose(g, w_, rtol=rtol, atol=1e-12, err_msg=t.name)
+    return kernel, got
+
+
+def test_kernel_rnn_forward_and_gradients():
+    X, W, h = _tanh_rnn(7, 4)
+    loss, C = weighted_sum(h)
+    gx, gw = te.differentiate(loss, [X, W])
+    feed = {X: RNG.standard_normal((7, 4)), W: RNG.standard_normal((4, 4)) * 0.6,
+            C: RNG.standard_normal((7, 4))}
+    kernel, got = _kernel_matches([h, gx, gw], [X, W, C], feed)
+    np.testing.assert_allclose(got[0], _np_rnn(feed[X], feed[W]), rtol=1e-12)
+    np.testing.assert_allclose(got[1], numeric_gradient(loss, X, feed), rtol=1e-6, atol=1e-8)
+    src = kernel.source
+    assert src.count("scan(") == 2, src  # the forward scan once, its reverse scan once
+    assert "for t" in src
+
+
+@pytest.mark.parametrize("L", [1, 2])
+def test_kernel_two_steps_back_with_gradient(L):
+    X, f = _fib(9, 3, L)
+    loss, C = weighted_sum(f)
+    (g,) = te.differentiate(loss, [X])
+    feed = {X: RNG.uniform(-1.2, 1.2, (9, 3)), C: RNG.standard_normal((9, 3))}
+    _kernel, got = _kernel_matches([f, g], [X, C], feed)
+    np.testing.assert_allclose(got[0], _np_fib(feed[X], L), rtol=1e-12)
+    np.testing.assert_allclose(got[1], numeric_gradient(loss, X, feed), rtol=1e-6, atol=1e-8)
+
+
+def test_kernel_second_order_two_states():
+    T, n = 6, 2
+    X = te.placeholder((T, n), name="X", dtype="float64")
+    A = te.placeholder((T, n), name="A", dtype="float64")
+    B = te.placeholder((T, n), name="B", dtype="float64")
+    a0 = te.compute((1, n), lambda _, i: X[0, i], name="a0")
+    b0 = te.compute((1, n), lambda _, i: X[0, i] * 0.5, name="b0")
+    ua = te.compute((T, n), lambda t, i: A[t - 1, i] * te.sigmoid(B[t - 1, i]) + X[t, i],
+                    name="ua")
+    ub = te.compute((T, n), lambda t, i: te.tanh(B[t - 1, i] - A[t - 1, i] * X[t, i]), name="ub")
+    sa, sb = te.scan([a0, b0], [ua, ub], [A, B], name="pair")
+    j, q = te.reduce_axis(T, "j"), te.reduce_axis(n, "q")
+    loss = te.compute((), lambda: te.sum(sa[j, q] * sb[j, q], axis=[j, q]), name="L")
+    (g,) = te.differentiate(loss, [X])
+    V = te.placeholder((T, n), name="V", dtype="float64")
+    r, p = te.reduce_axis(T, "r"), te.reduce_axis(n, "p")
+    gv = te.compute((), lambda: te.sum(g[r, p] * V[r, p], axis=[r, p]), name="gv")
+    (hv,) = te.differentiate(gv, [X])
+    feed = {X: RNG.standard_normal((T, n)) * 0.7, V: RNG.standard_normal((T, n))}
+    _kernel, got = _kernel_matches([loss, g, hv], [X, V], feed)
+    np.testing.assert_allclose(got[2], numeric_gradient(gv, X, feed), rtol=1e-5, atol=1e-7)
+
+
+def test_kernel_big_step_runs_parallel():
+    # a step of 70,000 points: the body's loop nest runs with prange inside the time loop
+    X, c = _cumsum(3, 70_000, "float32")
+    x = RNG.standard_normal((3, 70_000)).astype("float32")
+    kernel, got = _kernel_matches([c], [X], {X: x}, rtol=1e-6)
+    np.testing.assert_allclose(got[0], np.cumsum(x, axis=0), rtol=1e-5, atol=1e-6)
+    assert "prange" in kernel.source
+
+
+def test_schedule_cannot_inline_scan_or_its_input():
+    from texpr import codegen
+
+    T, n = 4, 2
+    X = te.placeholder((T, n), name="X")
+    Y = te.compute((T, n), lambda t, i: X[t, i] * 2.0, name="Y")
+    S = te.placeholder((T, n), name="S")
+    init = te.compute((1, n), lambda _, i: Y[0, i], name="init")
+    upd = te.compute((T, n), lambda t, i: S[t - 1, i] + Y[t, i], name="upd")
+    s = te.scan(init, upd, S, name="s")
+    z = te.compute((T, n), lambda t, i: s[t, i] + 1.0, name="z")
+    sch = codegen.create_schedule([z])
+    with pytest.raises(te.ScheduleError, match="scan stage cannot be inlined"):
+        sch[s].compute_inline()
+    sch[Y].compute_inline()
+    with pytest.raises(te.ScheduleError, match="reads it whole"):
+        codegen.build([z], [X], sch)
