@@ -1,8 +1,10 @@
 """One LSTM training step, texpr vs PyTorch (issue 13's target: at most 2x PyTorch).
 
-The model is the digits job's ``--model lstm`` (texpr/examples/digits.py): an LSTM
-over T steps of I features (``te.nn.lstm``, torch's layout) with hidden size H, its
-last hidden state through a dense layer to 10 classes, mean cross-entropy. A
+The model is the digits job's ``--model lstm`` (texpr/examples/digits.py,
+``LSTMModel``, the same graph and so the same cached kernel): an LSTM over T steps
+of I features (``te.nn.lstm``, torch's layout) with hidden size H, its last hidden
+state through a dense layer to 10 classes, mean cross-entropy (the job's masked
+mean, every sample real here). A
 *step* is the loss and the gradients of every weight plus the SGD update:
 
 * texpr: one compiled kernel (``codegen.build`` of the loss and
@@ -54,28 +56,26 @@ def main():
     B, T, I, H = args.batch, args.steps, args.input, args.hidden
     lr = 0.1
 
-    # ---- texpr
-    x = te.placeholder((B, T, I), "x")
-    labels = te.placeholder((B,), "labels", "int64")
-    w = {"w_ih": te.placeholder((4 * H, I), "w_ih"), "w_hh": te.placeholder((4 * H, H), "w_hh"),
-         "b_ih": te.placeholder((4 * H,), "b_ih"), "b_hh": te.placeholder((4 * H,), "b_hh"),
-         "dense_w": te.placeholder((10, H), "dense_w"), "dense_b": te.placeholder((10,), "dense_b")}
-    _, (h_n, _) = te.nn.lstm(x, w["w_ih"], w["w_hh"], w["b_ih"], w["b_hh"], batch_first=True)
-    logits = te.nn.dense(te.nn.reshape(h_n, (B, H)), w["dense_w"], w["dense_b"])
-    loss = te.nn.cross_entropy(logits, labels)
-    names = list(w)
+    # ---- texpr: the digits job's model and step kernel (the same graph, so the same cache)
+    from texpr.examples.digits import LSTMModel
+
+    model = LSTMModel(B, hidden=H, inputs=I, steps=T)
+    names = list(model.weights)
+    wts = [model.weights[n] for n in names]
     t0 = time.perf_counter()
-    grads = te.differentiate(loss, [w[n] for n in names]).result
-    kernel = codegen.build([loss] + list(grads), [x, labels] + [w[n] for n in names],
+    grads = te.differentiate(model.loss, wts).result
+    kernel = codegen.build([model.loss] + list(grads), [model.x, model.labels, model.mask] + wts,
                            parallel=args.parallel)
     t_build = time.perf_counter() - t0
+    mask = np.ones(B, "float32")
 
     # ---- torch, same weights and batch
     torch.manual_seed(0)
     lstm = torch.nn.LSTM(I, H, batch_first=True)
     dense = torch.nn.Linear(H, 10)
-    tparams = {"w_ih": lstm.weight_ih_l0, "w_hh": lstm.weight_hh_l0, "b_ih": lstm.bias_ih_l0,
-               "b_hh": lstm.bias_hh_l0, "dense_w": dense.weight, "dense_b": dense.bias}
+    tparams = {"lstm.w_ih": lstm.weight_ih_l0, "lstm.w_hh": lstm.weight_hh_l0,
+               "lstm.b_ih": lstm.bias_ih_l0, "lstm.b_hh": lstm.bias_hh_l0,
+               "dense.w": dense.weight, "dense.b": dense.bias}
     params = {n: tparams[n].detach().numpy().copy() for n in names}
     opt = torch.optim.SGD(list(lstm.parameters()) + list(dense.parameters()), lr=lr)
     rng = np.random.default_rng(0)
@@ -84,7 +84,7 @@ def main():
     xt, yt = torch.from_numpy(xv), torch.from_numpy(yv)
 
     def texpr_step():
-        _, *g = kernel(xv, yv, *[params[n] for n in names])
+        _, *g = kernel(xv, yv, mask, *[params[n] for n in names])
         for n, gn in zip(names, g):
             params[n] -= lr * gn
         return g

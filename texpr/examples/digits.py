@@ -125,23 +125,23 @@ class LSTMModel:
     :data:`HIDDEN`), the last hidden state goes through a dense layer to the 10
     classes.
 
-    Tensors: ``x`` (B, 8, 8) (sample, row = time step, pixel), ``labels``, ``mask``,
+    Tensors: ``x`` (B, 8, 8) (sample, row = time step, pixel; ``steps`` and ``inputs``
+    change the 8s, for benchmarks), ``labels``, ``mask``,
     ``logits`` and ``loss`` as :class:`Model`; :attr:`weights` in torch.nn.LSTM's
     layout (``lstm.w_ih`` (4H, 8), ``lstm.w_hh`` (4H, H), biases (4H,), gates
     ``i, f, g, o``), so they copy to and from ``torch.nn.LSTM(8, H)``.
     """
 
-    def __init__(self, batch, dtype="float32", hidden=None):
+    def __init__(self, batch, dtype="float32", hidden=HIDDEN, inputs=IMAGE, steps=IMAGE):
         nn = te.nn
-        hidden = hidden or HIDDEN
         self.batch, self.dtype, self.hidden = batch, dtype, hidden
         P = lambda shape, name: te.placeholder(shape, name=name, dtype=dtype)  # noqa: E731
-        self.x = P((batch, IMAGE, IMAGE), "x")
+        self.x = P((batch, steps, inputs), "x")
         self.labels = te.placeholder((batch,), name="labels", dtype="int64")
         self.mask = P((batch,), "mask")
         g = 4 * hidden
         self.weights = {
-            "lstm.w_ih": P((g, IMAGE), "lstm_w_ih"), "lstm.w_hh": P((g, hidden), "lstm_w_hh"),
+            "lstm.w_ih": P((g, inputs), "lstm_w_ih"), "lstm.w_hh": P((g, hidden), "lstm_w_hh"),
             "lstm.b_ih": P((g,), "lstm_b_ih"), "lstm.b_hh": P((g,), "lstm_b_hh"),
             "dense.w": P((CLASSES, hidden), "dense_w"), "dense.b": P((CLASSES,), "dense_b"),
         }

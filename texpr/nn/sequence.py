@@ -30,7 +30,7 @@ from ..scan import scan
 from ..tensor import compute, placeholder, reduce_axis
 from .. import reduction as red
 from ._util import check_bool, check_choice, check_tensor, float_const
-from .recurrent import check_weights, gru_update, lstm_update, rnn_update
+from .recurrent import _pair, check_weights, gru_update, lstm_update, rnn_update
 
 __all__ = ["rnn", "lstm", "gru"]
 
@@ -57,7 +57,7 @@ def _check_input(op, kind, x, weight_ih, weight_hh, bias_ih, bias_hh, batch_firs
 
 def _initial(op, what, s, batch, hidden, dtype, name):
     """The scan's init ``(1, B, H)`` from a state ``(1, B, H)`` or ``(B, H)`` (zeros for
-    ``None``), cast to the state dtype."""
+    ``None``), cast to the state dtype (that of the input and weights promoted)."""
     if s is None:
         zero = float_const(0.0, dtype)
         return compute((1, batch, hidden), lambda _, b, j: zero, name=name)
@@ -236,8 +236,6 @@ def lstm(x, weight_ih, weight_hh, bias_ih=None, bias_hh=None, hx=None, batch_fir
         ShapeError: shapes not in torch's layout, no time steps. DTypeError: an integer
         tensor. TexprError: a non-tensor argument, ``hx`` not a pair.
     """
-    from .recurrent import _pair
-
     op = "lstm"
     steps, batch, hidden, dtype, x_at = _check_input(op, "lstm", x, weight_ih, weight_hh,
                                                      bias_ih, bias_hh, batch_first)
