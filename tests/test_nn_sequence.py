@@ -118,10 +118,21 @@ def test_sequence_matches_torch_and_finite_differences(kind, batch_first):
     for g, t in zip(got[len(seq.outs):], wrt):  # float64 central differences
         np.testing.assert_allclose(g, numeric_gradient(seq.loss, t, seq.feed), rtol=1e-6,
                                    atol=1e-8, err_msg=f"dL/d{t.name}")
+
+
+def test_lstm_kernel_matches_the_evaluator():
+    """One compiled kernel (outputs, final states and every gradient; a scan and its
+    reverse-time adjoint scan) against the evaluator. One kernel only: the LSTM's
+    gradient kernel is large and Numba takes minutes over it."""
     from texpr import codegen
 
+    seq = Seq("lstm", seed=4)
+    wrt = seq.wrt()
+    grads = list(te.differentiate(seq.loss, wrt).result)
+    got = te.evaluate(seq.outs + grads, seq.feed)
     inputs = list(seq.feed)
     kernel = codegen.build(seq.outs + grads, inputs, parallel=False)
+    names = [o.name for o in seq.outs] + [f"d{t.name}" for t in wrt]
     for k, r, n in zip(kernel(*[seq.feed[t] for t in inputs]), got, names):
         np.testing.assert_allclose(k, r, rtol=1e-11, atol=1e-12, err_msg=n)
 
