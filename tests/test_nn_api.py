@@ -17,6 +17,9 @@ tanh softmax log_softmax logsumexp cross_entropy mse_loss layer_norm batch_norm 
 reshape transpose squeeze expand_dims broadcast_to concatenate split pad take embedding
 upsample_nearest pixel_shuffle cumsum cumprod sum mean max min""".split()
 
+#: the recurrent operators issue 13 adds
+ISSUE_OPERATORS += "rnn_cell lstm_cell gru_cell rnn lstm gru".split()
+
 
 def test_all_lists_every_operator():
     assert sorted(nn.__all__) == sorted(ISSUE_OPERATORS)
@@ -80,6 +83,18 @@ FLOAT32_CALLS = {
     "pixel_shuffle": lambda: nn.pixel_shuffle(f32((1, 4, 2, 2)), 2),
     "cumsum": lambda: nn.cumsum(f32((2, 3))),
     "cumprod": lambda: nn.cumprod(f32((2, 3))),
+    "rnn_cell": lambda: nn.rnn_cell(f32((2, 3)), f32((2, 4), "H"), f32((4, 3), "Wi"),
+                                    f32((4, 4), "Wh"), f32((4,), "bi"), f32((4,), "bh")),
+    "lstm_cell": lambda: nn.lstm_cell(f32((2, 3)), (f32((2, 4), "H"), f32((2, 4), "C")),
+                                      f32((16, 3), "Wi"), f32((16, 4), "Wh"), f32((16,), "bi"),
+                                      f32((16,), "bh"))[0],
+    "rnn": lambda: nn.rnn(f32((3, 2, 3)), f32((4, 3), "Wi"), f32((4, 4), "Wh"))[0],
+    "lstm": lambda: nn.lstm(f32((3, 2, 3)), f32((16, 3), "Wi"), f32((16, 4), "Wh"),
+                            f32((16,), "bi"), f32((16,), "bh"))[1][1],
+    "gru": lambda: nn.gru(f32((2, 3, 3)), f32((12, 3), "Wi"), f32((12, 4), "Wh"),
+                          hx=f32((2, 4), "H"), batch_first=True)[1],
+    "gru_cell": lambda: nn.gru_cell(f32((2, 3)), f32((2, 4), "H"), f32((12, 3), "Wi"),
+                                    f32((12, 4), "Wh"), f32((12,), "bi"), f32((12,), "bh")),
     "sum": lambda: nn.sum(f32((2, 3)), 1),
     "mean": lambda: nn.mean(f32((2, 3)), 1, keepdims=True),
     "max": lambda: nn.max(f32((2, 3))),

@@ -1,14 +1,21 @@
-"""Train a small CNN on real handwritten digits with texpr gradients.
+"""Train a small CNN (or an LSTM) on real handwritten digits with texpr gradients.
 
 Data: the 1,797 8x8 handwritten digits that scikit-learn bundles (UCI "Optical
 Recognition of Handwritten Digits", E. Alpaydin and C. Kaynak, 1998), shipped
 inside this package as ``data/digits.csv.gz``: no download. Stratified 80/20
 train/test split with a fixed seed; pixels scaled to [0, 1].
 
-Model (NCHW, written with ``te.nn``)::
+Models (written with ``te.nn``), chosen with ``--model``:
+
+``cnn`` (the default, NCHW)::
 
     conv2d 1->8 (3x3, pad 1) -> relu -> max_pool2d 2
     -> conv2d 8->16 (3x3, pad 1) -> relu -> flatten -> dense 10
+    -> softmax cross-entropy
+
+``lstm``: each image is a sequence of its 8 rows (8 steps of 8 pixels)::
+
+    lstm 8->64 (te.nn.lstm over te.scan) -> last hidden state -> dense 10
     -> softmax cross-entropy
 
 The gradients come from ``te.differentiate(loss, weights)``; forward and
@@ -34,6 +41,7 @@ import texpr as te
 
 IMAGE = 8
 CLASSES = 10
+HIDDEN = 64
 
 
 def load_digits():
@@ -51,6 +59,17 @@ def split(images, labels, seed, test_fraction=0.2):
 
     return train_test_split(images, labels, test_size=test_fraction, stratify=labels,
                             random_state=seed)
+
+
+def masked_mean_loss(logits, labels, mask, batch):
+    """The scalar stage ``loss = -sum_n mask[n] log softmax(logits)[n, labels[n]] /
+    max(sum(mask), 1)``: the mean cross-entropy over the real samples of a batch."""
+    logp = te.nn.log_softmax(logits, axis=1, name="logp")
+    n = te.reduce_axis(batch, "n")
+    m = te.reduce_axis(batch, "m")
+    count = te.compute((), lambda: te.max(te.sum(mask[m], axis=m), 1.0), name="count")
+    return te.compute(
+        (), lambda: -te.sum(mask[n] * logp[n, labels[n]], axis=n) / count[()], name="loss")
 
 
 class Model:
@@ -80,13 +99,12 @@ class Model:
         h = nn.relu(nn.conv2d(h, w["conv2.w"], w["conv2.b"], padding=1, name="conv2"))
         h = nn.flatten(h, name="flatten")
         self.logits = nn.dense(h, w["dense.w"], w["dense.b"], name="logits")
-        logp = nn.log_softmax(self.logits, axis=1, name="logp")
-        n = te.reduce_axis(batch, "n")
-        m = te.reduce_axis(batch, "m")
-        count = te.compute((), lambda: te.max(te.sum(self.mask[m], axis=m), 1.0), name="count")
-        self.loss = te.compute(
-            (), lambda: -te.sum(self.mask[n] * logp[n, self.labels[n]], axis=n) / count[()],
-            name="loss")
+        self.loss = masked_mean_loss(self.logits, self.labels, self.mask, batch)
+
+    @staticmethod
+    def inputs(images):
+        """Images (N, 8, 8) as this model's input layout (N, 1, 8, 8)."""
+        return images[:, None]
 
     def init_weights(self, rng):
         """Kaiming-uniform weights and zero biases (as torch's default layers)."""
@@ -99,6 +117,57 @@ class Model:
                 bound = np.sqrt(6.0 / fan_in)
                 out[name] = rng.uniform(-bound, bound, size=t.shape).astype(self.dtype)
         return out
+
+
+class LSTMModel:
+    """The LSTM as a texpr graph for a fixed batch size: each image is read as a
+    sequence of its 8 rows (``te.nn.lstm`` with ``batch_first``, hidden size
+    :data:`HIDDEN`), the last hidden state goes through a dense layer to the 10
+    classes.
+
+    Tensors: ``x`` (B, 8, 8) (sample, row = time step, pixel; ``steps`` and ``inputs``
+    change the 8s, for benchmarks), ``labels``, ``mask``,
+    ``logits`` and ``loss`` as :class:`Model`; :attr:`weights` in torch.nn.LSTM's
+    layout (``lstm.w_ih`` (4H, 8), ``lstm.w_hh`` (4H, H), biases (4H,), gates
+    ``i, f, g, o``), so they copy to and from ``torch.nn.LSTM(8, H)``.
+    """
+
+    def __init__(self, batch, dtype="float32", hidden=HIDDEN, inputs=IMAGE, steps=IMAGE):
+        nn = te.nn
+        self.batch, self.dtype, self.hidden = batch, dtype, hidden
+        P = lambda shape, name: te.placeholder(shape, name=name, dtype=dtype)  # noqa: E731
+        self.x = P((batch, steps, inputs), "x")
+        self.labels = te.placeholder((batch,), name="labels", dtype="int64")
+        self.mask = P((batch,), "mask")
+        g = 4 * hidden
+        self.weights = {
+            "lstm.w_ih": P((g, inputs), "lstm_w_ih"), "lstm.w_hh": P((g, hidden), "lstm_w_hh"),
+            "lstm.b_ih": P((g,), "lstm_b_ih"), "lstm.b_hh": P((g,), "lstm_b_hh"),
+            "dense.w": P((CLASSES, hidden), "dense_w"), "dense.b": P((CLASSES,), "dense_b"),
+        }
+        w = self.weights
+        _, (h_n, _) = nn.lstm(self.x, w["lstm.w_ih"], w["lstm.w_hh"], w["lstm.b_ih"],
+                              w["lstm.b_hh"], batch_first=True, name="lstm")
+        last = nn.reshape(h_n, (batch, hidden), name="last")
+        self.logits = nn.dense(last, w["dense.w"], w["dense.b"], name="logits")
+        self.loss = masked_mean_loss(self.logits, self.labels, self.mask, batch)
+
+    @staticmethod
+    def inputs(images):
+        """Images (N, 8, 8) are already (sample, time step, feature)."""
+        return images
+
+    def init_weights(self, rng):
+        """torch's defaults: every parameter uniform in ``(-1/sqrt(H), 1/sqrt(H))``
+        (torch.nn.LSTM's rule; for the dense layer H is also its fan-in, torch.nn.Linear's
+        rule)."""
+        bound = 1.0 / np.sqrt(self.hidden)
+        return {name: rng.uniform(-bound, bound, size=t.shape).astype(self.dtype)
+                for name, t in self.weights.items()}
+
+
+#: the models of ``--model``: class, default learning rate
+MODELS = {"cnn": (Model, 0.1), "lstm": (LSTMModel, 0.3)}
 
 
 def iteration_table(model, grads_raw, grads):
@@ -131,10 +200,13 @@ def parse_args(argv=None):
     """Parse the command line (``argv``, default ``sys.argv[1:]``); exits with a usage
     message for bad values (argparse's ``error``)."""
     p = argparse.ArgumentParser(prog="texpr-digits", description=__doc__.splitlines()[0])
+    p.add_argument("--model", choices=sorted(MODELS), default="cnn",
+                   help="cnn (default) or lstm (the rows of each image as a sequence)")
     p.add_argument("--epochs", type=int, default=20, help="training epochs (default 20)")
     p.add_argument("--batch-size", type=int, default=64, help="mini-batch size (default 64)")
-    p.add_argument("--lr", type=float, default=0.1,
-                   help="initial SGD learning rate, cosine-decayed over the epochs (default 0.1)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="initial SGD learning rate, cosine-decayed over the epochs (default 0.1 "
+                        "for the cnn, 0.3 for the lstm)")
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
     p.add_argument("--seed", type=int, default=0, help="split, init and shuffling seed")
     p.add_argument("--plot", metavar="PATH", help="save a PNG of train loss and test accuracy")
@@ -149,6 +221,8 @@ def parse_args(argv=None):
         p.error(f"--epochs must be >= 0, got {args.epochs}")
     if args.batch_size < 1:
         p.error(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.lr is None:
+        args.lr = MODELS[args.model][1]
     if args.lr <= 0:
         p.error(f"--lr must be > 0, got {args.lr}")
     if args.limit and args.limit < 100:
@@ -168,15 +242,16 @@ def train(args, out=sys.stdout):
     if args.limit:
         images, labels = images[:args.limit], labels[:args.limit]
     x_tr, x_te, y_tr, y_te = split(images, labels, args.seed)
-    x_tr = x_tr[:, None].astype(dtype)
-    x_te = x_te[:, None].astype(dtype)
+    model_class = MODELS[getattr(args, "model", "cnn")][0]
+    x_tr = model_class.inputs(x_tr).astype(dtype)
+    x_te = model_class.inputs(x_te).astype(dtype)
     rng = np.random.default_rng(args.seed)
 
     B = args.batch_size
     print("building the model and its gradients, compiling the kernels with Numba "
           "(cached on disk: only the first run with these settings compiles) ...",
           file=out, flush=True)
-    model = Model(B, dtype)
+    model = model_class(B, dtype)
     names = list(model.weights)
     wts = [model.weights[n] for n in names]
     grads = te.differentiate(model.loss, wts).result

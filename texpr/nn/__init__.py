@@ -16,6 +16,8 @@ fault. Families:
 - :mod:`.shape` -- flatten, reshape, transpose, squeeze, expand_dims, broadcast_to,
   concatenate, split, pad, take, embedding, upsample_nearest, pixel_shuffle
 - :mod:`.scan` -- cumsum, cumprod
+- :mod:`.recurrent` -- rnn_cell, lstm_cell, gru_cell (torch's weight layout)
+- :mod:`.sequence` -- rnn, lstm, gru over a whole sequence (``te.scan``)
 - :mod:`.reduce` -- sum, mean, max, min (along axes, with keepdims)
 """
 
@@ -26,7 +28,9 @@ from .loss import cross_entropy, log_softmax, logsumexp, mse_loss, softmax
 from .normalization import batch_norm, dropout, layer_norm
 from .pool import adaptive_avg_pool2d, avg_pool2d, global_avg_pool2d, max_pool2d
 from .reduce import max, mean, min, sum  # noqa: A004 - numpy's names
+from .recurrent import gru_cell, lstm_cell, rnn_cell
 from .scan import cumprod, cumsum
+from .sequence import gru, lstm, rnn
 from .shape import (broadcast_to, concatenate, embedding, expand_dims, flatten, pad,
                     pixel_shuffle, reshape, split, squeeze, take, transpose, upsample_nearest)
 
@@ -48,6 +52,10 @@ __all__ = [
     "concatenate", "split", "pad", "take", "embedding", "upsample_nearest", "pixel_shuffle",
     # scans
     "cumsum", "cumprod",
+    # recurrent cells
+    "rnn_cell", "lstm_cell", "gru_cell",
+    # whole-sequence recurrent models
+    "rnn", "lstm", "gru",
     # reductions
     "sum", "mean", "max", "min",
 ]
