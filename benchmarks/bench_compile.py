@@ -68,16 +68,13 @@ def job_texpr_case(name, scale):
     """Build one case's value-and-grad kernel; seconds of the phases."""
     import numpy as np
 
-    import texpr as te
     from texpr import codegen, symcache
 
     case = _case(name, scale)
+    from cases import value_and_grad_graph
+
     t0 = time.perf_counter()
-    phs = [te.placeholder(shape, n, dtype) for n, shape, dtype, _ in case.inputs]
-    out = case.texpr(*phs)
-    h = te.placeholder(out.shape, "H", "float32")
-    wrt = [p for p, (_, _, _, d) in zip(phs, case.inputs) if d]
-    grads = list(te.differentiate(out, wrt, head=h).result)
+    phs, h, out, grads = value_and_grad_graph(case)
     t1 = time.perf_counter()
     kernel = codegen.build([out] + grads, phs + [h])
     t2 = time.perf_counter()

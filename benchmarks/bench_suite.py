@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from texpr import codegen  # noqa: E402
 import texpr as te  # noqa: E402
-from cases import make_cases, random_inputs  # noqa: E402
+from cases import make_cases, random_inputs, value_and_grad_graph  # noqa: E402
 
 
 def _median_ms(fn, repeat):
@@ -61,11 +61,7 @@ def _median_ms(fn, repeat):
 def texpr_value_and_grad(case, arrays, head, loops_only=False):
     """(kernel, build seconds, run closure) of one case; ``loops_only``: every
     stage keeps its loop nest (``blas(False)``: the kernels before GEMM stages)."""
-    phs = [te.placeholder(shape, name, dtype) for name, shape, dtype, _ in case.inputs]
-    out = case.texpr(*phs)
-    h = te.placeholder(out.shape, "H", "float32")
-    wrt = [p for p, (_, _, _, d) in zip(phs, case.inputs) if d]
-    grads = list(te.differentiate(out, wrt, head=h).result)
+    phs, h, out, grads = value_and_grad_graph(case)
     t = time.perf_counter()
     if loops_only:
         from texpr import simplify

@@ -205,6 +205,16 @@ def make_cases(scale=1.0):
     return cases
 
 
+def value_and_grad_graph(case):
+    """``(placeholders, head, output, gradients)``: the case's texpr graph and its
+    adjoints (w.r.t. the differentiable inputs) for a float32 head ``H``."""
+    phs = [te.placeholder(shape, name, dtype) for name, shape, dtype, _ in case.inputs]
+    out = case.texpr(*phs)
+    h = te.placeholder(out.shape, "H", "float32")
+    wrt = [p for p, (_, _, _, d) in zip(phs, case.inputs) if d]
+    return phs, h, out, list(te.differentiate(out, wrt, head=h).result)
+
+
 def random_inputs(case, seed=0):
     """numpy arrays for a case's inputs (labels in range for softmax_xent)."""
     rng = np.random.default_rng(seed)

@@ -67,6 +67,7 @@ import numba  # noqa: E402
 import numpy as np  # noqa: E402
 from numba.core import types  # noqa: E402
 
+from texpr import cache as _cache  # noqa: E402
 from texpr.errors import TexprError, TexprWarning  # noqa: E402
 
 __all__ = ["CompileError", "CacheWarning", "cache_dir", "compile_source", "compile_units",
@@ -87,16 +88,12 @@ class CacheWarning(TexprWarning):
 
 
 def cache_dir():
-    """The directory of generated modules (created if missing).
+    """The directory of generated modules (created if missing): the one
+    :func:`texpr.cache.cache_dir` names.
 
     Raises OSError when it cannot be created (e.g. the path is a file);
     :func:`compile_source` then compiles in memory."""
-    d = os.environ.get("TEXPR_CACHE_DIR")
-    if not d:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        d = os.path.join(base, "texpr")
-    os.makedirs(d, exist_ok=True)
-    return d
+    return _cache.cache_dir(create=True)
 
 
 def clear_memory_cache():
@@ -185,17 +182,6 @@ def _numba_files(d, modname):
                                   glob.escape(modname) + ".*"))
 
 
-def _remove(paths):
-    n = 0
-    for p in paths:
-        try:
-            os.unlink(p)
-            n += 1
-        except OSError:
-            pass
-    return n
-
-
 def _write_atomic(path, data):
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path),
                                prefix=os.path.basename(path) + ".", suffix=".tmp")
@@ -204,7 +190,7 @@ def _write_atomic(path, data):
             f.write(data)
         os.replace(tmp, path)
     except BaseException:
-        _remove([tmp])
+        _cache.remove_files([tmp])
         raise
 
 
@@ -223,7 +209,7 @@ def _module_file(d, modname, data):
                    f"texpr: the cached kernel module {path} does not hold the text its name "
                    f"is the checksum of ({len(old)} bytes instead of {len(data)}; truncated or "
                    "overwritten): it was discarded with its numba cache files and rebuilt")
-        _remove(_numba_files(d, modname))
+        _cache.remove_files(_numba_files(d, modname))
         old = None
     if old is None:
         _write_atomic(path, data)
@@ -240,7 +226,7 @@ def _on_disk(d, key, source, sig, entry):
         first = exc
     # numba's cache files that cannot be read (empty, truncated, random bytes) make
     # the load fail: remove them and compile again (numba writes them afresh)
-    if _remove(_numba_files(d, modname)):
+    if _cache.remove_files(_numba_files(d, modname)):
         try:
             path = _module_file(d, modname, data)
             fn = _compile(_load(source, modname, path, entry), sig)

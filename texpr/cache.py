@@ -169,7 +169,8 @@ def info(d=None):
     return out
 
 
-def _remove(paths):
+def remove_files(paths):
+    """Unlink ``paths`` (a file already gone is skipped); how many were removed."""
     n = 0
     for p in paths:
         try:
@@ -193,7 +194,7 @@ def clear(d=None, kernels=True, symbolic=True):
         for (kind, _name), files in _entries(d).items():
             if (kind == "kernel" and kernels) or (kind == "symbolic" and symbolic):
                 paths.extend(p for p, _s, _u in files)
-        return _remove(paths)
+        return remove_files(paths)
     except Exception:  # noqa: BLE001
         return 0
 
@@ -242,7 +243,7 @@ def enforce_size_bound(d=None, limit=None, keep=(), written=None):
             paths = [p for p, _s, _u in groups[k]]
             if any(os.path.abspath(p) in keep for p in paths):
                 continue
-            removed += _remove(paths)
+            removed += remove_files(paths)
             total -= sizes[k]
         _ESTIMATE[d] = (total, now)
         return removed
