@@ -50,15 +50,21 @@ def test_masked_padding_does_not_change_the_loss():
     assert te.evaluate(model.loss, feed) == pytest.approx(float(masked), rel=1e-12)
 
 
-def test_two_sgd_steps_decrease_the_loss():
+def _step_kernel(model):
+    """(weight names, the compiled kernel of (loss, gradients) from (x, labels, mask,
+    weights...)): the training step of the job's model."""
     from texpr import codegen
 
-    model = digits.Model(batch=8)
     names = list(model.weights)
     wts = [model.weights[n] for n in names]
     grads = te.differentiate(model.loss, wts).result
-    step = codegen.build([model.loss] + list(grads), [model.x, model.labels, model.mask] + wts,
-                         parallel=False)
+    return names, codegen.build([model.loss] + list(grads),
+                                [model.x, model.labels, model.mask] + wts, parallel=False)
+
+
+def test_two_sgd_steps_decrease_the_loss():
+    model = digits.Model(batch=8)
+    names, step = _step_kernel(model)
     images, labels = digits.load_digits()
     x = images[:8, None].astype("float32")
     y = labels[:8]
@@ -141,14 +147,8 @@ def test_lstm_training_steps_learn():
     LSTM from its own init, the same way: 2.3 -> about 0.9). One kernel: Numba
     takes minutes over the LSTM's gradient kernel, so the job's prediction kernel and
     the full run are exercised by ``python -m texpr.examples.digits --model lstm``."""
-    from texpr import codegen
-
     model = digits.LSTMModel(batch=64)
-    names = list(model.weights)
-    wts = [model.weights[n] for n in names]
-    grads = te.differentiate(model.loss, wts).result
-    step = codegen.build([model.loss] + list(grads), [model.x, model.labels, model.mask] + wts,
-                         parallel=False)
+    names, step = _step_kernel(model)
     images, labels = digits.load_digits()
     x, y = images[:256].astype("float32"), labels[:256]
     params = model.init_weights(np.random.default_rng(0))
