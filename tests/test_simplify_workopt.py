@@ -408,3 +408,34 @@ def test_fuzz_gradients_within_the_ideal(case):
     feed = _feed([Y, H, raw, g], ints)
     got, want = te.evaluate([g, raw], feed)
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
+# ---- prod windows: exclusive products by scans (linear per window) -----------------
+
+
+@pytest.mark.parametrize("n_win,k", [(4, 16), (2, 24)])
+def test_product_windows_in_linear_work(n_win, k):
+    # the issue's case Y[i] = prod_{k<16} X[i + k], 4 windows: the points before and
+    # after each window point are two scans (k steps each), then one term per
+    # (window, point): 3 * n_win * k + n_win, not the n_win * k * k triangle (1,024).
+    # (Short windows keep the triangle, where it visits fewer points than the scans.)
+    X = te.placeholder((n_win + k - 1,), "X", dtype=F64)
+    kk = te.reduce_axis(k, "k")
+    Y = te.compute((n_win,), lambda i: te.prod(X[i + kk], axis=kk), name="Y")
+    check(Y, X, 3 * n_win * k + n_win)
+
+
+def test_product_window_with_a_zero_stays_exact():
+    # no division by X: a zero factor gives the other factors' product, not nan
+    X = te.placeholder((6,), "X", dtype=F64)
+    k = te.reduce_axis(4, "k")
+    Y = te.compute((3,), lambda i: te.prod(X[i + k], axis=k), name="Y")
+    H = te.placeholder((3,), "H", dtype=F64)
+    (g,) = te.differentiate(Y, [X], head=H)
+    x = np.array([0.5, 0.0, 2.0, -1.5, 3.0, 0.25])
+    h = np.array([1.0, 2.0, 3.0])
+    want = np.zeros(6)
+    for i in range(3):
+        for m in range(4):
+            want[i + m] += h[i] * np.prod([x[i + q] for q in range(4) if q != m])
+    np.testing.assert_allclose(te.evaluate(g, {X: x, H: h}), want, rtol=1e-12)
