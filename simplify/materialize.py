@@ -83,9 +83,12 @@ def should_inline(op, accs, output_ids):
     consumer, ld = accs[0]
     if not isinstance(consumer, ComputeOp):
         return False
-    if is_elementwise(consumer):
+    reds = [b for b in consumer.body if isinstance(b, Reduce)]
+    if not reds:
+        # elementwise, one output or several (a tuple reduction the simplifier
+        # collapsed to one point: BUGS.md C14)
         return True
-    red = consumer.body[0]
+    red = reds[0]  # the bodies of a tuple reduction share its axes and domain
     return access_is_injective(consumer.axis + red.axes, red.where, ld.args)
 
 

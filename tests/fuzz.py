@@ -25,7 +25,9 @@ differences. Findings are returned as :class:`Finding` records (seed, kind,
 message, program text), so a run reports all of them, not the first.
 """
 
+import contextlib
 import dataclasses
+import os
 import random
 import traceback
 
@@ -379,17 +381,46 @@ def _check_reference(q, findings):
             findings.append(_finding(p, "raw-vs-simplified", msg))
 
 
-def _check_kernel(qs, findings):
-    """One kernel for all ``qs`` (none expecting OOB); on a build error, one per program."""
+@contextlib.contextmanager
+def every_contraction_on_blas():
+    """Builds inside run every stage that matches the contraction pattern as GEMMs
+    (the cost rule of :mod:`texpr.codegen.contraction` off: fuzzed stages are far
+    below its sizes), with the symbolic cache off (its lowering key holds the
+    schedule, not the cost rule). Yields a list that collects the BLAS units built."""
+    from texpr.codegen import contraction
+
+    old_rule, old_env = contraction.cost_ok, os.environ.get("TEXPR_SYMBOLIC_CACHE")
+    contraction.cost_ok = lambda plan: True
+    os.environ["TEXPR_SYMBOLIC_CACHE"] = "0"
+    try:
+        yield
+    finally:
+        contraction.cost_ok = old_rule
+        if old_env is None:
+            os.environ.pop("TEXPR_SYMBOLIC_CACHE", None)
+        else:
+            os.environ["TEXPR_SYMBOLIC_CACHE"] = old_env
+
+
+#: BLAS units built by the fuzzer's kernels so far (to know the path is exercised)
+BLAS_UNITS = [0]
+
+
+def _check_kernel(qs, findings, blas=False):
+    """One kernel for all ``qs`` (none expecting OOB); on a build error, one per
+    program. ``blas``: every contraction stage runs on BLAS (see
+    :func:`every_contraction_on_blas`), else the default cost rule decides."""
     outs = [t for q in qs for t in q.outputs]
     ins = [t for q in qs for t in q.p.inputs]
     try:
-        kernel = codegen.build(outs, ins)
+        with every_contraction_on_blas() if blas else contextlib.nullcontext():
+            kernel = codegen.build(outs, ins)
+        BLAS_UNITS[0] += sum(1 for u in kernel.units if u.kind == "blas")
         got = kernel(*[q.p.feed[t] for q in qs for t in q.p.inputs])
     except Exception as exc:  # noqa: BLE001 - isolate the program at fault
         if len(qs) > 1:
             for q in qs:
-                _check_kernel([q], findings)
+                _check_kernel([q], findings, blas)
             return
         q = qs[0]
         if q.p.big and refuses_wraparound(exc):
@@ -449,10 +480,13 @@ def check_programs(seeds, batch=8, fd=True, compile_every=1, log=None):
     Programs are compiled ``batch`` at a time into one kernel (one numba compile
     for many programs); a program whose forward raises OutOfBoundsError is
     built alone and must raise it too. Only every ``compile_every``-th program
-    (by position) is compiled; the rest get the evaluator checks only.
+    (by position) is compiled; the rest get the evaluator checks only. Every
+    second batch (and the last) is built with every contraction stage on BLAS,
+    the others with the default cost rule (loop nests at these sizes).
     """
     findings = []
     ready = []
+    batches = 0
     for pos, s in enumerate(seeds):
         compiled = pos % compile_every == 0
         if log is not None:
@@ -479,10 +513,11 @@ def check_programs(seeds, batch=8, fd=True, compile_every=1, log=None):
         if compiled:
             ready.append(q)
         if len(ready) == batch:
-            _check_kernel(ready, findings)
+            batches += 1
+            _check_kernel(ready, findings, blas=batches % 2 == 0)
             ready = []
     if ready:
-        _check_kernel(ready, findings)
+        _check_kernel(ready, findings, blas=True)
     if log is not None:
         log(f"done: {len(findings)} finding(s)", findings)
     return findings

@@ -23,10 +23,11 @@ CI_COMPILE_EVERY = 10
 
 #: seeds whose programs the fuzzer found wrong once (issue 10: single-point
 #: max/min/argmax, NaN in max, out-of-range gathers dropped by a gradient
-#: scatter, out-of-range gathers dropped by the raw (unsimplified) adjoint);
-#: each is re-run alone, compiled, as a regression test
+#: scatter, out-of-range gathers dropped by the raw (unsimplified) adjoint,
+#: a multi-output elementwise consumer (a collapsed tuple reduction) the inlining
+#: rule read as a reduction); each is re-run alone, compiled, as a regression test
 REGRESSIONS = (20261140, 20261160, 20261180, 20261210, 20261230, 20261280, 20261300,
-               20261242, 20261319)
+               20261242, 20261319, 20263039)
 
 
 def _progress():
