@@ -2,7 +2,7 @@
 unrolled by groups of ``SPLIT_LANES`` inside the spatial loops (the output
 element is loaded and stored once per group), where the whole group is in the
 domain; the partial groups (a constant bound's remainder, or the groups a
-``where`` such as cumsum's ``k <= j`` cuts) run as plain loops. And register
+``where`` such as a band's ``j - w <= k <= j`` cuts) run as plain loops. And register
 blocking of a spatial axis that is not the innermost (a strided conv's dW: the
 input channel, when the kernel column is tied to the image by the ``where``).
 Checked against the evaluator at sizes that leave remainders, and on the
@@ -31,7 +31,14 @@ def case():
     I = te.placeholder((4, 2 * JAM + 1, 9, 9), "I", "float64")
     K = te.placeholder((2, 2 * JAM + 1, 3, 3), "K", "float64")
     outs, inputs = [], [X, W, C, I, K]
-    for out, wrt in ((nn.dense(X, W), [X, W]), (nn.cumsum(C, axis=1), [C]),
+    # a band sum (two-sided: not a prefix, so it stays a reduction, where cumsum
+    # becomes a scan): its ``where`` cuts groups at both ends
+    n, w = C.shape[1], SPLIT_LANES + 7
+    k = te.reduce_axis(n, "k")
+    band = te.compute(C.shape, lambda i, j: te.sum(C[i, k], axis=k,
+                                                   where=te.all(k <= j, k + w >= j)),
+                      name="band")
+    for out, wrt in ((nn.dense(X, W), [X, W]), (band, [C]),
                      (nn.conv2d(I, K, stride=2, padding=1), [I, K])):
         h = te.placeholder(out.shape, f"H_{out.name}", "float64")
         outs += [out] + list(te.differentiate(out, wrt, head=h).result)
@@ -54,7 +61,7 @@ def test_groups_are_unrolled_between_one_load_and_one_store(case):
     # (buffers are named after their tensors, with a trailing underscore)
     runs = re.findall(r"(t\d+_0) = (\w+_)\[[^\n]*\n((?:[^\n]*\n)*?)\s*\2\[[^\n]*\] = \1\n", src)
     counts = [body.count(f"{t} +=") for t, _, body in runs]
-    # dense's dX and dW, cumsum's value and dX
+    # dense's dX and dW, the band sum's value and dX
     assert counts.count(SPLIT_LANES) >= 3, counts
 
 
