@@ -1134,6 +1134,11 @@ def match(op, inlined=(), key=None, why=None):
         pieces = _pieces(inst)
         if len(pieces) > MAX_PIECES:
             raise _NoMatch(f"{len(pieces)} pieces")
+        for p in pieces:
+            # a reduction axis neither operand reads counts its points (a factor
+            # of its extent, or fewer under a condition): a GEMM would drop it
+            if any(p.axes[q][2] != "spatial" and p.axes[q][1] != 1 for q in p.roles()[6]):
+                raise _NoMatch("a reduction axis that neither operand reads")
     except _NoMatch as exc:
         if why is not None:
             why.append(exc.args[0])

@@ -203,9 +203,13 @@ def lower_scan(sl, depth):
 
     op, w, k = sl.op, sl.w, sl.k
     T, L = op.time_extent, op.init_extent
-    for out, init in zip(op.outputs, op.init):
+    for a, (out, init) in enumerate(zip(op.outputs, op.init)):
         n = int(np.prod(init.shape, dtype=np.int64))
-        if n:
+        if not n:
+            continue
+        if id(init.op) in sl.inlined:
+            _lower_init_in_place(sl, depth, a, out, init)
+        else:
             w(depth, f"{sl.buffers[id(out)].name}[:{n}] = {sl.buffers[id(init)].name}[:{n}]")
     if T == L or any(d == 0 for out in op.outputs for d in out.shape[1:]):
         return
@@ -244,6 +248,27 @@ def lower_scan(sl, depth):
         sub.names[id(tv)] = tname
         sub.run(depth + 1)
         sl.uses_prange |= sub.uses_prange
+
+
+def _lower_init_in_place(sl, depth, a, out, init):
+    """The inlined elementwise init of state ``a``: its loop nest writes the
+    state's first steps (``out[:L]``, the same row-major layout) directly, with
+    no buffer of its own and no copy."""
+    from .lower import BufferInfo
+    from .schedule import Stage
+    from .stage import _StageLowering
+
+    src = init.op
+    axes = tuple(iter_var(0, n, f"i{d}", "spatial") for d, n in enumerate(init.shape))
+    body = substitute(src.body[0], dict(zip(src.axis, axes)))
+    nest = ComputeOp(f"{sl.op.name}_init{a}", axes, (body,), tag="scan_init")
+    buffers = _ScanBuffers(sl.buffers)
+    state = sl.buffers[id(out)]
+    buffers[id(nest.output(0))] = BufferInfo(state.name, nest.output(0), state.role)
+    sub = _StageLowering(f"{sl.k}i{a}", nest, Stage(nest), buffers, sl.inlined, sl.errors,
+                         sl.parallel_on, _SubWriter(sl.w, f"{sl.k}i{a}"))
+    sub.run(depth)
+    sl.uses_prange |= sub.uses_prange
 
 
 def _lower_pointwise(sl, depth, point, tv, buffers):

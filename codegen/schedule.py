@@ -302,9 +302,12 @@ def default_materialized(schedule, rule=None):
         except Exception:  # noqa: BLE001 - a failing external rule falls back to ours
             simp = None
     mat, inlined = set(), set()
-    # a scan reads its inputs whole, step by step: they have buffers
+    # a scan reads its externals whole, step by step: they have buffers (its inits
+    # too, unless the simplifier's rule computes a cheap one into the scan's state)
     scan_inputs = {id(t.op) for op in schedule.ops if isinstance(op, ScanOp)
-                   for t in op.input_tensors()}
+                   for t in op.externals}
+    scan_inits = set() if simp is not None else \
+        {id(t.op) for op in schedule.ops if isinstance(op, ScanOp) for t in op.init}
     for op in reversed(schedule.ops):
         if isinstance(op, PlaceholderOp):
             continue
@@ -316,7 +319,8 @@ def default_materialized(schedule, rule=None):
             (inlined if st.inline else mat).add(id(op))
             continue
         if id(op) in outputs or isinstance(op, (ScatterAddOp, ScanOp)) \
-                or st._is_reduction() or op.num_outputs > 1 or id(op) in scan_inputs:
+                or st._is_reduction() or op.num_outputs > 1 or id(op) in scan_inputs \
+                or id(op) in scan_inits:
             mat.add(id(op))
             continue
         if simp is not None:

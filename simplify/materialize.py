@@ -6,6 +6,9 @@ default schedule):
 * placeholders are inputs, not stages;
 * the requested output tensors, every reduction, every scatter-add stage and
   every multi-output stage are **materialised** (computed into a buffer);
+* a cheap elementwise stage that only initialises scans (see below) is
+  computed straight into their states' first steps (the scan's init copy,
+  counted by the scan) instead of into a buffer of its own;
 * an elementwise stage is **inlined** into its consumers (recomputed at each
   access, not a separate loop nest) when that does not duplicate real work:
 
@@ -59,6 +62,15 @@ def is_cheap(body):
     return all(isinstance(n, _CHEAP_KINDS) for n in nodes)
 
 
+def scan_init_only(consumer, op):
+    """Whether ``consumer`` is a scan that reads ``op`` only as the init of its
+    states (copied once into the first steps, never read by the body)."""
+    if not isinstance(consumer, ScanOp):
+        return False
+    return (any(t.op is op for t in consumer.init)
+            and not any(t.op is op for t in consumer.externals))
+
+
 def should_inline(op, accs, output_ids):
     """Whether the stage ``op`` is inlined into its consumers.
 
@@ -72,7 +84,10 @@ def should_inline(op, accs, output_ids):
     """
     if not is_elementwise(op) or not accs:
         return False
-    if any(ld is None for _c, ld in accs):  # the init of a scatter-add
+    if all(ld is None and scan_init_only(c, op) for c, ld in accs):
+        # a cheap scan init: computed straight into the scan's first steps
+        return is_cheap(op.body[0])
+    if any(ld is None for _c, ld in accs):  # the init of a scatter-add, a scan's input
         return False
     if is_cheap(op.body[0]):
         return True

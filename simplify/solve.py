@@ -25,7 +25,7 @@ from texpr.visitor import free_vars, substitute
 
 from .domain import Domain, Solved, solve, tighten
 from .graph import is_reduction, rebuild
-from .isl_bridge import isl, to_pwaff
+from .isl_bridge import box_set, isl, set_to_expr, to_pwaff, to_set
 from .terms import all_expr, conjuncts
 
 
@@ -116,10 +116,41 @@ def _residual_value(c, r, dom):
     if not isinstance(c, E.EQ):
         return None
     for a, b in ((c.a, c.b), (c.b, c.a)):
-        if a is r and b.dtype in ("int32", "int64") \
-                and not any(v is r for v in free_vars(b)) \
-                and to_pwaff(b, dom.space) is None:
-            return b
+        if b.dtype not in ("int32", "int64") or _mentions(b, r) \
+                or to_pwaff(b, dom.space) is not None:
+            continue
+        unit = _unit_in(a, r)
+        if unit is None:
+            continue
+        sign, rest = unit  # a == sign * r + rest, so r == sign * (b - rest)
+        value = b if rest is None else b - rest
+        return value if sign == 1 else -value
+    return None
+
+
+def _unit_in(e, r):
+    """``(sign, rest)`` when ``e == sign * r + rest`` (``sign`` in {1, -1}, ``rest``
+    an integer expression free of ``r``, or None for 0), through ``+`` and ``-``;
+    else None."""
+    if e is r:
+        return 1, None
+    if not isinstance(e, (E.Add, E.Sub)):
+        return None
+    x, y = e.args
+    neg = isinstance(e, E.Sub)
+    for first, other, flip in ((x, y, neg), (y, x, False)):
+        if _mentions(other, r):
+            continue
+        inner = _unit_in(first, r)
+        if inner is None:
+            return None
+        sign, rest = inner
+        if first is y and neg:  # e = x - (sign * r + rest)
+            sign, rest = -sign, (None if rest is None else -rest)
+            add = x
+        else:                   # e = (sign * r + rest) +/- other
+            add = -other if flip else other
+        return sign, add if rest is None else rest + add
     return None
 
 
@@ -147,11 +178,33 @@ def solve_residual(axis, raxes, where):
                 value = E.cast(value, "int64")
             mapping = {r: value}
             before = [x for x in parts[:pos] if not _mentions(x, r)]
-            moved = [substitute(x, mapping) for x in parts[:pos] if _mentions(x, r)]
+            moving = [x for x in parts[:pos] if _mentions(x, r)]
+            guard = _exists(moving, r, dom) if moving else E.const(True)
+            if guard is None:
+                continue
+            moved = [substitute(x, mapping) for x in moving]
             after = [substitute(x, mapping) for x in parts[pos + 1:]]
-            new_where = all_expr(before + [value >= lo, value < hi] + moved + after)
+            new_where = all_expr(before + [guard, value >= lo, value < hi] + moved + after)
             return Solved({r: value}, tuple(a for a in raxes if a is not r), new_where)
     return None
+
+
+def _exists(conds, r, dom):
+    """``exists r in its box: all conds``, as an expression free of ``r`` (ISL's
+    exact projection), or None when a condition is not quasi-affine.
+
+    The conjuncts before a residual equality ``r == L`` guarded the loads of ``L``
+    (they were evaluated first, for every ``r``); once ``r`` is replaced by ``L``
+    they can only come after ``L``'s bounds check. Since ``L`` does not depend
+    on ``r``, "some ``r`` passes them" is exactly when the original evaluated
+    ``L``: this guard, put first, keeps ``L``'s loads where they were safe."""
+    aff, resid = to_set(all_expr(conds), dom.space)
+    if resid is not None:
+        return None
+    d = next(p for p, v in enumerate(dom.vars) if v is r)
+    box = box_set(dom.space)
+    s = box.intersect(aff).eliminate(isl.dim_type.set, d, 1)
+    return set_to_expr(s, dom.space, context=box.eliminate(isl.dim_type.set, d, 1))
 
 
 def _mentions(e, v):

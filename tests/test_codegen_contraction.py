@@ -248,6 +248,35 @@ def test_not_contractions():
                    name="tie"))
 
 
+@pytest.mark.parametrize("form", ["constant_loads", "one_operand_free_axis",
+                                  "conditioned_free_axis"])
+def test_reduction_axis_no_operand_reads_keeps_its_loops(form):
+    """A reduction axis that neither load reads multiplies the term by its point
+    count (a fuzzed program once lost that factor on the GEMM path): no match, and
+    the kernel, with the cost rule off, agrees with te.evaluate."""
+    X = te.placeholder((5,), "X", "float32")
+    W = te.placeholder((3, 4), "W", "float32")
+    k1, k2, k3 = te.reduce_axis(5, "k1"), te.reduce_axis(3, "k2"), te.reduce_axis(4, "k3")
+    if form == "constant_loads":
+        Y = te.compute((), lambda: te.sum(X[0] * 2.0 * W[0, 0], axis=k1), name="Y")
+    elif form == "one_operand_free_axis":
+        Y = te.compute((3,), lambda i: te.sum(X[k1] * W[i, 0], axis=[k2, k1]), name="Y")
+    else:
+        Y = te.compute((3, 4), lambda i, j: te.sum(X[k1] * W[i, j], axis=[k1, k3],
+                                                    where=k3 <= j), name="Y")
+    why = _no_match(Y)
+    assert "neither operand" in why or form == "conditioned_free_axis", why
+    feed = {X: np.arange(1, 6, dtype="float32"),
+            W: np.linspace(0.5, 2.0, 12, dtype="float32").reshape(3, 4)}
+    old = C.cost_ok
+    C.cost_ok = lambda plan: True
+    try:
+        kern = codegen.build([Y], [X, W])
+    finally:
+        C.cost_ok = old
+    np.testing.assert_allclose(kern(feed[X], feed[W])[0], te.evaluate(Y, feed), rtol=1e-6)
+
+
 def _kernels(outs, inputs, force):
     """Kernels of ``outs`` with every contraction stage forced onto BLAS (``force``
     True) or onto its loop nest (False)."""

@@ -25,9 +25,12 @@ CI_COMPILE_EVERY = 10
 #: max/min/argmax, NaN in max, out-of-range gathers dropped by a gradient
 #: scatter, out-of-range gathers dropped by the raw (unsimplified) adjoint,
 #: a multi-output elementwise consumer (a collapsed tuple reduction) the inlining
-#: rule read as a reduction); each is re-run alone, compiled, as a regression test
+#: rule read as a reduction, a GEMM that dropped a reduction axis neither operand
+#: reads, a solved data-dependent equality whose load lost its guard); each is
+#: re-run alone, compiled, as a regression test
 REGRESSIONS = (20261140, 20261160, 20261180, 20261210, 20261230, 20261280, 20261300,
-               20261242, 20261319, 20263039)
+               20261242, 20261319, 20263039, 749189702348,
+               749189702389)
 
 
 def _progress():

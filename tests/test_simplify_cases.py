@@ -78,7 +78,7 @@ def cumsum_case(n, m):
 #: (n * m points: its first step and n * (m - 1) steps) whose state is time-major
 #: (m, n), plus its first step as a stage (n) and the copy into X's layout (n * m); the
 #: triangle it replaces visited n * m * (m + 1) / 2 points.
-KNOWN_GAPS = {"cumsum": lambda n, m: [2 * n * m + n]}
+KNOWN_GAPS = {"cumsum": lambda n, m: [2 * n * m]}
 
 
 def causal_case(b, t, dd):
