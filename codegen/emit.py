@@ -191,8 +191,12 @@ def element(buf, idx):
     unit strides."""
     if not idx:
         return f"{buf.name}[0]"
+    shape = buf.shape
+    physical = getattr(buf, "physical", None)
+    if physical is not None:  # a view into another tensor's buffer (lower.ViewInfo)
+        idx, shape = physical(idx)
     lin = idx[0]
-    for s, n in zip(idx[1:], buf.shape[1:]):
+    for s, n in zip(idx[1:], shape[1:]):
         lin = f"({lin}) * {n} + {s}"
     return f"{buf.name}[np.uint64({lin})]"
 

@@ -74,6 +74,38 @@ class BufferInfo:
         self.dtype = tensor.dtype
 
 
+class ViewInfo(BufferInfo):
+    """A tensor stored inside another tensor's buffer (``base``, a BufferInfo)
+    through an axis permutation with reversals: the state of a scan whose only
+    reader re-indexes it (:func:`texpr.simplify.materialize.scan_view`).
+    ``perm[j] = (d, reversed)``: the tensor's axis ``j`` is the base's axis ``d``
+    (``n - 1 - i`` when reversed). :func:`codegen.emit.element` applies it."""
+
+    def __init__(self, base, tensor, perm, extents=None):
+        super().__init__(base.name, tensor, base.role)
+        self.base, self.perm = base, list(perm)
+        self.extents = tuple(extents or tensor.shape)  # the state's (for reversals)
+
+    def alias(self, tensor, base=None):
+        """The same layout for another tensor indexed like the state (a loop
+        nest that writes some of its steps), over ``base`` (default: the same)."""
+        return ViewInfo(base or self.base, tensor, self.perm, self.extents)
+
+    def physical(self, idx):
+        """``(index strings, shape)`` in the base buffer for the index strings ``idx``."""
+        out = [None] * len(self.perm)
+        for s, (d, rev), n in zip(idx, self.perm, self.extents):
+            out[d] = f"({n - 1} - ({s}))" if rev else s
+        return out, self.base.shape
+
+
+def alias_info(info, tensor):
+    """A BufferInfo for ``tensor`` in the storage of ``info`` (same layout)."""
+    if isinstance(info, ViewInfo):
+        return info.alias(tensor)
+    return BufferInfo(info.name, tensor, info.role)
+
+
 class UnitSource:
     """One materialised stage, lowered: what a compiled unit is made from.
 
@@ -127,6 +159,10 @@ class _UnitBuffers(dict):
 
     def __missing__(self, key):
         g = self.program_buffers[key]
+        if isinstance(g, ViewInfo):  # the parameter is the base buffer
+            b = g.alias(g.tensor, base=self[id(g.base.tensor)])
+            self[key] = b
+            return b
         b = BufferInfo(f"b{len(self.used)}", g.tensor, g.role)
         self.used.append(g)
         self[key] = b
@@ -175,6 +211,28 @@ def _blas_unit(op, plan):
     return ContractionUnitSource(op.name, tensor_str(op.output(0)), plan, readable)
 
 
+def _scan_views(schedule, mat_ops):
+    """``{id(stage): (scan op, perm)}``: the materialised stages that only re-index
+    a materialised scan's state (:func:`texpr.simplify.materialize.scan_view`);
+    the scan writes their buffers directly and they get no unit."""
+    from texpr.scan import ScanOp
+
+    if not any(isinstance(op, ScanOp) for op in mat_ops):
+        return {}
+    from texpr.simplify.graph import accesses
+    from texpr.simplify.materialize import scan_view
+
+    accs = accesses(schedule.outputs)
+    output_ids = {id(t) for t in schedule.outputs}
+    mat_ids = {id(op) for op in mat_ops}
+    views = {}
+    for op in mat_ops:
+        v = scan_view(op, accs, output_ids)
+        if v is not None and id(v[0]) in mat_ids:
+            views[id(op)] = v
+    return views
+
+
 def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=None):
     """Lower a resolved schedule to a :class:`Program` (one unit per materialised stage).
 
@@ -208,6 +266,17 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
         if isinstance(op, PlaceholderOp) and id(op.output(0)) not in buffers:
             raise TexprError(f"build: placeholder {op.name} (shape {op.shape}) is read by the "
                              "outputs but not listed in inputs")
+    views = _scan_views(schedule, mat_ops)
+    for op in mat_ops:  # the stage a scan writes through a view gets its buffer first
+        if id(op) in views:
+            t = op.output(0)
+            if id(t) not in buffers:
+                buffers[id(t)] = BufferInfo(f"tmp{ntmp}", t, "temp")
+                ntmp += 1
+                order.append(buffers[id(t)])
+            scan, perm = views[id(op)]
+            buffers[id(scan.output(0))] = ViewInfo(buffers[id(t)], scan.output(0), perm)
+    mat_ops = [op for op in mat_ops if id(op) not in views]
     for op in mat_ops:
         for t in op.outputs:
             if id(t) not in buffers:

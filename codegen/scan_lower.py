@@ -74,6 +74,21 @@ class _ScanBuffers(dict):
         return self.outer[key]
 
 
+class _Row:
+    """Step ``t`` of a state stored through a view (:class:`codegen.lower.ViewInfo`):
+    the step stage's index ``i..`` is the state's ``(t, i..)``."""
+
+    def __init__(self, state, tensor, tname):
+        self.name, self.tensor, self.role = state.name, tensor, state.role
+        self.shape = tuple(tensor.shape) if tensor.shape else (1,)
+        self.size = int(np.prod(self.shape, dtype=np.int64))
+        self.dtype = tensor.dtype
+        self.state, self.tname = state, tname
+
+    def physical(self, idx):
+        return self.state.physical([self.tname] + list(idx))
+
+
 class _SubWriter:
     """The unit's source writer for a step stage: the same lines, its canonical
     comments tagged with the step stage's prefix (they must be distinct in a unit)."""
@@ -207,7 +222,7 @@ def lower_scan(sl, depth):
         n = int(np.prod(init.shape, dtype=np.int64))
         if not n:
             continue
-        if id(init.op) in sl.inlined:
+        if id(init.op) in sl.inlined or hasattr(sl.buffers[id(out)], "physical"):
             _lower_init_in_place(sl, depth, a, out, init)
         else:
             w(depth, f"{sl.buffers[id(out)].name}[:{n}] = {sl.buffers[id(init)].name}[:{n}]")
@@ -233,7 +248,10 @@ def lower_scan(sl, depth):
             buffers[id(so)] = info
             if a is not None:
                 state = sl.buffers[id(op.outputs[a])]
-                views.append((name, state.name, info.size))
+                if hasattr(state, "physical"):  # the step's row, through the state's view
+                    buffers[id(so)] = _Row(state, so, tname)
+                else:
+                    views.append((name, state.name, info.size))
             else:
                 w(depth, f"{name} = np.empty({info.size}, dtype=np.{info.dtype})")
     w(depth, f"for {tname} in range({L}, {T}):")
@@ -251,20 +269,24 @@ def lower_scan(sl, depth):
 
 
 def _lower_init_in_place(sl, depth, a, out, init):
-    """The inlined elementwise init of state ``a``: its loop nest writes the
-    state's first steps (``out[:L]``, the same row-major layout) directly, with
-    no buffer of its own and no copy."""
-    from .lower import BufferInfo
+    """The init of state ``a`` as a loop nest that writes the state's first steps
+    (``out[:L]``, in the state's layout) directly: the inlined elementwise init's
+    body (no buffer of its own, no copy), or a copy of the init's buffer into a
+    state that lives in another tensor's buffer (:class:`codegen.lower.ViewInfo`)."""
+    from .lower import alias_info
     from .schedule import Stage
     from .stage import _StageLowering
 
     src = init.op
     axes = tuple(iter_var(0, n, f"i{d}", "spatial") for d, n in enumerate(init.shape))
-    body = substitute(src.body[0], dict(zip(src.axis, axes)))
+    if id(src) in sl.inlined:
+        body = substitute(src.body[0], dict(zip(src.axis, axes)))
+    else:
+        body = load(init, axes)
     nest = ComputeOp(f"{sl.op.name}_init{a}", axes, (body,), tag="scan_init")
     buffers = _ScanBuffers(sl.buffers)
     state = sl.buffers[id(out)]
-    buffers[id(nest.output(0))] = BufferInfo(state.name, nest.output(0), state.role)
+    buffers[id(nest.output(0))] = alias_info(state, nest.output(0))
     sub = _StageLowering(f"{sl.k}i{a}", nest, Stage(nest), buffers, sl.inlined, sl.errors,
                          sl.parallel_on, _SubWriter(sl.w, f"{sl.k}i{a}"))
     sub.run(depth)
@@ -278,7 +300,7 @@ def _lower_pointwise(sl, depth, point, tv, buffers):
     that it reads what it writes)."""
     from texpr.expr import select
 
-    from .lower import BufferInfo
+    from .lower import alias_info
     from .stage import PARALLEL_MIN_POINTS, _StageLowering
     from .schedule import Stage
 
@@ -292,7 +314,7 @@ def _lower_pointwise(sl, depth, point, tv, buffers):
     body = select(t >= L, body, out[(t,) + rest])
     nest = ComputeOp(f"{op.name}_steps", (t,) + rest, (body,), tag="scan_pointwise")
     state = sl.buffers[id(out)]
-    buffers[id(nest.output(0))] = BufferInfo(state.name, nest.output(0), state.role)
+    buffers[id(nest.output(0))] = alias_info(state, nest.output(0))
     st = Stage(nest)
     if rest:
         st.reorder(*(rest + (t,)))

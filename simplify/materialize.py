@@ -165,6 +165,54 @@ def scan_count(op):
     return n
 
 
+def _axis_term(e, axes):
+    """``(d, reversed)`` when ``e`` is the axis ``axes[d]`` or ``(n - 1) - axes[d]``
+    (``n`` its extent), else None."""
+    for d, a in enumerate(axes):
+        if e is a:
+            return d, False
+    if isinstance(e, E.Sub) and isinstance(e.a, E.Const) and not isinstance(e.a.value, bool):
+        for d, a in enumerate(axes):
+            if e.b is a and e.a.value == a.dom[1] - 1 and a.dom[0] == 0:
+                return d, True
+    return None
+
+
+def scan_view(op, accs, output_ids=()):
+    """The layout under which a scan's state can live in ``op``'s buffer, or None.
+
+    ``op`` qualifies when it is an elementwise stage whose body is one load of
+    the output of a single-state scan, ``op[a..] = S[e..]`` with every ``e`` an
+    axis of ``op`` or its reversal (``n - 1 - a``), each axis once and extents
+    equal, nothing else reads ``S`` (``accs``: :func:`accesses` of the graph;
+    ``S`` is not a requested output, ``output_ids``), and the scan's body stages
+    are elementwise (each step writes its state element by element). Then the scan writes ``op``'s buffer directly, through the index
+    map, and ``op`` costs no pass of its own (a cumsum over a later axis, or a
+    suffix sum, is written in place; see :func:`iteration_count`).
+
+    Returns ``(scan_op, [(d, reversed) per state axis])``: state axis ``j`` is
+    ``op``'s axis ``d``, reversed or not.
+    """
+    if not is_elementwise(op) or not isinstance(op.body[0], E.Load):
+        return None
+    ld = op.body[0]
+    src = ld.tensor.op
+    if not isinstance(src, ScanOp) or src.num_outputs != 1 \
+            or not all(is_elementwise(b) for b in src.body_ops):
+        return None
+    if len(ld.args) != len(op.axis) or id(ld.tensor) in output_ids:
+        return None
+    perm = [_axis_term(e, op.axis) for e in ld.args]
+    if any(p is None for p in perm) or len({d for d, _r in perm}) != len(perm):
+        return None
+    if any(op.axis[d].dom != (0, n) for (d, _r), n in zip(perm, ld.tensor.shape)):
+        return None
+    readers = accs.get(id(src), [])
+    if len(readers) != 1 or readers[0][0] is not op or readers[0][1] is not ld:
+        return None
+    return src, perm
+
+
 def iteration_count(tensors):
     """The exact number of points visited to compute ``tensors`` and every
     non-placeholder stage they need (each materialised stage's domain counted once).
@@ -173,7 +221,13 @@ def iteration_count(tensors):
         tensors: a Tensor or a list of Tensors.
     Returns:
         int.
+    A stage that is a re-indexing of a scan's state (:func:`scan_view`) counts
+    nothing: the scan writes its buffer.
+
     Raises:
         DomainError: a domain ISL cannot count (it never enumerates points).
     """
-    return sum(stage_count(op) for op in materialized_stages(tensors))
+    outs = as_tensor_list(tensors, "iteration_count")
+    accs, output_ids = accesses(outs), {id(t) for t in outs}
+    return sum(stage_count(op) for op in materialized_stages(outs)
+               if scan_view(op, accs, output_ids) is None)

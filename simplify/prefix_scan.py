@@ -14,8 +14,10 @@ state with the time axis ``j`` first (in reversed order for a suffix):
   a reduction stage of one step;
 * update: ``P[t, ..] = P[t - 1, ..] + select(guard, s(k = j(t) + c), 0)``;
 * the result: ``Y[.., j, ..] = P[j or n - 1 - j, ..]``, a re-indexing the
-  materialisation rule inlines into its consumers (or, for a prefix over the
-  first axis, the scan's output itself).
+  materialisation rule inlines into its consumers, or, when ``Y`` keeps a
+  buffer, whose buffer the scan writes directly (its state lives there under
+  the re-indexing: :func:`texpr.simplify.materialize.scan_view`), or, for a
+  prefix over the first axis, the scan's output itself.
 
 ``prod`` reductions become ``P[t - 1] * factor`` the same way (exact with zero
 factors: no division). This covers cumsum, its adjoint (a suffix sum of the
@@ -189,8 +191,10 @@ def prefix_sums_to_scans(tensors):
         if new is None:
             return None
         before = stage_count(op)
-        after = stage_count(new.op) if isinstance(new.op, ScanOp) else (
-            stage_count(new.op.body[0].tensor.op) + new.size)
+        # the re-indexing into the stage's layout costs nothing: the scan writes
+        # that buffer through a view (materialize.scan_view), or it is inlined
+        after = stage_count(new.op) if isinstance(new.op, ScanOp) else \
+            stage_count(new.op.body[0].tensor.op)
         if after >= before:
             return None
         return new
