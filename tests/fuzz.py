@@ -19,7 +19,8 @@ differences). It covers
 :func:`check_programs` runs, for a batch of programs: ``te.evaluate`` of the
 forward, raw and simplified gradients (NaN/inf patterns equal, values close);
 one compiled kernel (texpr.codegen.build) of every program's forward, loss
-and simplified gradients against ``te.evaluate``; and, for smooth programs with
+and simplified gradients against ``te.evaluate`` of the same simplified graphs
+(raw vs simplified forward: with finite inputs; see docs/conventions.md, "Zeros"); and, for smooth programs with
 finite inputs, the raw gradients in float64 against central finite
 differences. Findings are returned as :class:`Finding` records (seed, kind,
 message, program text), so a run reports all of them, not the first.
@@ -346,6 +347,11 @@ class _Prepared:
             return
         self.ref_raw = te.evaluate(self.raw, p.feed)
         self.ref_simp = te.evaluate(self.simp, p.feed)
+        # the kernel computes the simplified forward: with inf or NaN inputs it may
+        # differ from the raw one where a select(c, v, 0) factor is a symbolic zero
+        # (docs/conventions.md, "Zeros"), so the kernel is checked against the same
+        # simplified graph, and raw vs simplified forward with finite inputs only
+        self.ref_fwd_simp = te.evaluate(list(simplify.simplify([p.y, p.loss])), p.feed)
 
     @property
     def outputs(self):
@@ -379,6 +385,11 @@ def _check_reference(q, findings):
         msg = compare(b, a, p.dtype, f"simplified vs raw d{p.loss.name}/d{x.name}")
         if msg:
             findings.append(_finding(p, "raw-vs-simplified", msg))
+    if p.finite_inputs:
+        for t, a, b in zip((p.y, p.loss), q.ref_fwd, q.ref_fwd_simp):
+            msg = compare(b, a, p.dtype, f"simplified vs raw {t.name}")
+            if msg:
+                findings.append(_finding(p, "raw-vs-simplified", msg))
 
 
 @contextlib.contextmanager
@@ -433,7 +444,7 @@ def _check_kernel(qs, findings, blas=False):
         n = len(q.outputs)
         mine = got[pos:pos + n]
         pos += n
-        wants = list(q.ref_fwd) + list(q.ref_simp)
+        wants = list(q.ref_fwd_simp) + list(q.ref_simp)
         names = [p.y.name, p.loss.name] + [f"d{p.loss.name}/d{x.name}" for x in p.floats]
         for g, w, nm in zip(mine, wants, names):
             msg = compare(g, w, p.dtype, f"kernel vs te.evaluate of {nm}")

@@ -229,3 +229,21 @@ def test_conv2d_full_size_is_fast_and_exact():
     rel = np.abs(y - ref).max() / np.abs(ref).max()
     assert rel < 1e-5
     assert elapsed < 5.0, f"conv2d evaluation took {elapsed:.2f} s"
+
+
+@pytest.mark.parametrize("domain,where,want", [((), None, 2.5), ((), False, 0.0),
+                                               ((3,), None, 7.5), ((3,), "odd", 2.5)])
+def test_scatter_add_into_a_0d_output(domain, where, want):
+    # a 0-d scatter-add (the support form of a scalar with an empty or full domain,
+    # which the simplifier builds) adds every point into the one element, in the
+    # evaluator and in a kernel
+    from texpr import codegen
+
+    X = te.placeholder((), "X", dtype="float64")
+    fw = None if where is None else (
+        (lambda *p: te.const(False)) if where is False else (lambda p: p % 2 == 1))
+    S = te.scatter_add((), "float64", domain, lambda *p: (), lambda *p: X[()] * 1.0,
+                       where=fw, name="S")
+    x = np.array(2.5)
+    assert te.evaluate(S, {X: x}) == want
+    assert codegen.build([S], [X])(x)[0] == want

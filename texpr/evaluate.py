@@ -360,6 +360,10 @@ def _eval_scatter(op, values):
             raise OutOfBoundsError(
                 f"scatter-add {op.name}: index {d} `{expr_str(op.indices[d])}` leaves the "
                 f"shape {op.shape}")
+    if not idx:  # a 0-d output: every point adds into the one element
+        for v in val:
+            out[()] += v
+        return [out]
     np.add.at(out, tuple(idx), val)
     return [out]
 
