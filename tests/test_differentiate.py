@@ -193,6 +193,33 @@ def test_custom_selecting_reducers_give_ties_to_the_first_winner(simplify):
         np.testing.assert_array_equal(g, expected)
 
 
+@pytest.mark.parametrize("form", ["scalar", "tuple", "product"])
+def test_custom_reducer_gradient_nan_patterns_raw_equal_simplified(form):
+    """A NaN in a window: the chain rule through a custom reducer multiplies local
+    derivatives by select indicators, which are symbolic zeros (docs/conventions.md),
+    so the raw adjoint has NaN exactly where the simplified one has (a fuzzed
+    argmax once gave NaN in the raw adjoint at points the simplified one skipped)."""
+    mymax = te.comm_reducer(lambda a, b: te.max(a, b), lambda d: te.const(-np.inf, d), name="mymax")
+    x = ph((2, 4), "X")
+    k = te.reduce_axis(4, "k")
+    r = te.reduce_axis(2, "r")
+    if form == "scalar":
+        y = te.compute((2,), lambda i: mymax(x[i, k] * x[i, 3 - k], axis=k), name="Y")
+    elif form == "tuple":
+        y, _ = te.compute((2,), lambda i: _argmax_reducer()((x[i, k] * x[i, 3 - k], k), axis=k),
+                          name="Y")
+    else:
+        y = te.compute((2,), lambda i: te.prod(x[i, k] - x[i, 0], axis=k, where=k >= 1),
+                       name="Y")
+    loss = te.compute((), lambda: te.sum(y[r], axis=r), name="L")
+    xv = np.array([[-1.5, -0.9, np.nan, 0.3], [0.5, 2.0, -1.0, 1.5]])
+    raw = te.evaluate(te.differentiate(loss, [x], simplify=False).result, {x: xv})[0]
+    simp = te.evaluate(te.differentiate(loss, [x]).result, {x: xv})[0]
+    np.testing.assert_array_equal(np.isnan(raw), np.isnan(simp))
+    np.testing.assert_allclose(raw[np.isfinite(raw)], simp[np.isfinite(simp)], rtol=1e-12)
+    assert np.isfinite(raw[1]).all()
+
+
 # ---- index maps ---------------------------------------------------------------------
 
 

@@ -51,8 +51,8 @@ import numpy as np
 
 from . import dtypes as dt
 from .errors import NotDifferentiableError, ShapeError, TexprError
-from .expr import (And, Const, Load, Or, Reduce, Select, all_of, any_of, cast, const, iter_var,
-                   logical_not, make_reduce, select)
+from .expr import (Add, And, Const, Load, Mul, Or, Reduce, Select, Sub, all_of, any_of, cast,
+                   const, iter_var, logical_not, make_reduce, select)
 from .reduction import CommReducer
 from .printer import expr_str
 from .rules import jvp, t_add
@@ -285,6 +285,42 @@ def head_times(head_load, d):
     return head_load * d
 
 
+def _is_zero(e):
+    return isinstance(e, Const) and not isinstance(e.value, bool) and e.value == 0
+
+
+def _has_symbolic_zero(e):
+    """Whether ``e`` is a zero-branch select, or a sum, difference or product of
+    terms one of which is."""
+    if isinstance(e, Select):
+        return _is_zero(e.true_value) or _is_zero(e.false_value)
+    if isinstance(e, (Add, Sub, Mul)):
+        return any(_has_symbolic_zero(x) for x in e.args)
+    return False
+
+
+def symbolic_times(a, b):
+    """``a * b`` where a ``select`` factor with a zero branch is a symbolic zero
+    (docs/conventions.md, "Zeros"): ``select(c, x, 0) * b`` is ``select(c, x * b,
+    0)``, so a NaN or inf in ``b`` does not leak where the factor is structurally
+    zero, in the raw adjoint as in the simplified one (which lifts ``c`` into
+    the domain). Used for the chain rule's products of local derivatives."""
+    for s, other, first in ((a, b, True), (b, a, False)):
+        def times(x):
+            return symbolic_times(x, other) if first else symbolic_times(other, x)
+        if isinstance(s, Select) and (_is_zero(s.true_value) or _is_zero(s.false_value)):
+            def branch(x):
+                return const(0, dt.promote(a.dtype, b.dtype)) if _is_zero(x) else times(x)
+            return select(s.cond, branch(s.true_value), branch(s.false_value))
+        if isinstance(s, (Add, Sub)) and _has_symbolic_zero(s):
+            # (select(c, x, 0) - select(d, y, 0)) * b: each term its own product
+            x, y = times(s.args[0]), times(s.args[1])
+            return x + y if isinstance(s, Add) else x - y
+    if _is_zero(a) or _is_zero(b):
+        return const(0, dt.promote(a.dtype, b.dtype))
+    return a * b
+
+
 def _rule_sum(out, red, ctx):
     return head_times(ctx.head_load, ctx.d_sources[0]) if ctx.d_sources[0] is not None else None
 
@@ -334,9 +370,10 @@ def _rule_generic(out, red, ctx):
             inner = jvp(comb.result[c2], {comb.rhs[c]: const(1, comb.rhs[c].dtype)})
             if outer is None or inner is None:
                 continue
-            chain = t_add(chain, substitute(outer, bind_outer) * substitute(inner, bind_inner))
+            chain = t_add(chain, symbolic_times(substitute(outer, bind_outer),
+                                                substitute(inner, bind_inner)))
         if chain is not None:
-            total = t_add(total, chain * d)
+            total = t_add(total, symbolic_times(chain, d))
     return None if total is None else head_times(ctx.head_load, total)
 
 
