@@ -70,6 +70,17 @@ class ExprEmitter:
             "(the arithmetic is proven exact in int64 for such values only)")
         return f"_rk({text}, {DATA_INDEX_LIMIT}, err, {code})"
 
+    def _unchecked(self, e):
+        """``e`` without its own range check (an operand that is not arithmetic:
+        the guard ``A[i] < sentinel`` must not fail on the sentinel it tests)."""
+        if id(e) not in self.value_checks:
+            return self(e)
+        self.value_checks.discard(id(e))
+        try:
+            return self(e)
+        finally:
+            self.value_checks.add(id(e))
+
     def cast(self, e, dtype):
         s = self(e)
         if e.dtype == dtype:
@@ -114,8 +125,8 @@ class ExprEmitter:
             if dt.is_float(d):
                 return f"_f{'min' if cls is E.Min else 'max'}({a}, {b})"
             return f"{'min' if cls is E.Min else 'max'}({a}, {b})"
-        if cls in _CMP:
-            return f"({self(e.a)} {_CMP[cls]} {self(e.b)})"
+        if cls in _CMP:  # a comparison is exact at any int64 value: no range check
+            return f"({self._unchecked(e.a)} {_CMP[cls]} {self._unchecked(e.b)})"
         if cls is E.And:
             op = "&" if _cheap_and_safe(e.b) else "and"
             return f"({self(e.a)} {op} {self(e.b)})"

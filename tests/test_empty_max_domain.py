@@ -110,3 +110,29 @@ def test_c13_all_or_most_slots_empty_2d(slots):
                 want[best, c] += 2.0 * dy[j, c]
     for g in _grads(M, X, feed, dy):
         np.testing.assert_array_equal(g, want)
+
+
+@pytest.mark.parametrize("form", ["where", "select", "strided"])
+def test_sentinel_compared_before_index_arithmetic_is_not_range_checked(form):
+    # an argmax sentinel (int64 max) tested by a comparison before the arithmetic
+    # that reads through it: the comparison is exact at any int64 value, so only
+    # the arithmetic gets the range check, and the guard short-circuits it (a fuzzed
+    # max gradient once failed its own guard's range check)
+    big = np.iinfo(np.int64).max
+    X = te.placeholder((4,), "X", F)
+    I = te.placeholder((4,), "I", "int64")
+    k = te.reduce_axis(2, "k")
+    if form == "where":
+        Y = te.compute((4,), lambda i: te.sum(X[(2 * I[i] + k) % 4] * 1.0, axis=k,
+                                              where=I[i] < big), name="Y")
+    elif form == "select":
+        Y = te.compute((4,), lambda i: te.if_then_else(I[i] < big, X[(2 * I[i]) % 4], 0.0),
+                       name="Y")
+    else:
+        Y = te.compute((4,), lambda i: te.if_then_else(
+            te.all(I[i] != big, 3 * (I[i] // 3) + i >= 0), X[(3 * (I[i] // 3) + i) % 4], 0.0),
+            name="Y")
+    feed = {X: np.array([1.0, 2.0, 3.0, 4.0], F), I: np.array([1, big, 0, 3])}
+    want = te.evaluate(Y, feed)
+    got = codegen.build([Y], [X, I])(feed[X], feed[I])[0]
+    np.testing.assert_array_equal(got, want)
