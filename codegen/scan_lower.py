@@ -29,6 +29,8 @@ from texpr.expr import Load, iter_var, load
 from texpr.tensor import ComputeOp
 from texpr.visitor import substitute, transform
 
+from .scan_gemm import gemm_step
+
 __all__ = ["lower_scan"]
 
 
@@ -264,7 +266,15 @@ def lower_scan(sl, depth):
                             sl.parallel_on, _SubWriter(w, f"{k}s{j}"))
         sub.safe = _proven_loads(s, tv, inlined)
         sub.names[id(tv)] = tname
-        sub.run(depth + 1)
+        gemm = gemm_step(s, buffers, inlined, tv, tname, L, T)
+        if gemm is None:
+            sub.run(depth + 1)
+        else:  # a matrix product per step: BLAS, the loop nest for non-finite operands
+            test, call = gemm
+            w(depth + 1, f"if {test}:")
+            w(depth + 2, call)
+            w(depth + 1, "else:")
+            sub.run(depth + 2)
         sl.uses_prange |= sub.uses_prange
 
 

@@ -540,3 +540,47 @@ def test_torch_bridge_through_a_scan():
     xt = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
     wt = torch.randn(3, 3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(f, (xt, wt))
+
+
+def _batched_rnn(T, B, n, dtype="float64"):
+    """h[t, b] = tanh(h[t-1, b] @ W^T + X[t, b]): a step that is a (B x n) @ (n x n)
+    product, large enough for the per-step GEMM (codegen/scan_gemm.py)."""
+    X = te.placeholder((T, B, n), name="X", dtype=dtype)
+    W = te.placeholder((n, n), name="W", dtype=dtype)
+    S = te.placeholder((T, B, n), name="S", dtype=dtype)
+    k = te.reduce_axis(n, "k")
+    init = te.compute((1, B, n), lambda _, b, i: te.tanh(X[0, b, i]), name="h0")
+    pre = te.compute((T, B, n), lambda t, b, i: te.sum(S[t - 1, b, k] * W[i, k], axis=k),
+                     name="pre")
+    upd = te.compute((T, B, n), lambda t, b, i: te.tanh(pre[t, b, i] + X[t, b, i]), name="h")
+    return X, W, te.scan(init, upd, S, name="brnn")
+
+
+@pytest.mark.parametrize("poison", [None, "nan_weight", "inf_input"])
+def test_kernel_step_products_run_as_gemms(poison):
+    # forward and gradient steps that are matrix products run as np.dot under a
+    # finiteness test; a NaN or inf operand takes the loop nest: values and NaN
+    # patterns equal te.evaluate either way (the gradient's step has a t >= 2 test)
+    from texpr import codegen
+
+    T, B, n = 5, 16, 16
+    X, W, h = _batched_rnn(T, B, n)
+    loss, C = weighted_sum(h)
+    gx, gw = te.differentiate(loss, [X, W])
+    feed = {X: RNG.standard_normal((T, B, n)), W: RNG.standard_normal((n, n)) * 0.3,
+            C: RNG.standard_normal((T, B, n))}
+    if poison == "nan_weight":
+        feed[W][3, 5] = np.nan
+    elif poison == "inf_input":
+        feed[X][2, 1, 4] = np.inf
+    kernel = codegen.build([h, gx, gw], [X, W, C])
+    assert kernel.source.count("np.dot(") == 2, kernel.source
+    got = kernel(*[feed[x] for x in (X, W, C)])
+    want = te.evaluate([h, gx, gw], feed)
+    for g, w_ in zip(got, want):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w_))
+        np.testing.assert_allclose(g[np.isfinite(w_)], w_[np.isfinite(w_)], rtol=1e-9,
+                                   atol=1e-12)
+    if poison is None:
+        np.testing.assert_allclose(got[2], numeric_gradient(loss, W, feed), rtol=1e-5,
+                                   atol=1e-7)

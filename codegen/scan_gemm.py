@@ -1,0 +1,147 @@
+"""A scan step that is a matrix product runs as ``np.dot`` (a GEMM) inside the scan's unit.
+
+A recurrent cell's step multiplies the previous state by a weight matrix:
+``pre[b, g] = sum_k h[t - 1, b, k] * W[g, k]``. Inside a scan the step is part of
+one compiled unit, so the stage-level GEMM path (:mod:`codegen.contraction`, a
+plan run by numpy between units) cannot take it; a loop nest does the
+product at a few GFLOP/s. This module recognises the step stage
+
+    S[i, j] = sum(A[..] * B[..], axis=k)        (no condition, or one on t only)
+
+whose two loads read, at each step ``t``, a dense matrix block of their buffers:
+flat offsets affine in ``(t, i, k)`` and ``(t, j, k)`` with unit stride along one
+of the two axes and the other's extent as the row stride (a C-contiguous
+``(M, K)`` or ``(K, M)`` block, so a reshape of a slice, no copy). It emits
+
+    if [condition on t] and isfinite(A_t).all() and isfinite(B_t).all():
+        np.dot(A_t, B_t.T, S_t)                 # numba: BLAS through SciPy
+    else:
+        <the step's loop nest>                   # exact IEEE terms (and the
+                                                 # empty sum where t fails), as before
+
+The finiteness test keeps inf and NaN on the loop nest, whose terms are the
+evaluator's (a BLAS may reorder or skip them). Both blocks are proven inside
+their buffers for every step ``L <= t < T`` at build time (a slice that left
+the buffer would be cut short silently); otherwise the loop nest stays.
+"""
+
+from texpr import expr as E
+from texpr.expr import Reduce
+
+from texpr.visitor import free_vars, post_order
+
+from .emit import ExprEmitter
+from .schedule import inline_expand
+
+#: the smallest product (M * N * K multiply-adds) worth a BLAS call per step
+GEMM_MIN_MACS = 4096
+
+
+def _affine(e):
+    """``({id(var): (var, coef)}, const)`` of an int expression affine in its
+    variables, else None."""
+    from texpr.simplify.prefix_scan import _linear
+    return _linear(e)
+
+
+def _flat(ld, buf):
+    """The load's flat offset as ``{id(var): coef}``, const (None if not affine)."""
+    coefs, const = {}, 0
+    shape = tuple(ld.tensor.shape)
+    stride = 1
+    strides = []
+    for n in reversed(shape):
+        strides.append(stride)
+        stride *= n
+    strides.reverse()
+    for a, st in zip(ld.args, strides):
+        lin = _affine(a)
+        if lin is None:
+            return None
+        vs, c = lin
+        const += c * st
+        for key, (_v, cf) in vs.items():
+            coefs[key] = coefs.get(key, 0) + cf * st
+    return {k: c for k, c in coefs.items() if c}, const
+
+
+def _block(ld, buf, tv, row, k, m, kk):
+    """``(offset coefficient of t, constant, transposed)`` when the load reads a
+    C-contiguous ``(m, kk)`` block (``transposed``: a ``(kk, m)`` block) at each
+    step, its rows along ``row`` and columns along ``k``; else None."""
+    if hasattr(buf, "physical") or not isinstance(ld, E.Load) or ld.tensor.dtype != buf.dtype:
+        return None
+    f = _flat(ld, buf)
+    if f is None:
+        return None
+    coefs, const = f
+    allowed = {id(tv), id(row), id(k)}
+    if any(key not in allowed for key in coefs):
+        return None
+    cr, ck = coefs.get(id(row), 0), coefs.get(id(k), 0)
+    if cr == kk and ck == 1:
+        transposed = False
+    elif cr == 1 and ck == m:
+        transposed = True
+    else:
+        return None
+    return coefs.get(id(tv), 0), const, transposed
+
+
+def gemm_step(s, buffers, inlined, tv, tname, L, T):
+    """The GEMM lines of the step stage ``s`` (see the module docstring), or None.
+
+    Returns ``(test, call)``: the finiteness condition (source text) and the
+    ``np.dot`` statement; the caller puts the loop nest in the else branch."""
+    if len(s.axis) != 2 or s.num_outputs != 1:
+        return None
+    body = inline_expand(s.body[0], inlined)
+    if not isinstance(body, Reduce) or body.combiner.kind != "sum" or len(body.axes) != 1:
+        return None
+    step_test = None  # a condition on the step alone (``t >= 2``): the GEMM runs where it holds
+    if not (isinstance(body.where, E.Const) and body.where.value is True):
+        if any(v is not tv for v in free_vars(body.where)) or any(
+                isinstance(x, E.Load) for x in post_order(body.where)):
+            return None
+        step_test = ExprEmitter({id(tv): tname}, buffers, s.name, [])(body.where)
+    src = body.source[0]
+    if not isinstance(src, E.Mul) or src.dtype not in ("float32", "float64"):
+        return None
+    out = buffers[id(s.output(0))]
+    if hasattr(out, "physical") or out.dtype != src.dtype:
+        return None
+    i, j = s.axis
+    k = body.axes[0]
+    if i.dom[0] != 0 or j.dom[0] != 0 or k.dom[0] != 0:
+        return None
+    m, n, kk = i.dom[1], j.dom[1], k.dom[1]
+    if m * n * kk < GEMM_MIN_MACS:
+        return None
+    a_ld, b_ld = src.args
+    for first, second in ((a_ld, b_ld), (b_ld, a_ld)):
+        if not isinstance(first, E.Load) or not isinstance(second, E.Load):
+            return None
+        ba, bb = buffers[id(first.tensor)], buffers[id(second.tensor)]
+        pa = _block(first, ba, tv, i, k, m, kk)
+        pb = _block(second, bb, tv, j, k, n, kk)
+        if pa is not None and pb is not None:
+            break
+    else:
+        return None
+    views = []
+    for (ct, c0, transposed), buf, rows in ((pa, ba, m), (pb, bb, n)):
+        span = rows * kk
+        # the block [c0 + ct * t, + span) inside the buffer at every step
+        lo = min(c0 + ct * L, c0 + ct * (T - 1))
+        hi = max(c0 + ct * L, c0 + ct * (T - 1)) + span
+        if lo < 0 or hi > buf.size:
+            return None
+        start = f"{c0} + {ct} * {tname}" if ct else f"{c0}"
+        shape = f"({kk}, {rows})" if transposed else f"({rows}, {kk})"
+        view = f"{buf.name}[{start}:{start} + {span}].reshape({shape})"
+        views.append(view + (".T" if transposed else ""))
+    a_view, b_view = views
+    test = " and ".join(([step_test] if step_test else [])
+                        + [f"np.isfinite({v}).all()" for v in views])
+    call = f"np.dot({a_view}, ({b_view}).T, {out.name}[:{m * n}].reshape(({m}, {n})))"
+    return test, call
