@@ -614,6 +614,10 @@ def topo_order(outputs):
     return order
 
 
+#: texpr dtype name -> numpy's (singleton) native dtype object
+_NATIVE_DTYPES = {n: np.dtype(n) for n in ("float32", "float64", "int32", "int64", "bool")}
+
+
 def check_input_array(tensor, value, who, convert=False):
     """Check a value given for placeholder ``tensor``: shape and dtype exactly as declared.
 
@@ -622,6 +626,9 @@ def check_input_array(tensor, value, who, convert=False):
     array is converted, values unchanged) and a plain ``np.ndarray``. Raises ``FeedError`` naming ``who`` (the
     caller: "evaluate", "kernel"), the tensor, and the expected shape/dtype.
     """
+    if type(value) is np.ndarray and value.dtype is _NATIVE_DTYPES.get(tensor.dtype) \
+            and value.shape == tensor.shape:
+        return value  # the common case, checked in a few attribute reads
     if not isinstance(value, np.ndarray):
         if not convert:
             raise FeedError(f"{who}: the value for {tensor.name} must be a numpy array, got "

@@ -148,6 +148,10 @@ class TorchOp:
                             f"({', '.join(t.name for t in self.spec.inputs)}), got {len(xs)}")
         args = []
         for x, (shape, dtype, t) in zip(xs, self._expect):
+            if type(x) is torch.Tensor and x.dtype is dtype and x.shape == shape and x.is_cpu:
+                # the common case in a few attribute reads (the checks below say why not)
+                args.append(x if x.is_contiguous() else x.contiguous())
+                continue
             if not isinstance(x, torch.Tensor):
                 raise FeedError(f"{self.spec.who}: the value for {t.name} must be a torch "
                                 f"tensor, got {type(x).__name__}")
