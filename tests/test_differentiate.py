@@ -220,6 +220,41 @@ def test_custom_reducer_gradient_nan_patterns_raw_equal_simplified(form):
     assert np.isfinite(raw[1]).all()
 
 
+@pytest.mark.parametrize("form", ["two_loads", "difference", "two_d"])
+def test_nan_adjoint_through_several_loads_stays_where_it_belongs(form):
+    """An inf input makes the consumer's adjoint NaN at one point; the input is
+    loaded at several places, so its Jacobian is a sum of indicator terms: the
+    head goes into each term (symbolic zeros), and the raw adjoint is NaN exactly
+    where the simplified one is (a fuzzed program once had NaN everywhere raw)."""
+    n = 5
+    k = te.reduce_axis(3, "k")
+    if form == "two_d":
+        x = ph((2, n), "X")
+        y = te.compute((2, n), lambda a, i: te.sum(
+            x[a, (i + k) % n] + x[a, (i + 1) % n] * 0.5, axis=k, where=k <= i), name="Y")
+        xv = np.array([[0.3, -np.inf, 0.1, np.inf, 0.4], [0.5, 0.2, -0.3, 0.1, 0.7]])
+    else:
+        x = ph((n,), "X")
+        if form == "two_loads":  # the fuzzed program's form: a guarded load among them
+            y = te.compute((n,), lambda i: te.sum(
+                x[te.max(te.min((0 - i - k) % 3 + i, n - 1), 0)]
+                - (te.if_then_else(i + 1 < n, x[te.min(i + 1, n - 1)], 0.0) + x[i] * -0.75)
+                * 0.5, axis=k, where=k <= i), name="Y")
+        else:
+            y = te.compute((n,), lambda i: te.sum(
+                x[(i + k) % n] - x[(i + 2) % n] * 0.25 + x[n - 1 - i], axis=k, where=k <= i),
+                name="Y")
+        xv = np.array([0.3, -np.inf if form == "two_loads" else -0.2, 0.1, np.inf, 0.4])
+    z = te.compute(y.shape, lambda *i: te.exp(te.tanh(y[i])), name="Z")
+    loss, c = weighted_sum(z)
+    feed = feed_for([x, c])
+    feed[x] = xv
+    raw = te.evaluate(te.differentiate(loss, [x], simplify=False).result, feed)[0]
+    simp = te.evaluate(te.differentiate(loss, [x]).result, feed)[0]
+    np.testing.assert_array_equal(np.isnan(raw), np.isnan(simp))
+    assert not np.isnan(raw).all()
+
+
 # ---- index maps ---------------------------------------------------------------------
 
 

@@ -29,12 +29,13 @@ CI_COMPILE_EVERY = 10
 #: reads, a solved data-dependent equality whose load lost its guard, a NaN input
 #: times a select-zero factor: the kernel is checked against the simplified graph it
 #: computes, a custom reducer's raw adjoint multiplying a NaN by select indicators,
-#: an argmax sentinel range-checked inside the comparison that guards it);
+#: an argmax sentinel range-checked inside the comparison that guards it, a NaN head
+#: times a sum of indicator terms in a raw adjoint);
 #: each is re-run alone, compiled, as a regression test
 REGRESSIONS = (20261140, 20261160, 20261180, 20261210, 20261230, 20261280, 20261300,
                20261242, 20261319, 20263039, 749189702348,
                749189702389, 392882972644,
-               309414454917, 309414454992)
+               309414454917, 309414454992, 543264005676)
 
 
 def _progress():

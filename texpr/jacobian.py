@@ -275,11 +275,17 @@ def head_times(head_load, d):
     NaN at points where the Jacobian is structurally zero does not turn those
     zeros into NaN. The simplifier lifts such conditions into domains (it never
     reads the head there), so raw and simplified adjoints agree on NaN patterns.
+    A sum or difference of such terms (an input loaded at several places) gets
+    the head in each term.
     """
     if isinstance(d, Select):
         t = head_times(head_load, d.true_value)
         f = head_times(head_load, d.false_value)
         return select(d.cond, t, f)
+    if isinstance(d, (Add, Sub)) and _has_symbolic_zero(d):
+        # a sum of indicator terms (several loads of one input): the head into each
+        a, b = head_times(head_load, d.args[0]), head_times(head_load, d.args[1])
+        return a + b if isinstance(d, Add) else a - b
     if isinstance(d, Const) and d.value == 0:
         return const(0, dt.promote(head_load.dtype, d.dtype))
     return head_load * d
