@@ -247,3 +247,26 @@ def test_scatter_add_into_a_0d_output(domain, where, want):
     x = np.array(2.5)
     assert te.evaluate(S, {X: x}) == want
     assert codegen.build([S], [X])(x)[0] == want
+
+
+@pytest.mark.parametrize("scale", [0.1, 10 / 3, 0.7])
+def test_weak_float_constants_at_the_operations_precision(scale):
+    # i * s in a float64 expression multiplies by s, not by float32(s): the
+    # evaluator agrees with the kernel and numpy (a float-computed resize index,
+    # floor(i * 10/3), once differed at i = 3, 6, ... between them)
+    from texpr import codegen
+
+    n, m = 100, 30
+    X = te.placeholder((n,), "X", dtype="float64")
+    F = te.compute((m,), lambda i: i * scale, name="F")
+    Y = te.compute((m,), lambda i: X[te.min(te.cast(te.floor(i * scale), "int64"), n - 1)],
+                   name="Y")
+    x = np.arange(n, dtype="float64")
+    want_f = np.arange(m) * scale
+    want_y = x[np.minimum(np.floor(np.arange(m) * scale).astype(int), n - 1)]
+    got_f, got_y = te.evaluate([F, Y], {X: x})
+    np.testing.assert_array_equal(got_f, want_f)
+    np.testing.assert_array_equal(got_y, want_y)
+    kf, ky = codegen.build([F, Y], [X])(x)
+    np.testing.assert_array_equal(kf, want_f)
+    np.testing.assert_array_equal(ky, want_y)

@@ -91,9 +91,10 @@ class _StageEval:
         if cls in _EXACT_INT and dt.is_int(e.dtype):
             return self._int_arith(e, mask)
         if cls in _BINARY:
-            return _BINARY[cls](self(e.args[0], mask), self(e.args[1], mask))
+            return _BINARY[cls](self._operand(e.args[0], e.dtype, mask),
+                                self._operand(e.args[1], e.dtype, mask))
         if cls is Div:
-            a, b = self(e.args[0], mask), self(e.args[1], mask)
+            a, b = self._operand(e.args[0], e.dtype, mask), self._operand(e.args[1], e.dtype, mask)
             return np.true_divide(a.astype(e.dtype, copy=False), b.astype(e.dtype, copy=False))
         if cls in (FloorDiv, FloorMod):
             a, b = self(e.args[0], mask), self(e.args[1], mask)
@@ -135,6 +136,15 @@ class _StageEval:
             raise TexprError(f"stage {self.stage_name}: a reduction below the top of a body "
                              f"(`{expr_str(e)}`) reached the evaluator")
         raise TexprError(f"evaluate: unknown expression kind {cls.__name__}")
+
+    def _operand(self, x, dtype, mask):
+        """An operand of a float operation of ``dtype``: a constant (a weak Python
+        scalar, typed float32 on its own) at the operation's precision, as the
+        kernels write it (``i * 0.1`` in float64 multiplies by 0.1, not by
+        float32(0.1)); anything else as evaluated."""
+        if isinstance(x, Const) and dt.is_float(dtype) and not isinstance(x.value, bool):
+            return np.asarray(x.value, dtype=dtype)
+        return self(x, mask)
 
     def _int_arith(self, e, mask):
         """``+``, ``-``, ``*`` of integers, exactly: a result outside the dtype's
