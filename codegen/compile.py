@@ -163,14 +163,32 @@ def _load(source, modname, path, entry="kernel"):
     return mod.__dict__[entry]
 
 
+def _reset_block_labels():
+    """Start numba's process-wide block-label counter again before a top-level
+    compile. Inlining a function (the ``inline="always"`` helpers of every unit)
+    offsets its block labels by the counter and raises the counter to the new
+    largest label, so the counter roughly doubles per inlining: after a few
+    hundred kernels in one process the labels have hundreds of digits and LLVM
+    rejects the module ("name is too long"). Labels need only be unique within
+    the function being compiled, which numba ensures from the function's own
+    labels; called under numba's compiler lock, so no compile is in progress."""
+    from numba.core import ir_utils
+    counter = getattr(ir_utils, "_the_max_label", None)
+    if counter is not None and hasattr(counter, "_value"):
+        counter._value = 0
+
+
 def _compile(fn, sig):
     # numba leaves LLVM's SLP vectoriser off; the unrolled partial sums of the
     # generated reductions need it (restored after: other numba users keep theirs)
+    from numba.core.compiler_lock import global_compiler_lock
+
     slp = numba.config.SLP_VECTORIZE
     numba.config.SLP_VECTORIZE = 1
     try:
-        with warnings.catch_warnings():
+        with global_compiler_lock, warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            _reset_block_labels()
             fn.compile(sig)
     finally:
         numba.config.SLP_VECTORIZE = slp

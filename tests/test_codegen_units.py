@@ -252,3 +252,25 @@ def test_compile_error_names_the_stage(fresh, monkeypatch):
     ins, outs = _two_unit_graph()
     with pytest.raises(codegen.CompileError, match=r"the stage L\[\] = sum"):
         codegen.build(outs, ins)
+
+
+def test_many_builds_in_one_process_keep_numba_block_labels_small(monkeypatch, tmp_path):
+    # every unit inlines its check helpers; numba's process-wide block-label counter
+    # used to grow by a digit per kernel like these until, after some hundreds of
+    # builds in one process, LLVM rejected the modules ("name is too long": a fuzz
+    # run's CompileErrors). It is reset before each compile (codegen/compile.py).
+    from numba.core import ir_utils
+
+    monkeypatch.setenv("TEXPR_COMPILE_WORKERS", "0")  # compile here, in this process
+    monkeypatch.setenv("TEXPR_CACHE_DIR", str(tmp_path))
+    X = te.placeholder((8,), "X")
+    I = te.placeholder((8,), "I", dtype="int64")
+    x, idx = np.arange(8, dtype="float32"), np.array([3, 1, 4, 1, 5, 0, 2, 6])
+    digits = []
+    for r in range(6):
+        Y = te.compute((8,), lambda i: te.max(X[I[i]] * (1.0 + r), X[I[(i + 1) % 8]])
+                       + te.max(X[I[(i + 2) % 8]], X[I[(i + 3) % 8]] * 2.0), name=f"Y{r}")
+        got = codegen.build([Y], [X, I])(x, idx)[0]
+        np.testing.assert_array_equal(got, te.evaluate(Y, {X: x, I: idx}))
+        digits.append(len(str(ir_utils._the_max_label._value)))
+    assert max(digits) <= 6 and digits[-1] <= digits[0] + 1, digits
