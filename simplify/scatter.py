@@ -8,9 +8,9 @@ that ISL cannot see. Computed as written it costs ``size(X) * len(I)``.
 some output dimensions ``j_d == L_d`` (``L_d`` data-dependent and free of the
 fixed dimensions) into a :class:`texpr.ScatterAddOp` over the reduction domain
 and the remaining output dimensions: ``dX[L(k)] += dY[k]``, work ``O(len(I))``.
-Duplicated indices accumulate (``np.add.at`` semantics), as the sum did. An
-index outside the output's shape is an error (OutOfBoundsError from the
-evaluator and the kernel), as it is for the forward gather.
+Duplicated indices accumulate (``np.add.at`` semantics), as the sum did; an
+index outside the output's shape matched no output point of the sum, so the
+scatter skips it (a guard ``0 <= L < n``).
 
 An index that depends on loop variables only but is not quasi-affine (a product
 ``X[i * j]``, float arithmetic then floor and cast ``X[int(floor(i * 0.5))]``)
@@ -138,21 +138,23 @@ def _scatter(op, where, source, init=None, name=None):
     free_axes = [a for a in axis if id(a) not in fixed]
     dom_vars = list(raxes) + free_axes
     new_vars = {v: iter_var(v.dom[0], v.dom[1], v.name, "spatial") for v in dom_vars}
-    # A fixed index is NOT guarded by ``0 <= ix < n``: an index outside the tensor
-    # makes the forward gather fail, so the scatter fails too (the evaluator and the
-    # kernel check its indices) rather than dropping the term and returning a
-    # plausible gradient. The one exception is an argmax/argmin value inside the
-    # index: its sentinel 2**63 - 1 marks an empty domain (the forward read nothing),
-    # so such a term is dropped -- and that test comes first, because the conditions
-    # after it may load through the index (``I[argmax[j]]``) and ``&&`` evaluates its
-    # right side only where the left holds.
-    indices, bounds = [], []
+    # A fixed index is guarded by ``0 <= ix < n``: the sum it replaces compared
+    # ``ix`` with the output index, so an ``ix`` outside the output matched no
+    # output point (a segment id of -1 means "no segment"). The raw adjoint of a
+    # gather is a scatter-add already (texpr.jacobian), which fails where the
+    # forward gather fails; this rewrite only makes sums cheaper. An argmax/argmin
+    # value inside the index is tested first: its sentinel 2**63 - 1 marks an
+    # empty domain (the forward read nothing), and the conditions after it may
+    # load through the index (``I[argmax[j]]``): ``&&`` evaluates its right side
+    # only where the left holds.
+    indices, bounds, ranges = [], [], []
     for d, a in enumerate(axis):
         ix = substitute(fixed.get(id(a), a), new_vars)
         indices.append(ix)
         if id(a) in fixed:
             bounds.extend(n < _EMPTY_ARGMAX for n in _argmax_loads(ix))
-    where = all_expr(bounds + [substitute(c, new_vars) for c in cond_parts])
+            ranges += [ix >= a.dom[0], ix < a.dom[1]]
+    where = all_expr(bounds + ranges + [substitute(c, new_vars) for c in cond_parts])
     if any(id(v) in spatial_ids and id(v) in fixed_ids
            for v in free_vars([value, where] + indices)):
         return None

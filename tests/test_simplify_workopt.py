@@ -505,3 +505,29 @@ def test_solved_data_equality_keeps_the_guard_of_its_load(shift, n_a):
     assert simplify.iteration_count([s]) <= n
     kern = codegen.build([s], [H, I])
     np.testing.assert_allclose(kern(feed[H], feed[I])[0], want)
+
+
+# ---- a segment id outside the output matches no segment ----------------------------
+
+
+@pytest.mark.parametrize("form", ["plain", "guarded_after", "guarded_before", "squared"])
+def test_segment_sum_ids_outside_the_output_match_no_segment(form):
+    # the scatter form of Y[i] = sum_k X[k] where I[k] == i skips I[k] = -1 or 7 (the
+    # sum compared them with i and matched nothing): kernel, evaluator of the
+    # simplified graph and of the original agree (the unguarded scatter raised)
+    n, m = 6, 4
+    X = te.placeholder((m,), "X", dtype=F64)
+    I = te.placeholder((m,), "I", dtype="int32")
+    k = te.reduce_axis(m, "k")
+    where = {"plain": lambda i: I[k] == i,
+             "guarded_after": lambda i: te.all(k >= i, I[k] == i),
+             "guarded_before": lambda i: te.all(I[k] == i, k >= 1),
+             "squared": lambda i: I[k] == i}[form]
+    src = (lambda: X[k] * X[k]) if form == "squared" else (lambda: X[k])
+    Y = te.compute((n,), lambda i: te.sum(src(), axis=k, where=where(i)), name="Y")
+    (s,) = simplify.simplify([Y])
+    assert any(isinstance(op, te.ScatterAddOp) for op in te.topo_order([s]))
+    feed = {X: np.array([1.0, 2.0, 4.0, 8.0]), I: np.array([0, -1, 1, 7], "int32")}
+    want = te.evaluate(Y, feed)
+    np.testing.assert_array_equal(te.evaluate(s, feed), want)
+    np.testing.assert_array_equal(codegen.build([Y], [X, I])(feed[X], feed[I])[0], want)
