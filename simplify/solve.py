@@ -123,9 +123,15 @@ def _residual_value(c, r, dom):
         if unit is None:
             continue
         sign, rest = unit  # a == sign * r + rest, so r == sign * (b - rest)
-        value = b if rest is None else b - rest
+        # in int64, as the comparison was (r is an int64 index): int32 loads
+        # subtracted in int32 could wrap where the original did not
+        value = _i64(b) if rest is None else _i64(b) - _i64(rest)
         return value if sign == 1 else -value
     return None
+
+
+def _i64(e):
+    return e if e.dtype == "int64" else E.cast(e, "int64")
 
 
 def _unit_in(e, r):
@@ -146,11 +152,11 @@ def _unit_in(e, r):
             return None
         sign, rest = inner
         if first is y and neg:  # e = x - (sign * r + rest)
-            sign, rest = -sign, (None if rest is None else -rest)
-            add = x
+            sign, rest = -sign, (None if rest is None else -_i64(rest))
+            add = _i64(x)
         else:                   # e = (sign * r + rest) +/- other
-            add = -other if flip else other
-        return sign, add if rest is None else rest + add
+            add = -_i64(other) if flip else _i64(other)
+        return sign, add if rest is None else _i64(rest) + add
     return None
 
 

@@ -531,3 +531,26 @@ def test_segment_sum_ids_outside_the_output_match_no_segment(form):
     want = te.evaluate(Y, feed)
     np.testing.assert_array_equal(te.evaluate(s, feed), want)
     np.testing.assert_array_equal(codegen.build([Y], [X, I])(feed[X], feed[I])[0], want)
+
+
+@pytest.mark.parametrize("form", ["r + J", "J + r", "J - r"])
+def test_solved_equality_of_int32_loads_is_computed_in_int64(form):
+    # I[k] == r + J[k] with int32 I, J: the comparison ran in int64 (r is an index),
+    # so the solved r = I[k] - J[k] is too; in int32 it wrapped and the kernel
+    # build refused the program for any data
+    n, m = 6, 8
+    H = te.placeholder((n,), "H", dtype=F64)
+    I = te.placeholder((m,), "I", dtype="int32")
+    J = te.placeholder((m,), "J", dtype="int32")
+    r = te.reduce_axis(n, "r")
+    side = {"r + J": lambda k: r + J[k], "J + r": lambda k: J[k] + r,
+            "J - r": lambda k: J[k] - r}[form]
+    Y = te.compute((m,), lambda k: te.sum(H[r], axis=r, where=I[k] == side(k)), name="Y")
+    (s,) = simplify.simplify([Y])
+    assert simplify.iteration_count([s]) <= m
+    big, small = np.iinfo(np.int32).max, np.iinfo(np.int32).min
+    feed = {H: np.arange(1.0, n + 1), I: np.array([3, big, small, 0, 1, 2, 3, -4], "int32"),
+            J: np.array([1, small, big, 0, 0, 0, 0, -6], "int32")}
+    want = te.evaluate(Y, feed)
+    np.testing.assert_array_equal(te.evaluate(s, feed), want)
+    np.testing.assert_array_equal(codegen.build([Y], [H, I, J])(*feed.values())[0], want)
