@@ -243,4 +243,23 @@ def _fmax(a, b):
 @njit(inline="always", cache=True)
 def _fmin(a, b):
     return a if (a < b or a != a) else b
+
+
+@njit(cache=True)
+def _gemm_ok(a, b, k, lim):
+    # every value finite and max|a| * max|b| * k <= lim: no product and no partial
+    # sum can overflow, so a GEMM's result is the loop nest's up to rounding
+    ma = 0.0
+    for v in a.flat:
+        x = abs(float(v))
+        if not x <= lim:
+            return False
+        ma = max(ma, x)
+    mb = 0.0
+    for v in b.flat:
+        x = abs(float(v))
+        if not x <= lim:
+            return False
+        mb = max(mb, x)
+    return ma * mb * k <= lim
 '''

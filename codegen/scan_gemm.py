@@ -13,17 +13,24 @@ flat offsets affine in ``(t, i, k)`` and ``(t, j, k)`` with unit stride along on
 of the two axes and the other's extent as the row stride (a C-contiguous
 ``(M, K)`` or ``(K, M)`` block, so a reshape of a slice, no copy). It emits
 
-    if [condition on t] and isfinite(A_t).all() and isfinite(B_t).all():
+    if [condition on t] and _gemm_ok(A_t, B_t, K, float max):
         np.dot(A_t, B_t.T, S_t)                 # numba: BLAS through SciPy
     else:
         <the step's loop nest>                   # exact IEEE terms (and the
                                                  # empty sum where t fails), as before
 
-The finiteness test keeps inf and NaN on the loop nest, whose terms are the
-evaluator's (a BLAS may reorder or skip them). Both blocks are proven inside
+``_gemm_ok`` (codegen/emit.py) passes when every operand value is finite and
+``max|A| * max|B| * K`` stays below the dtype's largest value, so that no
+product and no partial sum overflows: then the GEMM is the loop nest up to
+rounding. Otherwise (an inf or NaN, or values large enough to overflow) the
+loop nest runs, whose terms are the evaluator's (a BLAS may reorder terms and
+fuse multiply-adds: ``1e154 * 2e154 + 1e154 * -2e154`` is NaN term by term,
+inf in an FMA). Both blocks are proven inside
 their buffers for every step ``L <= t < T`` at build time (a slice that left
 the buffer would be cut short silently); otherwise the loop nest stays.
 """
+
+import numpy as np
 
 from texpr import expr as E
 from texpr.expr import Reduce
@@ -141,7 +148,8 @@ def gemm_step(s, buffers, inlined, tv, tname, L, T):
         view = f"{buf.name}[{start}:{start} + {span}].reshape({shape})"
         views.append(view + (".T" if transposed else ""))
     a_view, b_view = views
+    lim = repr(float(np.finfo(src.dtype).max))
     test = " and ".join(([step_test] if step_test else [])
-                        + [f"np.isfinite({v}).all()" for v in views])
+                        + [f"_gemm_ok({a_view}, {b_view}, {kk}, {lim})"])
     call = f"np.dot({a_view}, ({b_view}).T, {out.name}[:{m * n}].reshape(({m}, {n})))"
     return test, call
