@@ -491,7 +491,7 @@ def check_programs(seeds, batch=8, fd=True, compile_every=1, log=None):
     Programs are compiled ``batch`` at a time into one kernel (one numba compile
     for many programs); a program whose forward raises OutOfBoundsError is
     built alone and must raise it too. Only every ``compile_every``-th program
-    (by position) is compiled; the rest get the evaluator checks only. Every
+    (by position) is compiled (none for 0); the rest get the evaluator checks only. Every
     second batch (and the last) is built with every contraction stage on BLAS,
     the others with the default cost rule (loop nests at these sizes).
     """
@@ -499,7 +499,7 @@ def check_programs(seeds, batch=8, fd=True, compile_every=1, log=None):
     ready = []
     batches = 0
     for pos, s in enumerate(seeds):
-        compiled = pos % compile_every == 0
+        compiled = bool(compile_every) and pos % compile_every == 0
         if log is not None:
             log(f"program {pos}: seed {s}, {len(findings)} finding(s) so far", findings)
         try:
