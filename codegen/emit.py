@@ -246,20 +246,22 @@ def _fmin(a, b):
 
 
 @njit(cache=True)
-def _gemm_ok(a, b, k, lim):
-    # every value finite and max|a| * max|b| * k <= lim: no product and no partial
-    # sum can overflow, so a GEMM's result is the loop nest's up to rounding
-    ma = 0.0
+def _max_abs(a, lim):
+    # the largest |value| of a, or -1.0 if one is inf, NaN or above lim
+    m = 0.0
     for v in a.flat:
         x = abs(float(v))
         if not x <= lim:
-            return False
-        ma = max(ma, x)
-    mb = 0.0
-    for v in b.flat:
-        x = abs(float(v))
-        if not x <= lim:
-            return False
-        mb = max(mb, x)
-    return ma * mb * k <= lim
+            return -1.0
+        m = max(m, x)
+    return m
+
+
+@njit(cache=True)
+def _gemm_ok(a, b, k, lim):
+    # every value finite and max|a| * max|b| * k <= lim: no product and no partial
+    # sum can overflow, so a GEMM's result is the loop nest's up to rounding
+    ma = _max_abs(a, lim)
+    mb = _max_abs(b, lim)
+    return ma >= 0.0 and mb >= 0.0 and ma * mb * k <= lim
 '''

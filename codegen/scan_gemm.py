@@ -35,6 +35,7 @@ import numpy as np
 from texpr import expr as E
 from texpr.expr import Reduce
 
+from texpr.tensor import row_major_strides
 from texpr.visitor import free_vars, post_order
 
 from .emit import ExprEmitter
@@ -54,14 +55,7 @@ def _affine(e):
 def _flat(ld, buf):
     """The load's flat offset as ``{id(var): coef}``, const (None if not affine)."""
     coefs, const = {}, 0
-    shape = tuple(ld.tensor.shape)
-    stride = 1
-    strides = []
-    for n in reversed(shape):
-        strides.append(stride)
-        stride *= n
-    strides.reverse()
-    for a, st in zip(ld.args, strides):
+    for a, st in zip(ld.args, row_major_strides(ld.tensor.shape)):
         lin = _affine(a)
         if lin is None:
             return None

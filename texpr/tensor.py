@@ -614,6 +614,17 @@ def topo_order(outputs):
     return order
 
 
+def row_major_strides(shape):
+    """The row-major (C order) strides of ``shape``, in elements: a list of ints,
+    the last 1 (``(2, 3, 4)`` -> ``[12, 4, 1]``)."""
+    strides, stride = [], 1
+    for n in reversed(tuple(shape)):
+        strides.append(stride)
+        stride *= int(n)
+    strides.reverse()
+    return strides
+
+
 #: texpr dtype name -> numpy's (singleton) native dtype object
 _NATIVE_DTYPES = {n: np.dtype(n) for n in ("float32", "float64", "int32", "int64", "bool")}
 

@@ -12,7 +12,7 @@ split (``(N, C, H, W) -> (N, C*H*W)`` reads ``X[n, f // (H*W), f // W % H, f % W
 from .. import dtypes as dt
 from ..errors import ShapeError
 from ..expr import as_expr, floordiv, floormod, maximum, minimum, select
-from ..tensor import compute
+from ..tensor import compute, row_major_strides
 from ._util import (all_of, check_choice, check_int, check_shape, check_tensor, norm_axes,
                     norm_axis, ntuple)
 
@@ -25,12 +25,7 @@ def _unravel(flat, shape):
     """Indices into ``shape`` of the row-major flat index ``flat`` (the first without ``%``,
     the last without ``//``; extents of 1 give 0)."""
     out = []
-    stride = 1
-    strides = []
-    for n in reversed(shape):
-        strides.append(stride)
-        stride *= n
-    strides.reverse()
+    strides = row_major_strides(shape)
     for d, (n, s) in enumerate(zip(shape, strides)):
         if n == 1:
             out.append(0)
