@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import texpr as te
-from nn_testutil import ph
+from nn_testutil import gradients_match_torch, ph
 from texpr.testing import numeric_gradient
 
 nn = te.nn
@@ -102,12 +102,7 @@ class Cell:
 @pytest.mark.parametrize("kind", sorted(GATES))
 def test_cell_matches_torch_and_finite_differences(kind):
     cell = Cell(kind)
-    wrt = cell.wrt()
-    grads = list(te.differentiate(cell.loss, wrt).result)
-    got = te.evaluate(cell.outs + grads, cell.feed)
-    ref_outs, ref_grads = cell.torch_reference()
-    for g, r in zip(got, ref_outs + ref_grads):
-        np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-12)
+    wrt, grads, got = gradients_match_torch(cell)
     for g, t in zip(got[len(cell.outs):], wrt):  # float64 central differences
         np.testing.assert_allclose(g, numeric_gradient(cell.loss, t, cell.feed), rtol=1e-6,
                                    atol=1e-8, err_msg=f"dL/d{t.name}")

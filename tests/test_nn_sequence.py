@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import texpr as te
-from nn_testutil import ph
+from nn_testutil import gradients_match_torch, ph
 from texpr.scan import ScanOp
 from texpr.testing import numeric_gradient
 
@@ -108,13 +108,7 @@ class Seq:
 @pytest.mark.parametrize("kind,batch_first", [("rnn", False), ("lstm", False), ("gru", True)])
 def test_sequence_matches_torch_and_finite_differences(kind, batch_first):
     seq = Seq(kind, batch_first=batch_first)
-    wrt = seq.wrt()
-    grads = list(te.differentiate(seq.loss, wrt).result)
-    got = te.evaluate(seq.outs + grads, seq.feed)
-    ref_outs, ref_grads = seq.torch_reference()
-    names = [o.name for o in seq.outs] + [f"d{t.name}" for t in wrt]
-    for g, r, n in zip(got, ref_outs + ref_grads, names):
-        np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-12, err_msg=n)
+    wrt, _grads, got = gradients_match_torch(seq)
     for g, t in zip(got[len(seq.outs):], wrt):  # float64 central differences
         np.testing.assert_allclose(g, numeric_gradient(seq.loss, t, seq.feed), rtol=1e-6,
                                    atol=1e-8, err_msg=f"dL/d{t.name}")
@@ -146,13 +140,7 @@ def test_lstm_kernel_matches_the_evaluator():
 def test_sequence_variants_match_torch(kind, kw):
     """Zero initial states, no biases, (B, H) states, batch_first, relu: values and
     every gradient still equal torch's (through the evaluator)."""
-    seq = Seq(kind, seed=7, **kw)
-    wrt = seq.wrt()
-    grads = list(te.differentiate(seq.loss, wrt).result)
-    got = te.evaluate(seq.outs + grads, seq.feed)
-    ref_outs, ref_grads = seq.torch_reference()
-    for g, r in zip(got, ref_outs + ref_grads):
-        np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-12)
+    gradients_match_torch(Seq(kind, seed=7, **kw))
 
 
 def test_sequence_forward_matches_the_cell_unrolled():
