@@ -276,19 +276,9 @@ def head_times(head_load, d):
     zeros into NaN. The simplifier lifts such conditions into domains (it never
     reads the head there), so raw and simplified adjoints agree on NaN patterns.
     A sum or difference of such terms (an input loaded at several places) gets
-    the head in each term.
+    the head in each term (:func:`symbolic_times`, the rule of every such product).
     """
-    if isinstance(d, Select):
-        t = head_times(head_load, d.true_value)
-        f = head_times(head_load, d.false_value)
-        return select(d.cond, t, f)
-    if isinstance(d, (Add, Sub)) and _has_symbolic_zero(d):
-        # a sum of indicator terms (several loads of one input): the head into each
-        a, b = head_times(head_load, d.args[0]), head_times(head_load, d.args[1])
-        return a + b if isinstance(d, Add) else a - b
-    if isinstance(d, Const) and d.value == 0:
-        return const(0, dt.promote(head_load.dtype, d.dtype))
-    return head_load * d
+    return symbolic_times(head_load, d)
 
 
 def _is_zero(e):
@@ -296,10 +286,10 @@ def _is_zero(e):
 
 
 def _has_symbolic_zero(e):
-    """Whether ``e`` is a zero-branch select, or a sum, difference or product of
-    terms one of which is."""
+    """Whether ``e`` is a select with a zero branch (or a branch that has one), or a
+    sum, difference or product of terms one of which is."""
     if isinstance(e, Select):
-        return _is_zero(e.true_value) or _is_zero(e.false_value)
+        return any(_is_zero(x) or _has_symbolic_zero(x) for x in (e.true_value, e.false_value))
     if isinstance(e, (Add, Sub, Mul)):
         return any(_has_symbolic_zero(x) for x in e.args)
     return False
@@ -314,7 +304,7 @@ def symbolic_times(a, b):
     for s, other, first in ((a, b, True), (b, a, False)):
         def times(x):
             return symbolic_times(x, other) if first else symbolic_times(other, x)
-        if isinstance(s, Select) and (_is_zero(s.true_value) or _is_zero(s.false_value)):
+        if isinstance(s, Select) and _has_symbolic_zero(s):
             def branch(x):
                 return const(0, dt.promote(a.dtype, b.dtype)) if _is_zero(x) else times(x)
             return select(s.cond, branch(s.true_value), branch(s.false_value))
