@@ -20,6 +20,8 @@ time, and the largest difference between the two first-step gradients.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_lstm.py
     ... --batch 64 --steps 8 --hidden 64 --repeat 200 [--parallel] [--torch-threads 1]
+    ... --no-step-gemm    (the scan steps' matrix products as loop nests: the A/B of
+                           codegen/scan_gemm.py)
 
 Timings drift between runs and machines: compare ratios from one run only.
 """
@@ -42,6 +44,8 @@ def main():
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=200)
     ap.add_argument("--parallel", action="store_true", help="texpr: parallel (prange) kernels")
+    ap.add_argument("--no-step-gemm", action="store_true",
+                    help="texpr: scan steps' matrix products as loop nests, not np.dot")
     ap.add_argument("--torch-threads", type=int, default=0,
                     help="torch.set_num_threads (default: torch's own choice)")
     args = ap.parse_args()
@@ -51,6 +55,9 @@ def main():
     import texpr as te
     from texpr import codegen
 
+    if args.no_step_gemm:
+        import texpr.codegen.scan_gemm as scan_gemm
+        scan_gemm.GEMM_MIN_MACS = float("inf")
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     B, T, I, H = args.batch, args.steps, args.input, args.hidden
@@ -109,7 +116,8 @@ def main():
             times[name].append(time.perf_counter() - t)
     med = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
     print(f"LSTM training step: batch {B}, T {T}, input {I}, hidden {H} (float32); "
-          f"torch threads {torch.get_num_threads()}, texpr {'parallel' if args.parallel else 'serial'}")
+          f"torch threads {torch.get_num_threads()}, texpr {'parallel' if args.parallel else 'serial'}"
+          f"{', step GEMMs off' if args.no_step_gemm else ''}")
     print(f"texpr build (differentiate + compile, cached kernels load): {t_build:.1f} s")
     print(f"{'':8} {'median ms':>10}")
     for k in ("texpr", "torch"):
