@@ -62,6 +62,9 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--scale", type=float, default=1.0)
     args = ap.parse_args(argv)
+    # the symbolic cache keys lowered programs by the graph, not by these knobs:
+    # with it, every variant would get the first variant's program
+    os.environ["TEXPR_SYMBOLIC_CACHE"] = "0"
     cases = make_cases(args.scale)
     names = [n for n in args.cases.split(",") if n] or list(cases)
     defaults = _knobs()
