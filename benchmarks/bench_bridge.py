@@ -6,10 +6,13 @@ script times, as medians over many calls in one process:
 * ``kernel``: ``Kernel.__call__`` on numpy arrays (the baseline);
 * ``torch``: ``texpr.torch.op`` forward on CPU tensors (no autograd recording);
 * ``torch+grad``: the same with inputs that require grad (autograd records);
-* ``jax``: ``texpr.jax.op`` under ``jax.jit`` (``block_until_ready``),
+* ``jax``: ``texpr.jax.op`` under ``jax.jit`` (``block_until_ready``);
+* ``jax a+b``: a jitted ``a + b`` of the same arrays, JAX's own cost of a call,
 
-and prints each in microseconds with its overhead over ``kernel``. Target
-(issue 14): the bridge adds at most 30 us per call.
+and prints each in microseconds with its overhead over ``kernel``. The rows
+take turns (blocks of 20 calls, round by round) so that a shared machine's
+load weighs on all alike. Target (issue 14): the bridge adds at most 30 us
+per call.
 
     python benchmarks/bench_bridge.py [--repeat 2000] [--size 16]
 """
@@ -21,15 +24,23 @@ import time
 import numpy as np
 
 
-def _median_us(fn, repeat):
-    for _ in range(min(200, repeat)):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+def _interleaved_us(rows, repeat, block=20):
+    """Per row, the median over rounds of the mean time of ``block`` calls (us).
+    The rows take turns round by round, so a shared machine's load drifts over
+    all of them alike."""
+    for _, fn, ctx in rows:
+        with ctx():
+            for _ in range(200):
+                fn()
+    times = {name: [] for name, _, _ in rows}
+    for _ in range(max(1, repeat // block)):
+        for name, fn, ctx in rows:
+            with ctx():
+                t0 = time.perf_counter()
+                for _ in range(block):
+                    fn()
+                times[name].append((time.perf_counter() - t0) / block)
+    return {name: statistics.median(ts) * 1e6 for name, ts in times.items()}
 
 
 def main():
@@ -60,22 +71,26 @@ def main():
     xj, wj = jax.numpy.asarray(x), jax.numpy.asarray(w)
     jitted = jax.jit(jop)
 
+    floor = jax.jit(lambda a, b: a + b)  # JAX's own cost of calling a jitted function
     rows = [
-        ("kernel", lambda: kernel(x, w)),
-        ("torch", lambda: top(xt, wt)),
-        ("torch+grad", lambda: top(xg, wg)),
-        ("jax (jit)", lambda: jitted(xj, wj).block_until_ready()),
+        ("kernel", lambda: kernel(x, w), _null),
+        ("torch", lambda: top(xt, wt), torch.no_grad),
+        ("torch+grad", lambda: top(xg, wg), _null),
+        ("jax (jit)", lambda: jitted(xj, wj).block_until_ready(), _null),
+        ("jax a+b", lambda: floor(xj, wj).block_until_ready(), _null),
     ]
-    base = None
-    print(f"op: {n}x{n} matmul, float32, median of {args.repeat} calls")
-    for name, fn in rows:
-        with torch.no_grad() if name == "torch" else _null():
-            us = _median_us(fn, args.repeat)
-        if base is None:
-            base = us
-            print(f"  {name:12s} {us:9.1f} us")
+    print(f"op: {n}x{n} matmul, float32; per row the median over rounds of 20 calls "
+          f"({args.repeat} calls), rows interleaved")
+    us = _interleaved_us(rows, args.repeat)
+    base = us["kernel"]
+    for name, _, _ in rows:
+        if name == "kernel":
+            print(f"  {name:12s} {us[name]:9.1f} us")
+        elif name == "jax a+b":
+            print(f"  {name:12s} {us[name]:9.1f} us   (a jitted a + b: JAX's own call cost, "
+                  "part of the jax row's overhead)")
         else:
-            print(f"  {name:12s} {us:9.1f} us   overhead {us - base:+8.1f} us")
+            print(f"  {name:12s} {us[name]:9.1f} us   overhead {us[name] - base:+8.1f} us")
 
 
 class _null:

@@ -89,27 +89,18 @@ class Kernel:
             a = check_input_array(t, a, "kernel")
             args.append(np.ascontiguousarray(a).reshape(-1))
         outs_given = None if out is None else _check_out(self.outputs, out, args)
-        by_id = {}
-        for b, a in zip(self._bufs, args):
-            by_id[id(b.tensor)] = a
-        direct = {}
-        if outs_given is not None:
-            # an output computed by its own stage is written straight into its out= buffer
-            for t, o in zip(self.outputs, outs_given):
-                if (o is not None and id(t) not in by_id and id(t) not in direct
-                        and not isinstance(t.op, PlaceholderOp)):
-                    direct[id(t)] = o.reshape(-1)
-        for b in self._bufs[len(args):]:
-            arr = direct.get(id(b.tensor))
-            if arr is None:
-                arr = np.empty(b.size, dtype=b.dtype)
-            by_id[id(b.tensor)] = arr
-            args.append(arr)
-        err = np.zeros(2, dtype=np.int64)  # [error code, the offending index]
-        for unit in self.units:
-            unit.run(args, err)
-            if err[0]:
-                _raise(unit, err)
+        by_id, direct = self._run(args, outs_given)
+        return self._collect(by_id, direct, outs_given)
+
+    def run_exact(self, arrays):
+        """The outputs (a tuple of fresh arrays) for ``arrays``, without the checks
+        of a call, for callers that have checked them (the PyTorch bridge): one
+        C-contiguous numpy array per input, of exactly its shape and dtype.
+        Raises what a call raises at run time (OutOfBoundsError, ...)."""
+        by_id, direct = self._run([a.reshape(-1) for a in arrays], None)
+        return self._collect(by_id, direct, None)
+
+    def _collect(self, by_id, direct, outs_given):
         outs = []
         given = set()
         for k, t in enumerate(self.outputs):
@@ -127,6 +118,50 @@ class Kernel:
             given.add(id(t))
             outs.append(a.reshape(t.shape))
         return tuple(outs)
+
+    def _run(self, args, outs_given):
+        """Run the units on ``args`` (the inputs, flat and C-contiguous, exactly as
+        declared) with ``outs_given`` (None, or per output an array or None: an
+        output computed by its own stage is written straight into it); returns
+        ``(by_id, direct)``: every buffer by tensor id, and the outputs written
+        directly. Raises the error a unit flagged."""
+        by_id = {}
+        for b, a in zip(self._bufs, args):
+            by_id[id(b.tensor)] = a
+        direct = {}
+        if outs_given is not None:
+            for t, o in zip(self.outputs, outs_given):
+                if (o is not None and id(t) not in by_id and id(t) not in direct
+                        and not isinstance(t.op, PlaceholderOp)):
+                    direct[id(t)] = o.reshape(-1)
+        for b in self._bufs[len(args):]:
+            arr = direct.get(id(b.tensor))
+            if arr is None:
+                arr = np.empty(b.size, dtype=b.dtype)
+            by_id[id(b.tensor)] = arr
+            args.append(arr)
+        err = np.zeros(2, dtype=np.int64)  # [error code, the offending index]
+        for unit in self.units:
+            unit.run(args, err)
+            if err[0]:
+                _raise(unit, err)
+        return by_id, direct
+
+    def run_into(self, inputs, outputs):
+        """Compute the outputs into ``outputs`` (one array per output), for callers
+        that own their buffers (the JAX bridge runs kernels on XLA's buffers).
+
+        No checks, unlike ``kernel(*arrays, out=...)``: ``inputs`` must be
+        C-contiguous numpy arrays of exactly the inputs' shapes and dtypes, and
+        ``outputs`` writeable C-contiguous arrays of the outputs' shapes and
+        dtypes that overlap neither an input nor each other. Raises what a call
+        raises at run time (OutOfBoundsError, ...)."""
+        args = [a.reshape(-1) for a in inputs]
+        by_id, direct = self._run(args, outputs)
+        for k, (t, o) in enumerate(zip(self.outputs, outputs)):
+            a = by_id[id(t)]
+            if direct.get(id(t)) is not a or any(u is t for u in self.outputs[:k]):
+                np.copyto(o, a.reshape(t.shape))
 
     def __reduce__(self):
         # the program (source, buffers, tensors) travels; the machine code is

@@ -119,3 +119,60 @@ def test_nn_operator_check_grads(name, x64):
     check_grads(g, floats, order=1, modes=("rev",))
     ref = te.evaluate(out, dict(zip(inputs, values)))
     np.testing.assert_allclose(g(*floats), ref, rtol=1e-12, atol=1e-12)
+
+
+def _gather_op():
+    X = te.placeholder((4,), name="Xo", dtype="float64")
+    I = te.placeholder((3,), name="Io", dtype="int64")
+    G = te.compute((3,), lambda i: X[I[i]] * 2.0, name="Go")
+    return tj.op(G, [X, I])
+
+
+def test_a_kernel_error_is_raised_as_itself(x64):
+    # the kernel runs inside XLA (an FFI custom call): its OutOfBoundsError comes
+    # back as itself from an eager call, and under jit as JAX's runtime error naming it
+    f = _gather_op()
+    x = jnp.asarray([1.0, 2.0, 3.0, 4.0])
+    np.testing.assert_array_equal(f(x, jnp.asarray([3, 0, 1])), [8.0, 2.0, 4.0])
+    assert "jax_ffi_handler" in f.spec.cache  # the FFI path (this JAX has jax.ffi)
+    with pytest.raises(te.OutOfBoundsError, match="index value 9"):
+        f(x, jnp.asarray([0, 9, 1]))
+    with pytest.raises(Exception, match="OutOfBoundsError.*index value -2"):
+        jax.jit(f)(x, jnp.asarray([0, 1, -2])).block_until_ready()
+    # the op still works after errors
+    np.testing.assert_array_equal(jax.jit(f)(x, jnp.asarray([2, 2, 2])), [6.0, 6.0, 6.0])
+
+
+def test_zero_d_and_empty_operands(x64):
+    X = te.placeholder((0, 3), name="Xe", dtype="float64")
+    s = te.placeholder((), name="s", dtype="float64")
+    r = te.reduce_axis(0, "r")
+    S = te.compute((3,), lambda j: te.sum(X[r, j], axis=r) + s[()], name="Se")
+    E = te.compute((0, 3), lambda i, j: X[i, j] * s[()], name="Ee")
+    f = tj.op([S, E], [X, s])
+    x, sv = jnp.zeros((0, 3)), jnp.asarray(2.5)
+    for g in (f, jax.jit(f)):
+        out_s, out_e = g(x, sv)
+        np.testing.assert_array_equal(out_s, [2.5, 2.5, 2.5])
+        assert out_e.shape == (0, 3)
+    np.testing.assert_allclose(jax.grad(lambda v: f(x, v)[0].sum())(sv), 3.0)
+
+
+def test_vmap_runs_the_kernel_per_element_on_changing_buffers(x64):
+    f = dense_op()
+    x, w = _arrays(4)
+    xs = jnp.stack([x * k for k in range(1, 6)])
+    got = jax.jit(jax.vmap(f, in_axes=(0, None)))(xs, w)
+    for k in range(5):
+        np.testing.assert_allclose(got[k], jnp.tanh((k + 1) * x @ w.T), rtol=1e-12)
+
+
+def test_pure_callback_fallback_without_jax_ffi(x64, monkeypatch):
+    # JAX versions without jax.ffi get a pure_callback (copies the operands)
+    monkeypatch.setattr(tj, "_has_ffi", lambda: False)
+    f = _gather_op()
+    x = jnp.asarray([1.0, 2.0, 3.0, 4.0])
+    np.testing.assert_array_equal(jax.jit(f)(x, jnp.asarray([3, 0, 1])), [8.0, 2.0, 4.0])
+    assert "jax_ffi_handler" not in f.spec.cache
+    with pytest.raises(Exception, match="index value 9"):
+        f(x, jnp.asarray([0, 9, 1]))

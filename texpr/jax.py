@@ -1,9 +1,14 @@
 """texpr graphs as JAX functions: ``texpr.jax.op(outputs, inputs)``.
 
-The forward is a ``jax.pure_callback`` to the compiled texpr kernel on the
-host (CPU), so the function works under ``jit`` (the callback is a node of
-the compiled program; shapes and dtypes come from the texpr graph) and under
-``vmap`` (the callback runs once per batch element, ``vmap_method="sequential"``).
+The forward is an XLA FFI custom call (``jax.ffi.ffi_call``) whose handler
+runs the compiled texpr kernel on XLA's own CPU buffers, without copies
+(:mod:`texpr.jax_ffi`; ``jax.pure_callback`` on JAX versions without
+``jax.ffi``), so the function works under ``jit`` (the call is a node of the
+compiled program; shapes and dtypes come from the texpr graph) and under
+``vmap`` (the call runs once per batch element, ``vmap_method="sequential"``).
+A kernel's error (e.g. an ``OutOfBoundsError`` for a data-dependent index)
+is raised as itself by an eager call; under the caller's own ``jit`` JAX
+raises it as its runtime error, whose message names it.
 Reverse mode is a ``jax.custom_vjp`` whose backward is the same construction
 for the backward spec (:meth:`texpr.bridge.OpSpec.backward`: the simplified
 adjoint kernel with the cotangents as heads), so ``grad`` of ``grad`` works
@@ -24,20 +29,49 @@ from .bridge import OpSpec
 __all__ = ["op"]
 
 
+def _has_ffi():
+    ffi = getattr(jax, "ffi", None)
+    return all(hasattr(ffi, n) for n in ("ffi_call", "register_ffi_target", "pycapsule"))
+
+
+def _host_call(spec, result_types):
+    """``call(*arrays) -> tuple of arrays``: the compiled kernel of ``spec`` as a node
+    of JAX programs. An XLA FFI custom call whose handler runs the kernel on
+    XLA's own buffers (:mod:`texpr.jax_ffi`) where ``jax.ffi`` has it, else
+    ``jax.pure_callback`` (copies the operands; older JAX)."""
+    if _has_ffi():
+        from . import jax_ffi
+
+        def run(xs, ys):
+            # XLA's operand and result buffers: exact shapes and dtypes, distinct
+            spec.kernel.run_into(xs, ys)
+
+        cb, addr = jax_ffi.register(run, [(t.shape, t.dtype) for t in spec.inputs],
+                                    [(t.shape, t.dtype) for t in spec.outputs])
+        name = f"texpr_op_{spec.key}"  # keys are unique in a process
+        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(addr), platform="cpu")
+        spec.cache["jax_ffi_handler"] = cb  # XLA holds the address only
+        call = jax.ffi.ffi_call(name, list(result_types), vmap_method="sequential")
+        return lambda *xs: tuple(call(*xs))
+
+    def host(*arrays):
+        # np.asarray, not np.ascontiguousarray: that one makes 0-d arrays 1-d
+        return tuple(spec.run([np.asarray(a) for a in arrays]))
+
+    return lambda *xs: jax.pure_callback(host, result_types, *xs, vmap_method="sequential")
+
+
 def _function(spec):
     """The custom_vjp function of ``spec`` (arrays in, a tuple of arrays out); cached."""
     fn = spec.cache.get("jax")
     if fn is not None:
         return fn
     result_types = tuple(jax.ShapeDtypeStruct(t.shape, np.dtype(t.dtype)) for t in spec.outputs)
-
-    def host(*arrays):
-        # np.asarray, not np.ascontiguousarray: that one makes 0-d arrays 1-d
-        return tuple(spec.run([np.asarray(a) for a in arrays]))
+    call = _host_call(spec, result_types)
 
     def forward(*xs):
         spec.check(xs, lambda v: v.shape, _dtype_name, "jax")
-        return jax.pure_callback(host, result_types, *xs, vmap_method="sequential")
+        return call(*xs)
 
     @jax.custom_vjp
     def f(*xs):
@@ -92,7 +126,17 @@ class JaxOp:
         return (JaxOp, (self.spec,))
 
     def __call__(self, *xs):
-        outs = self._fn(*xs)
+        try:
+            outs = self._fn(*xs)
+            if not any(isinstance(o, jax.core.Tracer) for o in outs):
+                # eager: wait here, so that a kernel's error is raised by this call
+                outs = jax.block_until_ready(outs)
+        except Exception as exc:  # noqa: BLE001 - a kernel's own error comes back as itself
+            from .jax_ffi import pop_error
+            orig = pop_error(exc)
+            if orig is None:
+                raise
+            raise orig from None
         return outs[0] if self.spec.single else tuple(outs)
 
     def __repr__(self):
