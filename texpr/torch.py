@@ -67,6 +67,9 @@ def _backward(ctx, grads):
 _kernel.register_autograd(_backward, setup_context=_setup_context)
 
 
+_is_compiling = torch.compiler.is_compiling
+
+
 def _run(spec, xs):
     return [torch.from_numpy(a) for a in spec.run([x.detach().numpy() for x in xs])]
 
@@ -97,13 +100,14 @@ class _Eager(torch.autograd.Function):
     @staticmethod
     def forward(ctx, key, *xs):
         spec = SPECS[key]
-        outs = _run(spec, xs)
+        outs = spec.kernel.run_exact([x.detach().numpy() for x in xs])
+        outs = tuple(map(torch.from_numpy, outs))
         ctx.key = key
         ctx.save_for_backward(*xs)
-        fixed = [o for k, o in enumerate(outs) if k not in spec.float_outputs]
-        if fixed:
-            ctx.mark_non_differentiable(*fixed)
-        return tuple(outs)
+        if len(spec.float_outputs) != len(outs):
+            ctx.mark_non_differentiable(*[o for k, o in enumerate(outs)
+                                          if k not in spec.float_outputs])
+        return outs
 
     @staticmethod
     def backward(ctx, *grads):
@@ -115,10 +119,12 @@ def _apply(spec, xs):
     """Run ``spec`` on contiguous CPU tensors ``xs``: under torch.compile as the
     custom op (opaque to Dynamo), in eager mode as :class:`_Eager` when autograd
     records, else the kernel alone."""
-    if torch.compiler.is_compiling():
+    if _is_compiling():
         return _kernel(xs, spec.key)
-    if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
-        return _Eager.apply(spec.key, *xs)
+    if torch.is_grad_enabled():
+        for x in xs:
+            if x.requires_grad:
+                return _Eager.apply(spec.key, *xs)
     return _run(spec, xs)
 
 
