@@ -49,6 +49,8 @@ from texpr.tensor import PlaceholderOp
 
 from .bounds import CHECK_HELPERS, DATA_INDEX_LIMIT  # noqa: F401 - re-exported
 from .emit import HELPERS as _EMIT_HELPERS, ExprEmitter, _Writer, const_str, element  # noqa: F401
+from . import stage as _stage
+from .cse import hoist_common_subexpressions
 from .source import buffer_identifiers, remove_dead_assignments, rename
 from .stage import (BUFFER_TILE, JAM, JAM_MOVE, MAX_LANES, MAX_RESIDUE_SPLITS,  # noqa: F401
                     PARALLEL_MIN_POINTS, SPLIT_LANES, UNROLL, UNROLL_MAX_NODES, _StageLowering,
@@ -187,6 +189,8 @@ def _lower_unit(op, stage, buffers, order, idents, inlined, parallel):
     body = f"{deco}\ndef unit({', '.join(params)}):\n" + "\n".join(w.lines) + "\n"
     src = _PRELUDE + "\n\n" + HELPERS + "\n\n" + body
     src = remove_dead_assignments(src, "unit")
+    if _stage.CSE:
+        src = hoist_common_subexpressions(src, "unit")
     pos = {id(b): j for j, b in enumerate(order)}
     args = [pos[id(b)] for b in ub.used]
     # the readable text: the function only, buffers named after their tensors

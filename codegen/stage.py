@@ -106,6 +106,9 @@ SPLIT_LANES = 16
 MAX_RESIDUE_SPLITS = 2
 #: larger summands are not unrolled (compile time grows with the copies)
 UNROLL_MAX_NODES = 64
+#: repeated subexpressions of a statement are computed once, and large selects
+#: inside it by if statements of their own (:mod:`codegen.cse`)
+CSE = True
 
 
 def _coef(e, v):

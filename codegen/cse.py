@@ -1,0 +1,213 @@
+"""Common subexpressions of a generated statement, computed once.
+
+One job: :func:`hoist_common_subexpressions` rewrites a unit's text so that a
+subexpression repeated within one statement's right-hand side is assigned to
+a temporary just before the statement and read from it. Inlining cheap
+stages into their consumers (the gates of an RNN cell into their
+derivatives, ``sigmoid(z)`` used three times) writes the same subexpression
+several times into one line; numba types and lowers every copy, and its
+compile time grows with them (a GRU cell's gradient had two units of 11 KB
+lines at about 6 s each).
+
+A statement whose value is a conditional expression (``x = A if c else B``,
+what a ``select`` of the graph becomes) is first turned into an ``if``
+statement with one assignment per branch, so that the repeats inside each
+branch can be hoisted within it. What is hoisted, so that no evaluation is
+added or moved past a condition:
+an operation of at least ``MIN_NODES`` expression nodes that occurs at
+least twice in the statement, at least once where it is always evaluated:
+not only inside a branch of a conditional expression (``a if c else b``) or
+behind a short-circuit operator (``and``/``or``). The copies inside branches
+then read the temporary too (computed anyway before the statement). The
+statement's own order of evaluation for everything else is unchanged; a
+failed check inside a hoisted subexpression (an index range check) is
+reported as before, since it was evaluated by the statement anyway.
+"""
+
+import ast
+import copy
+
+__all__ = ["hoist_common_subexpressions", "MIN_NODES", "SPLIT_NODES"]
+
+#: the smallest subexpression (in expression nodes) worth a temporary: a load
+#: through a computed index (``b1[np.uint64(i * 4 + j)]``: 10) is, index
+#: arithmetic alone (``i * 9``: 3) is not (LLVM shares that anyway)
+MIN_NODES = 8
+#: the smallest conditional expression turned into an if statement (smaller ones
+#: stay expressions, which LLVM can turn into straight-line selects)
+SPLIT_NODES = 100
+_PREFIX = "cse"
+
+
+def _size(node):
+    """Expression nodes in ``node`` (names, constants, operations; not contexts)."""
+    return sum(1 for n in ast.walk(node) if isinstance(n, ast.expr))
+
+
+def _unconditional(node, out):
+    """Collect the subexpressions of ``node`` that are always evaluated."""
+    out.append(node)
+    if isinstance(node, ast.IfExp):
+        _unconditional(node.test, out)
+    elif isinstance(node, ast.BoolOp):
+        _unconditional(node.values[0], out)
+    elif isinstance(node, ast.Lambda):
+        return
+    else:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.expr):
+                _unconditional(child, out)
+
+
+class _Replace(ast.NodeTransformer):
+    def __init__(self, key, name):
+        self.key, self.name = key, name
+
+    def generic_visit(self, node):
+        if isinstance(node, ast.expr) and ast.dump(node) == self.key:
+            return ast.copy_location(ast.Name(self.name, ast.Load()), node)
+        return super().generic_visit(node)
+
+
+def _candidate(values):
+    """The key (``ast.dump``) and a node of the largest subexpression to hoist from
+    the expressions ``values`` (evaluated in this order, each always), or None."""
+    counts, nodes = {}, {}
+    for value in values:
+        for n in ast.walk(value):
+            if isinstance(n, ast.expr) and not isinstance(n, (ast.Name, ast.Constant)):
+                k = ast.dump(n)
+                counts[k] = counts.get(k, 0) + 1
+                nodes.setdefault(k, n)
+    best = None
+    for value in values:
+        always = []
+        _unconditional(value, always)
+        for n in always:
+            if n is value or not isinstance(n, (ast.BinOp, ast.UnaryOp, ast.Call, ast.Subscript,
+                                                ast.Compare, ast.IfExp)):
+                continue
+            k = ast.dump(n)
+            if counts.get(k, 0) < 2:
+                continue
+            size = _size(n)
+            if size >= MIN_NODES and (best is None or size > best[0]):
+                best = (size, k, n)
+    return None if best is None else best[1:]
+
+
+def _rewrite(stmt, counter):
+    """``(hoisted assignment statements, the statement)`` with the repeated
+    subexpressions of its value computed once, largest first (a temporary's own
+    definition may read an earlier one)."""
+    seq = [stmt]
+    while True:
+        found = _candidate([st.value for st in seq])
+        if found is None:
+            return seq[:-1], seq[-1]
+        key, node = found
+        name = f"{_PREFIX}{next(counter)}"
+        first = next(i for i, st in enumerate(seq)
+                     if any(ast.dump(n) == key for n in ast.walk(st.value)))
+        definition = ast.fix_missing_locations(ast.copy_location(
+            ast.Assign([ast.Name(name, ast.Store())], copy.deepcopy(node),
+                       lineno=stmt.lineno), stmt))
+        for st in seq[first:]:
+            st.value = _Replace(key, name).visit(st.value)
+        seq.insert(first, definition)
+
+
+def _transform(stmt, counter):
+    """``(statements, changed)``: ``stmt`` whose value is a conditional expression
+    becomes an ``if`` statement with one assignment per branch (the same
+    evaluation: the condition, then the taken branch, then the store), so that
+    the repeats inside a branch are hoisted within it; then each assignment's
+    repeated subexpressions are hoisted (:func:`_rewrite`)."""
+    v = stmt.value
+    if isinstance(v, ast.IfExp) and _size(v) >= SPLIT_NODES:
+        arms = []
+        for branch in (v.body, v.orelse):
+            leaf = copy.copy(stmt)
+            leaf.value = branch
+            arms.append(_transform(leaf, counter)[0])
+        node = ast.copy_location(ast.If(v.test, arms[0], arms[1]), stmt)
+        return [node], True
+    # a large select inside the value (e.g. a sum of selects, one per term of a
+    # Jacobian) is computed first by an if statement of its own
+    out = []
+    for sel in _large_selects(v):
+        name = f"{_PREFIX}{next(counter)}"
+        tmp = ast.copy_location(ast.Assign([ast.Name(name, ast.Store())], sel,
+                                           lineno=stmt.lineno), stmt)
+        out += _transform(tmp, counter)[0]
+        stmt.value = _ReplaceNode(sel, name).visit(stmt.value)
+    hoisted, new = _rewrite(stmt, counter)
+    return out + hoisted + [new], bool(out or hoisted)
+
+
+def _large_selects(value):
+    """The conditional expressions of at least ``SPLIT_NODES`` nodes that ``value``
+    always evaluates (not inside another one's branch), left to right."""
+    found = []
+
+    def visit(n):
+        if isinstance(n, ast.IfExp):
+            if _size(n) >= SPLIT_NODES:
+                found.append(n)
+            return
+        if isinstance(n, ast.BoolOp):
+            visit(n.values[0])
+            return
+        for c in ast.iter_child_nodes(n):
+            if isinstance(c, ast.expr):
+                visit(c)
+    for c in ast.iter_child_nodes(value):
+        if isinstance(c, ast.expr):
+            visit(c)
+    return found
+
+
+class _ReplaceNode(ast.NodeTransformer):
+    def __init__(self, node, name):
+        self.node, self.name = node, name
+
+    def generic_visit(self, node):
+        if node is self.node:
+            return ast.copy_location(ast.Name(self.name, ast.Load()), node)
+        return super().generic_visit(node)
+
+
+def hoist_common_subexpressions(source, func):
+    """``source`` (a module text) with the statements of function ``func``
+    rewritten as the module docstring says. Returns ``source`` unchanged when
+    nothing repeats (or ``func`` is absent). Only single-line assignment
+    statements (``x = e``, ``x op= e``, ``a[i] = e``) are rewritten; the
+    other lines keep their text."""
+    tree = ast.parse(source)
+    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == func), None)
+    if fn is None:
+        return source
+    if any(isinstance(n, ast.Name) and n.id.startswith(_PREFIX) for n in ast.walk(fn)):
+        return source  # never rename over identifiers we did not make
+    lines = source.splitlines()
+    counter = iter(range(1 << 30))
+    edits = {}
+    stmts = [st for st in ast.walk(fn) if isinstance(st, (ast.Assign, ast.AugAssign))]
+    for st in stmts:
+        if st.lineno != st.end_lineno:
+            continue
+        if _size(st.value) < 2 * MIN_NODES:
+            continue
+        new, changed = _transform(st, counter)
+        if not changed:
+            continue
+        line = lines[st.lineno - 1]
+        indent = line[:len(line) - len(line.lstrip())]
+        text = "\n".join(ast.unparse(ast.fix_missing_locations(n)) for n in new)
+        edits[st.lineno - 1] = [indent + ln for ln in text.splitlines()]
+    if not edits:
+        return source
+    out = []
+    for k, line in enumerate(lines):
+        out.extend(edits.get(k, [line]))
+    return "\n".join(out) + ("\n" if source.endswith("\n") else "")
