@@ -848,6 +848,13 @@ def select(cond, true_value, false_value):
     t, f = _cast_to(t, d), _cast_to(f, d)
     if isinstance(cond, Const):
         return t if cond.value else f
+    # a branch that tests the same condition again takes the same side
+    # (select(c, select(c, a, b), d) = select(c, a, d)): adjoint sums of
+    # Jacobian terms nest one select per term, seven deep in an LSTM cell
+    while isinstance(t, Select) and t.cond is cond:
+        t = t.true_value
+    while isinstance(f, Select) and f.cond is cond:
+        f = f.false_value
     if t is f:
         return t
     return Select._make(None, (cond, t, f), d)
