@@ -39,6 +39,41 @@ SPLIT_NODES = 100
 _PREFIX = "cse"
 
 
+class _Index:
+    """Structural keys and sizes of every expression node under some roots,
+    computed bottom-up once (``ast.dump`` per node would be quadratic): equal
+    subtrees get the same key (an int)."""
+
+    def __init__(self, roots):
+        self.table, self.key, self.size, self.count = {}, {}, {}, {}
+        for r in roots:
+            self._visit(r)
+
+    def _visit(self, node):
+        parts = [type(node).__name__]
+        size = 1 if isinstance(node, ast.expr) else 0
+        for name, value in ast.iter_fields(node):
+            if isinstance(value, ast.AST):
+                parts.append((name, self._visit(value)))
+                size += self.size[id(value)]
+            elif isinstance(value, list):
+                keys = []
+                for v in value:
+                    if isinstance(v, ast.AST):
+                        keys.append(self._visit(v))
+                        size += self.size[id(v)]
+                    else:
+                        keys.append(repr(v))
+                parts.append((name, tuple(keys)))
+            else:
+                parts.append((name, repr(value)))
+        k = self.table.setdefault(tuple(parts), len(self.table))
+        self.key[id(node)], self.size[id(node)] = k, size
+        if isinstance(node, ast.expr):
+            self.count[k] = self.count.get(k, 0) + 1
+        return k
+
+
 def _size(node):
     """Expression nodes in ``node`` (names, constants, operations; not contexts)."""
     return sum(1 for n in ast.walk(node) if isinstance(n, ast.expr))
@@ -60,37 +95,34 @@ def _unconditional(node, out):
 
 
 class _Replace(ast.NodeTransformer):
-    def __init__(self, key, name):
-        self.key, self.name = key, name
+    """Every subtree whose key (in ``index``) is ``key`` becomes the name ``name``."""
+
+    def __init__(self, index, key, name):
+        self.index, self.key, self.name = index, key, name
 
     def generic_visit(self, node):
-        if isinstance(node, ast.expr) and ast.dump(node) == self.key:
+        if isinstance(node, ast.expr) and self.index.key.get(id(node)) == self.key:
             return ast.copy_location(ast.Name(self.name, ast.Load()), node)
         return super().generic_visit(node)
 
 
-def _candidate(values):
-    """The key (``ast.dump``) and a node of the largest subexpression to hoist from
-    the expressions ``values`` (evaluated in this order, each always), or None."""
-    counts, nodes = {}, {}
-    for value in values:
-        for n in ast.walk(value):
-            if isinstance(n, ast.expr) and not isinstance(n, (ast.Name, ast.Constant)):
-                k = ast.dump(n)
-                counts[k] = counts.get(k, 0) + 1
-                nodes.setdefault(k, n)
+_HOISTABLE = (ast.BinOp, ast.UnaryOp, ast.Call, ast.Subscript, ast.Compare, ast.IfExp)
+
+
+def _candidate(values, index):
+    """The key and a node of the largest subexpression to hoist from the
+    expressions ``values`` (evaluated in this order, each always), or None."""
     best = None
     for value in values:
         always = []
         _unconditional(value, always)
         for n in always:
-            if n is value or not isinstance(n, (ast.BinOp, ast.UnaryOp, ast.Call, ast.Subscript,
-                                                ast.Compare, ast.IfExp)):
+            if n is value or not isinstance(n, _HOISTABLE):
                 continue
-            k = ast.dump(n)
-            if counts.get(k, 0) < 2:
+            k = index.key[id(n)]
+            if index.count.get(k, 0) < 2:
                 continue
-            size = _size(n)
+            size = index.size[id(n)]
             if size >= MIN_NODES and (best is None or size > best[0]):
                 best = (size, k, n)
     return None if best is None else best[1:]
@@ -102,18 +134,19 @@ def _rewrite(stmt, counter):
     definition may read an earlier one)."""
     seq = [stmt]
     while True:
-        found = _candidate([st.value for st in seq])
+        index = _Index([st.value for st in seq])
+        found = _candidate([st.value for st in seq], index)
         if found is None:
             return seq[:-1], seq[-1]
         key, node = found
         name = f"{_PREFIX}{next(counter)}"
         first = next(i for i, st in enumerate(seq)
-                     if any(ast.dump(n) == key for n in ast.walk(st.value)))
+                     if any(index.key.get(id(n)) == key for n in ast.walk(st.value)))
         definition = ast.fix_missing_locations(ast.copy_location(
-            ast.Assign([ast.Name(name, ast.Store())], copy.deepcopy(node),
+            ast.Assign([ast.Name(name, ast.Store())], node,
                        lineno=stmt.lineno), stmt))
-        for st in seq[first:]:
-            st.value = _Replace(key, name).visit(st.value)
+        for st in seq[first:]:  # (``node`` leaves the tree: it is the definition now)
+            st.value = _Replace(index, key, name).visit(st.value)
         seq.insert(first, definition)
 
 
