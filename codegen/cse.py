@@ -12,16 +12,18 @@ lines at about 6 s each).
 A statement whose value is a conditional expression (``x = A if c else B``,
 what a ``select`` of the graph becomes) is first turned into an ``if``
 statement with one assignment per branch, so that the repeats inside each
-branch can be hoisted within it. What is hoisted, so that no evaluation is
-added or moved past a condition:
+branch can be hoisted within it; a large select inside the value is computed
+first by an ``if`` statement of its own when no run-time check of the
+statement comes before it. What is hoisted, so that no evaluation is
+added or moved past a condition, and the run-time check that fails first is
+still the one reported:
 an operation of at least ``MIN_NODES`` expression nodes that occurs at
 least twice in the statement, at least once where it is always evaluated:
 not only inside a branch of a conditional expression (``a if c else b``) or
-behind a short-circuit operator (``and``/``or``). The copies inside branches
-then read the temporary too (computed anyway before the statement). The
-statement's own order of evaluation for everything else is unchanged; a
-failed check inside a hoisted subexpression (an index range check) is
-reported as before, since it was evaluated by the statement anyway.
+behind a short-circuit operator (``and``/``or``), and that holds no run-time
+check (``_ck``, ``_rk``, ``_nz``). The copies inside branches then read the
+temporary too (computed anyway before the statement). The statement's own
+order of evaluation for everything else is unchanged.
 """
 
 import ast
@@ -113,11 +115,16 @@ def _candidate(values, index):
     """The key and a node of the largest subexpression to hoist from the
     expressions ``values`` (evaluated in this order, each always), or None."""
     best = None
+    # a subexpression holding a run-time check stays where it is: computed first,
+    # its check would run before the statement's earlier checks
+    checked = set()
+    for value in values:
+        _mark_checked(value, checked)
     for value in values:
         always = []
         _unconditional(value, always)
         for n in always:
-            if n is value or not isinstance(n, _HOISTABLE):
+            if n is value or not isinstance(n, _HOISTABLE) or id(n) in checked:
                 continue
             k = index.key[id(n)]
             if index.count.get(k, 0) < 2:
@@ -126,6 +133,17 @@ def _candidate(values, index):
             if size >= MIN_NODES and (best is None or size > best[0]):
                 best = (size, k, n)
     return None if best is None else best[1:]
+
+
+def _mark_checked(node, checked):
+    """Add to ``checked`` the ids of ``node``'s subtrees that hold a run-time check;
+    whether ``node`` does."""
+    has = _is_check(node)
+    for c in ast.iter_child_nodes(node):
+        has = _mark_checked(c, checked) or has
+    if has:
+        checked.add(id(node))
+    return has
 
 
 def _rewrite(stmt, counter):
@@ -178,25 +196,47 @@ def _transform(stmt, counter):
     return out + hoisted + [new], bool(out or hoisted)
 
 
+#: the run-time checks of generated code (codegen.bounds, codegen.emit): calls
+#: that flag an error; the first one to fail is the one reported
+_CHECKS = frozenset({"_ck", "_rk", "_nz", "_fail"})
+
+
+def _is_check(node):
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id in _CHECKS)
+
+
+def _has_check(node):
+    return any(_is_check(n) for n in ast.walk(node))
+
+
 def _large_selects(value):
     """The conditional expressions of at least ``SPLIT_NODES`` nodes that ``value``
-    always evaluates (not inside another one's branch), left to right."""
+    always evaluates (not inside another one's branch, nor behind ``and``/``or``),
+    left to right, that may run first: up to the first run-time check of the
+    statement outside them (evaluation order), so that the check that fails
+    first is still the one reported."""
     found = []
+    blocked = [False]
 
     def visit(n):
         if isinstance(n, ast.IfExp):
-            if _size(n) >= SPLIT_NODES:
+            if not blocked[0] and n is not value and _size(n) >= SPLIT_NODES:
                 found.append(n)
+            elif _has_check(n):
+                blocked[0] = True
             return
         if isinstance(n, ast.BoolOp):
             visit(n.values[0])
+            if any(_has_check(v) for v in n.values[1:]):
+                blocked[0] = True
             return
-        for c in ast.iter_child_nodes(n):
+        for c in ast.iter_child_nodes(n):  # Python's order of evaluation
             if isinstance(c, ast.expr):
                 visit(c)
-    for c in ast.iter_child_nodes(value):
-        if isinstance(c, ast.expr):
-            visit(c)
+        if _is_check(n):
+            blocked[0] = True
+    visit(value)
     return found
 
 

@@ -95,3 +95,45 @@ def test_kernels_with_and_without_the_pass_agree(dtype, monkeypatch):
         np.testing.assert_allclose(g, w, equal_nan=True, **tol)
     for a, b in zip(got[True], got[False]):  # the same operations in the same order
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_select_behind_and_is_not_evaluated_first():
+    # (found by an attack on this pass) a bool stage `p and <large select>`: the
+    # select must not run where p is false (its load would be out of range)
+    big = " + ".join(f"np.sin(b0[_ck(b1[0], 2, err, 1)] * {k}.0)" for k in range(12))
+    text = ("import numpy as np\n\n\ndef unit(b0, b1, out, err):\n"
+            f"    out[0] = b1[0] < 2 and ((({big}) if b0[0] > 0.2 else 0.0) > 1.0)\n"
+            "    return 0\n")
+    assert hoist_common_subexpressions(text, "unit") == text
+
+
+def test_no_check_runs_before_an_earlier_one():
+    # (found by an attack on this pass) the first failing check is the one
+    # reported: a large select after a check stays in place, and so does a
+    # repeated subexpression that holds a check
+    big = " + ".join(f"np.sin(b0[0] // _nz(b1[1], err, 2) * {k}.0)" for k in range(12))
+    text = ("import numpy as np\n\n\ndef unit(b0, b1, out, err):\n"
+            f"    out[0] = b0[_ck(b1[0], 2, err, 1)] + (({big}) if b0[0] > 0.2 else 0.0)\n"
+            "    out[1] = b0[_ck(b1[0], 2, err, 1)] * 2.0 + b0[_ck(b1[0], 2, err, 1)]\n"
+            "    return 0\n")
+    assert hoist_common_subexpressions(text, "unit") == text
+
+
+def test_kernel_of_a_guarded_gather_behind_and_raises_as_the_evaluator():
+    # the attack's case end to end: a bool stage (I[i] < n) & (select(...) > 1) whose
+    # select reads X[I[i]]; te.evaluate raises nothing, nor may the kernel
+    n = 5
+    X = te.placeholder((n,), name="X")
+    I = te.placeholder((n,), dtype="int64", name="I")
+
+    def body(i):
+        g = X[I[i]]
+        big = (te.exp(g) * te.sigmoid(g) + te.tanh(g) * te.exp(g) * te.sigmoid(g)
+               + te.log(te.abs(g) + 1) * te.tanh(g))
+        sel = te.if_then_else(g > 0.5, big * big + te.sigmoid(g), te.sigmoid(g) * g * big)
+        return (I[i] < n) & (sel > 1.0)
+    Y = te.compute((n,), body, name="Y")
+    kernel = codegen.build([Y], [X, I])
+    x = np.random.default_rng(3).random(n).astype("float32")
+    i = np.array([0, 7, 2, 9, 4])
+    np.testing.assert_array_equal(kernel(x, i)[0], te.evaluate(Y, {X: x, I: i}))
