@@ -413,25 +413,54 @@ def every_contraction_on_blas():
             os.environ["TEXPR_SYMBOLIC_CACHE"] = old_env
 
 
+@contextlib.contextmanager
+def every_subexpression_hoisted():
+    """Builds inside run :mod:`texpr.codegen.cse` at its smallest thresholds: every
+    repeated subexpression of two or more nodes gets a temporary and every
+    select of four or more an if statement of its own (fuzzed statements are
+    small; the defaults would rarely touch them), with the symbolic cache off
+    (its lowering key does not hold the thresholds)."""
+    from texpr.codegen import cse
+
+    old = cse.MIN_NODES, cse.SPLIT_NODES, os.environ.get("TEXPR_SYMBOLIC_CACHE")
+    cse.MIN_NODES, cse.SPLIT_NODES = 2, 4
+    os.environ["TEXPR_SYMBOLIC_CACHE"] = "0"
+    try:
+        yield
+    finally:
+        cse.MIN_NODES, cse.SPLIT_NODES = old[:2]
+        if old[2] is None:
+            os.environ.pop("TEXPR_SYMBOLIC_CACHE", None)
+        else:
+            os.environ["TEXPR_SYMBOLIC_CACHE"] = old[2]
+
+
 #: BLAS units built by the fuzzer's kernels so far (to know the path is exercised)
 BLAS_UNITS = [0]
 
+#: how a batch's kernel is built: the default rules, every contraction on BLAS,
+#: every repeated subexpression hoisted
+_MODES = {"default": contextlib.nullcontext, "blas": every_contraction_on_blas,
+          "cse": every_subexpression_hoisted}
 
-def _check_kernel(qs, findings, blas=False):
+
+def _check_kernel(qs, findings, mode="default"):
     """One kernel for all ``qs`` (none expecting OOB); on a build error, one per
-    program. ``blas``: every contraction stage runs on BLAS (see
-    :func:`every_contraction_on_blas`), else the default cost rule decides."""
+    program. ``mode`` (a key of :data:`_MODES`): ``"blas"``, every contraction
+    stage runs on BLAS (see :func:`every_contraction_on_blas`); ``"cse"``,
+    codegen.cse at its smallest thresholds (:func:`every_subexpression_hoisted`);
+    ``"default"``, the default rules decide."""
     outs = [t for q in qs for t in q.outputs]
     ins = [t for q in qs for t in q.p.inputs]
     try:
-        with every_contraction_on_blas() if blas else contextlib.nullcontext():
+        with _MODES[mode]():
             kernel = codegen.build(outs, ins)
         BLAS_UNITS[0] += sum(1 for u in kernel.units if u.kind == "blas")
         got = kernel(*[q.p.feed[t] for q in qs for t in q.p.inputs])
     except Exception as exc:  # noqa: BLE001 - isolate the program at fault
         if len(qs) > 1:
             for q in qs:
-                _check_kernel([q], findings, blas)
+                _check_kernel([q], findings, mode)
             return
         q = qs[0]
         if q.p.big and refuses_wraparound(exc):
@@ -452,10 +481,11 @@ def _check_kernel(qs, findings, blas=False):
                 findings.append(_finding(p, "kernel-vs-evaluate", msg))
 
 
-def _check_kernel_oob(q, findings):
+def _check_kernel_oob(q, findings, mode="default"):
     p = q.p
     try:
-        kernel = codegen.build(q.outputs, p.inputs)
+        with _MODES[mode]():
+            kernel = codegen.build(q.outputs, p.inputs)
     except Exception as exc:  # noqa: BLE001
         if p.big and refuses_wraparound(exc):
             return
@@ -491,9 +521,12 @@ def check_programs(seeds, batch=8, fd=True, compile_every=1, log=None):
     Programs are compiled ``batch`` at a time into one kernel (one numba compile
     for many programs); a program whose forward raises OutOfBoundsError is
     built alone and must raise it too. Only every ``compile_every``-th program
-    (by position) is compiled (none for 0); the rest get the evaluator checks only. Every
-    second batch (and the last) is built with every contraction stage on BLAS,
-    the others with the default cost rule (loop nests at these sizes).
+    (by position) is compiled (none for 0); the rest get the evaluator checks only.
+    Batches take turns: codegen.cse at its smallest thresholds, the default
+    rules (loop nests at these sizes), every contraction stage on BLAS (the
+    last batch too); a program expecting OutOfBoundsError is built alternately
+    with the default rules and with the smallest CSE thresholds (the first
+    failing check must still be an OutOfBoundsError).
     """
     findings = []
     ready = []
@@ -517,7 +550,7 @@ def check_programs(seeds, batch=8, fd=True, compile_every=1, log=None):
         _check_reference(q, findings)
         if q.oob:
             if compiled:
-                _check_kernel_oob(q, findings)
+                _check_kernel_oob(q, findings, ("default", "cse")[pos % 2])
             continue
         if fd and p.smooth and p.finite_inputs and np.all(np.isfinite(q.ref_fwd[1])):
             _check_fd(q, findings)
@@ -525,10 +558,10 @@ def check_programs(seeds, batch=8, fd=True, compile_every=1, log=None):
             ready.append(q)
         if len(ready) == batch:
             batches += 1
-            _check_kernel(ready, findings, blas=batches % 2 == 0)
+            _check_kernel(ready, findings, ("blas", "cse", "default")[batches % 3])
             ready = []
     if ready:
-        _check_kernel(ready, findings, blas=True)
+        _check_kernel(ready, findings, "blas")
     if log is not None:
         log(f"done: {len(findings)} finding(s)", findings)
     return findings
