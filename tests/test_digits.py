@@ -63,15 +63,17 @@ def _step_kernel(model):
 
 
 def test_two_sgd_steps_decrease_the_loss():
-    model = digits.Model(batch=8)
+    # the job's own batch (64): test_program_end_to_end then finds these units compiled
+    batch = digits.parse_args([]).batch_size
+    model = digits.Model(batch=batch)
     names, step = _step_kernel(model)
     images, labels = digits.load_digits()
-    x = images[:8, None].astype("float32")
-    y = labels[:8]
+    x = images[:batch, None].astype("float32")
+    y = labels[:batch]
     params = model.init_weights(np.random.default_rng(0))
     losses = []
     for _ in range(3):
-        loss, *g = step(x, y, np.ones(8, "float32"), *[params[n] for n in names])
+        loss, *g = step(x, y, np.ones(batch, "float32"), *[params[n] for n in names])
         losses.append(float(loss))
         for n, gn in zip(names, g):
             params[n] = params[n] - 0.1 * gn
