@@ -393,46 +393,42 @@ def _check_reference(q, findings):
 
 
 @contextlib.contextmanager
-def every_contraction_on_blas():
-    """Builds inside run every stage that matches the contraction pattern as GEMMs
-    (the cost rule of :mod:`texpr.codegen.contraction` off: fuzzed stages are far
-    below its sizes), with the symbolic cache off (its lowering key holds the
-    schedule, not the cost rule). Yields a list that collects the BLAS units built."""
-    from texpr.codegen import contraction
-
-    old_rule, old_env = contraction.cost_ok, os.environ.get("TEXPR_SYMBOLIC_CACHE")
-    contraction.cost_ok = lambda plan: True
+def _patched(module, **values):
+    """Builds inside run with ``module``'s attributes set to ``values`` and the
+    symbolic cache off (its lowering key holds the schedule, not these knobs)."""
+    old = {k: getattr(module, k) for k in values}
+    old_env = os.environ.get("TEXPR_SYMBOLIC_CACHE")
+    for k, v in values.items():
+        setattr(module, k, v)
     os.environ["TEXPR_SYMBOLIC_CACHE"] = "0"
     try:
         yield
     finally:
-        contraction.cost_ok = old_rule
+        for k, v in old.items():
+            setattr(module, k, v)
         if old_env is None:
             os.environ.pop("TEXPR_SYMBOLIC_CACHE", None)
         else:
             os.environ["TEXPR_SYMBOLIC_CACHE"] = old_env
 
 
-@contextlib.contextmanager
+def every_contraction_on_blas():
+    """Builds inside run every stage that matches the contraction pattern as GEMMs
+    (the cost rule of :mod:`texpr.codegen.contraction` off: fuzzed stages are far
+    below its sizes), with the symbolic cache off."""
+    from texpr.codegen import contraction
+
+    return _patched(contraction, cost_ok=lambda plan: True)
+
+
 def every_subexpression_hoisted():
     """Builds inside run :mod:`texpr.codegen.cse` at its smallest thresholds: every
     repeated subexpression of two or more nodes gets a temporary and every
     select of four or more an if statement of its own (fuzzed statements are
-    small; the defaults would rarely touch them), with the symbolic cache off
-    (its lowering key does not hold the thresholds)."""
+    small; the defaults would rarely touch them), with the symbolic cache off."""
     from texpr.codegen import cse
 
-    old = cse.MIN_NODES, cse.SPLIT_NODES, os.environ.get("TEXPR_SYMBOLIC_CACHE")
-    cse.MIN_NODES, cse.SPLIT_NODES = 2, 4
-    os.environ["TEXPR_SYMBOLIC_CACHE"] = "0"
-    try:
-        yield
-    finally:
-        cse.MIN_NODES, cse.SPLIT_NODES = old[:2]
-        if old[2] is None:
-            os.environ.pop("TEXPR_SYMBOLIC_CACHE", None)
-        else:
-            os.environ["TEXPR_SYMBOLIC_CACHE"] = old[2]
+    return _patched(cse, MIN_NODES=2, SPLIT_NODES=4)
 
 
 #: BLAS units built by the fuzzer's kernels so far (to know the path is exercised)
