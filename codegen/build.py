@@ -77,6 +77,7 @@ class Kernel:
         self.paths = [u.path for u in self.units]
         self.path = self.paths[0] if self.paths else None
         self._bufs = program.buffers
+        self._plan = None
 
     def __call__(self, *arrays, out=None, **named):
         if named:
@@ -89,63 +90,14 @@ class Kernel:
             a = check_input_array(t, a, "kernel")
             args.append(np.ascontiguousarray(a).reshape(-1))
         outs_given = None if out is None else _check_out(self.outputs, out, args)
-        by_id, direct = self._run(args, outs_given)
-        return self._collect(by_id, direct, outs_given)
+        return self._execute(args, outs_given)
 
     def run_exact(self, arrays):
         """The outputs (a tuple of fresh arrays) for ``arrays``, without the checks
         of a call, for callers that have checked them (the PyTorch bridge): one
         C-contiguous numpy array per input, of exactly its shape and dtype.
         Raises what a call raises at run time (OutOfBoundsError, ...)."""
-        by_id, direct = self._run([a.reshape(-1) for a in arrays], None)
-        return self._collect(by_id, direct, None)
-
-    def _collect(self, by_id, direct, outs_given):
-        outs = []
-        given = set()
-        for k, t in enumerate(self.outputs):
-            a = by_id[id(t)]
-            o = None if outs_given is None else outs_given[k]
-            if o is not None:
-                if direct.get(id(t)) is not a or any(
-                        u is t for u in self.outputs[:k]):
-                    np.copyto(o, a.reshape(t.shape))
-                outs.append(o)
-                given.add(id(t))
-                continue
-            if isinstance(t.op, PlaceholderOp) or id(t) in given:
-                a = a.copy()  # never the caller's array, never one array twice
-            given.add(id(t))
-            outs.append(a.reshape(t.shape))
-        return tuple(outs)
-
-    def _run(self, args, outs_given):
-        """Run the units on ``args`` (the inputs, flat and C-contiguous, exactly as
-        declared) with ``outs_given`` (None, or per output an array or None: an
-        output computed by its own stage is written straight into it); returns
-        ``(by_id, direct)``: every buffer by tensor id, and the outputs written
-        directly. Raises the error a unit flagged."""
-        by_id = {}
-        for b, a in zip(self._bufs, args):
-            by_id[id(b.tensor)] = a
-        direct = {}
-        if outs_given is not None:
-            for t, o in zip(self.outputs, outs_given):
-                if (o is not None and id(t) not in by_id and id(t) not in direct
-                        and not isinstance(t.op, PlaceholderOp)):
-                    direct[id(t)] = o.reshape(-1)
-        for b in self._bufs[len(args):]:
-            arr = direct.get(id(b.tensor))
-            if arr is None:
-                arr = np.empty(b.size, dtype=b.dtype)
-            by_id[id(b.tensor)] = arr
-            args.append(arr)
-        err = np.zeros(2, dtype=np.int64)  # [error code, the offending index]
-        for unit in self.units:
-            unit.run(args, err)
-            if err[0]:
-                _raise(unit, err)
-        return by_id, direct
+        return self._execute([a.reshape(-1) for a in arrays], None)
 
     def run_into(self, inputs, outputs):
         """Compute the outputs into ``outputs`` (one array per output), for callers
@@ -156,12 +108,60 @@ class Kernel:
         ``outputs`` writeable C-contiguous arrays of the outputs' shapes and
         dtypes that overlap neither an input nor each other. Raises what a call
         raises at run time (OutOfBoundsError, ...)."""
-        args = [a.reshape(-1) for a in inputs]
-        by_id, direct = self._run(args, outputs)
-        for k, (t, o) in enumerate(zip(self.outputs, outputs)):
-            a = by_id[id(t)]
-            if direct.get(id(t)) is not a or any(u is t for u in self.outputs[:k]):
-                np.copyto(o, a.reshape(t.shape))
+        self._execute([a.reshape(-1) for a in inputs], outputs)
+
+    def _make_plan(self):
+        """What every call repeats, computed once: per temporary buffer its size,
+        dtype and the output (position) it is, if any; per output its buffer's
+        position, shape and whether the kernel's own array can be returned (a
+        computed buffer at its first listing: a placeholder output or a repeated
+        one is a copy)."""
+        n_in = len(self.inputs)
+        slot = {id(b.tensor): s for s, b in enumerate(self._bufs)}
+        outs, first = [], {}
+        for k, t in enumerate(self.outputs):
+            s = slot[id(t)]
+            own = s >= n_in and s not in first
+            if own:
+                first[s] = k
+            outs.append((s, tuple(t.shape), own))
+        temps = [(b.size, b.dtype, first.get(s))
+                 for s, b in enumerate(self._bufs) if s >= n_in]
+        self._plan = (temps, outs)
+        return self._plan
+
+    def _execute(self, args, outs_given):
+        """Run the units on ``args`` (the inputs, flat and C-contiguous, exactly
+        as declared). ``outs_given``: None, or per output an array or None; an
+        output computed by its own stage is written straight into its array, the
+        others are copied there after the run. Returns the outputs (a tuple).
+        Raises the error a unit flagged."""
+        temps, outs = self._plan or self._make_plan()
+        if outs_given is None:
+            for size, dtype, _ in temps:
+                args.append(np.empty(size, dtype))
+        else:
+            for size, dtype, k in temps:
+                o = None if k is None else outs_given[k]
+                args.append(np.empty(size, dtype) if o is None else o.reshape(-1))
+        err = np.zeros(2, dtype=np.int64)  # [error code, the offending index]
+        for unit in self.units:
+            unit.run(args, err)
+            if err[0]:
+                _raise(unit, err)
+        if outs_given is None:
+            return tuple(args[s].reshape(shape) if own else args[s].reshape(shape).copy()
+                         for s, shape, own in outs)
+        result = []
+        for (s, shape, own), o in zip(outs, outs_given):
+            a = args[s].reshape(shape)
+            if o is None:
+                result.append(a if own else a.copy())
+            else:
+                if not own:
+                    np.copyto(o, a)
+                result.append(o)
+        return tuple(result)
 
     def __reduce__(self):
         # the program (source, buffers, tensors) travels; the machine code is
@@ -174,12 +174,25 @@ class Kernel:
 
 
 def _raise(unit, err):
-    """The error of the failed check ``err[0]`` of ``unit`` (its message names the
-    stage and the expression; an index or value gets the offending value)."""
-    msg = unit.errors[int(err[0]) - 1]
+    """Raise the error of the failed check ``err[0]`` of ``unit``."""
+    raise unit_error(unit, int(err[0]), int(err[1]))
+
+
+def unit_error(unit, code, value):
+    """The exception for ``unit``'s failed check ``code`` (1-based, into
+    ``unit.errors``) with offending ``value``: its message names the stage and
+    the expression, and an index or value gets the offending value. Code -1:
+    the unit raised inside compiled code; -2 (``unit`` None): the kernel's
+    temporaries could not be allocated."""
+    if code == -2:
+        return MemoryError("texpr kernel: its temporary buffers could not be allocated")
+    if code == -1:
+        where = "the kernel's driver" if unit is None else f"stage {unit.stage}"
+        return TexprError(f"{where}: the compiled code raised inside numba")
+    msg = unit.errors[code - 1]
     if "division by zero" in msg:
-        raise TexprError(msg)
-    raise OutOfBoundsError(f"{msg} (index value {int(err[1])})")
+        return TexprError(msg)
+    return OutOfBoundsError(f"{msg} (index value {value})")
 
 
 def _bind_named(inputs, arrays, named):
