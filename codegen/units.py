@@ -43,6 +43,7 @@ class NumbaUnit:
 
     def __init__(self, desc, compiled):
         self.stage, self.args, self.errors = desc.stage, tuple(desc.args), desc.errors
+        self.arg_specs = list(desc.arg_specs)
         self.key, self.path = compiled.key, compiled.path
         self.compile_seconds = compiled.compile_seconds
         self.from_disk_cache = compiled.from_disk_cache

@@ -138,6 +138,7 @@ def test_a_kernel_error_is_raised_as_itself(x64):
     x = jnp.asarray([1.0, 2.0, 3.0, 4.0])
     np.testing.assert_array_equal(f(x, jnp.asarray([3, 0, 1])), [8.0, 2.0, 4.0])
     assert "jax_ffi_handler" in f.spec.cache  # the FFI path (this JAX has jax.ffi)
+    assert _handler_kind(f) == "native"  # its checks report from compiled code
     with pytest.raises(te.OutOfBoundsError, match="index value 9"):
         f(x, jnp.asarray([0, 9, 1]))
     with pytest.raises(Exception, match="OutOfBoundsError.*index value -2"):
@@ -179,3 +180,59 @@ def test_pure_callback_fallback_without_jax_ffi(x64, monkeypatch):
     assert "jax_ffi_handler" not in f.spec.cache
     with pytest.raises(Exception, match="index value 9"):
         f(x, jnp.asarray([0, 9, 1]))
+
+
+def _handler_kind(f):
+    keep = f.spec.cache["jax_ffi_handler"]
+    return "native" if isinstance(keep, tuple) else "python"
+
+
+def test_native_handler_with_temporaries_aliased_and_repeated_outputs(x64):
+    # a kernel whose units are all numba units runs from a compiled FFI handler:
+    # its temporary (the row sums S) lives in the handler's own allocation; the
+    # first listing of Y is written straight into XLA's result buffer, and the
+    # input listed as an output and the repeated output are copied
+    X = te.placeholder((3, 4), name="Xn", dtype="float64")
+    j = te.reduce_axis(4, name="j")
+    S = te.compute((3,), lambda i: te.sum(X[i, j], axis=j), name="Sn")
+    Y = te.compute((3, 4), lambda i, k: X[i, k] - S[i] / 4.0, name="Yn")
+    f = tj.op([Y, X, Y], [X])
+    x = jnp.asarray(np.random.default_rng(3).standard_normal((3, 4)))
+    want = x - x.mean(axis=1, keepdims=True)
+    for g in (f, jax.jit(f)):
+        y1, xo, y2 = g(x)
+        np.testing.assert_allclose(y1, want, rtol=1e-12, atol=1e-12)
+        np.testing.assert_array_equal(xo, x)
+        np.testing.assert_array_equal(y2, y1)
+    assert _handler_kind(f) == "native"
+    assert "Sn" in f.kernel.stages
+    # the backward kernel (the adjoint of a sum over three outputs) too
+    gx = jax.grad(lambda v: (f(v)[0] * v).sum() + f(v)[1].sum())(x)
+    np.testing.assert_allclose(gx, 2 * want + 1.0, rtol=1e-12, atol=1e-12)
+
+
+def test_python_handler_when_native_is_off(x64, monkeypatch):
+    # tj.NATIVE = False keeps the Python handler (ctypes) for every kernel: the
+    # same values, and the kernel's error raised as itself
+    monkeypatch.setattr(tj, "NATIVE", False)
+    f = _gather_op()
+    x = jnp.asarray([1.0, 2.0, 3.0, 4.0])
+    np.testing.assert_array_equal(jax.jit(f)(x, jnp.asarray([3, 0, 1])), [8.0, 2.0, 4.0])
+    assert _handler_kind(f) == "python"
+    with pytest.raises(te.OutOfBoundsError, match="index value -1"):
+        f(x, jnp.asarray([0, -1, 1]))
+
+
+def test_a_blas_unit_keeps_the_python_handler(x64):
+    # a contraction run as a GEMM is not a numba unit: no compiled handler, the
+    # Python one runs it (same values)
+    import fuzz
+    from texpr.codegen.native_call import ffi_handler
+
+    with fuzz.every_contraction_on_blas():
+        f = _dense_tanh()
+        x, w = _arrays(7)
+        np.testing.assert_allclose(jax.jit(f)(x, w), jnp.tanh(x @ w.T), rtol=1e-12)
+    assert any(u.kind == "blas" for u in f.kernel.units)
+    assert ffi_handler(f.kernel, 0) is None
+    assert _handler_kind(f) == "python"

@@ -1,9 +1,12 @@
 """texpr graphs as JAX functions: ``texpr.jax.op(outputs, inputs)``.
 
 The forward is an XLA FFI custom call (``jax.ffi.ffi_call``) whose handler
-runs the compiled texpr kernel on XLA's own CPU buffers, without copies
-(:mod:`texpr.jax_ffi`; ``jax.pure_callback`` on JAX versions without
-``jax.ffi``), so the function works under ``jit`` (the call is a node of the
+runs the compiled texpr kernel on XLA's own CPU buffers, without copies: the
+compiled driver of :mod:`texpr.codegen.native_call` (no Python on the call
+path; the call's one attribute is the kernel's descriptor), or for a kernel it
+cannot run (a contraction run as a GEMM) a Python handler
+(:mod:`texpr.jax_ffi`); ``jax.pure_callback`` on JAX versions without
+``jax.ffi``. So the function works under ``jit`` (the call is a node of the
 compiled program; shapes and dtypes come from the texpr graph) and under
 ``vmap`` (the call runs once per batch element, ``vmap_method="sequential"``).
 A kernel's error (e.g. an ``OutOfBoundsError`` for a data-dependent index)
@@ -21,6 +24,8 @@ float64 placeholders need JAX's 64-bit mode (``jax.config.update("jax_enable_x64
 This module imports jax. ``import texpr`` does not import it.
 """
 
+import os
+
 import jax
 import numpy as np
 
@@ -34,6 +39,35 @@ def _has_ffi():
     return all(hasattr(ffi, n) for n in ("ffi_call", "register_ffi_target", "pycapsule"))
 
 
+#: run kernels whose units are all numba units from a compiled FFI handler
+#: (:mod:`texpr.codegen.native_call`: no Python on the call path); False keeps
+#: the Python handler for every kernel
+NATIVE = True
+
+
+def _native_handler(kernel):
+    """``(keepalive, address, descriptor address)`` of the compiled FFI handler
+    for ``kernel`` (:mod:`texpr.codegen.native_call`), or None."""
+    from . import jax_ffi
+    from .codegen.build import unit_error
+    from .codegen.native_call import ffi_handler
+
+    units = kernel.units
+    on_error, on_error_address = jax_ffi.error_callback(
+        lambda u, code, value: unit_error(units[u] if u >= 0 else None, code, value))
+    found = ffi_handler(kernel, on_error_address)
+    if found is None:
+        return None
+    desc, address = found
+    return (desc, on_error, kernel), address, int(desc.ctypes.data)
+
+
+#: FFI target names carry a per-process token: a program compiled in another
+#: process (JAX's persistent cache) finds no target, never one of this
+#: process's handlers or descriptors under a reused name
+_TOKEN = os.urandom(6).hex()
+
+
 def _host_call(spec, result_types):
     """``call(*arrays) -> tuple of arrays``: the compiled kernel of ``spec`` as a node
     of JAX programs. An XLA FFI custom call whose handler runs the kernel on
@@ -42,17 +76,25 @@ def _host_call(spec, result_types):
     if _has_ffi():
         from . import jax_ffi
 
-        def run(xs, ys):
-            # XLA's operand and result buffers: exact shapes and dtypes, distinct
-            spec.kernel.run_into(xs, ys)
+        kernel = spec.kernel
+        found = _native_handler(kernel) if NATIVE else None
+        name = f"texpr_op_{_TOKEN}_{spec.key}"  # keys are unique in a process
+        if found is not None:
+            keep, addr, desc = found
+            name += "_native"
+            attrs = {"texpr_descriptor": np.int64(desc)}
+        else:
+            def run(xs, ys):
+                # XLA's operand and result buffers: exact shapes and dtypes, distinct
+                kernel.run_into(xs, ys)
 
-        cb, addr = jax_ffi.register(run, [(t.shape, t.dtype) for t in spec.inputs],
-                                    [(t.shape, t.dtype) for t in spec.outputs])
-        name = f"texpr_op_{spec.key}"  # keys are unique in a process
+            keep, addr = jax_ffi.register(run, [(t.shape, t.dtype) for t in spec.inputs],
+                                          [(t.shape, t.dtype) for t in spec.outputs])
+            attrs = {}
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(addr), platform="cpu")
-        spec.cache["jax_ffi_handler"] = cb  # XLA holds the address only
+        spec.cache["jax_ffi_handler"] = keep  # XLA holds the addresses only
         call = jax.ffi.ffi_call(name, list(result_types), vmap_method="sequential")
-        return lambda *xs: tuple(call(*xs))
+        return lambda *xs: tuple(call(*xs, **attrs))
 
     def host(*arrays):
         # np.asarray, not np.ascontiguousarray: that one makes 0-d arrays 1-d

@@ -30,7 +30,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["register", "pop_error", "ERROR_MARK"]
+__all__ = ["register", "error_callback", "pop_error", "ERROR_MARK", "LAYOUT"]
 
 _vp = C.c_void_p
 
@@ -69,6 +69,10 @@ class _CallFrame(C.Structure):
                 ("attrs", _Attrs), ("future", _vp)]
 
 
+class _Scalar(C.Structure):  # XLA_FFI_Scalar: an attribute's dtype and value pointer
+    _fields_ = [("dtype", C.c_int), ("value", _vp)]
+
+
 class _Buffer(C.Structure):
     _fields_ = [("struct_size", C.c_size_t), ("extension_start", _vp), ("dtype", C.c_int),
                 ("data", _vp), ("rank", C.c_int64), ("dims", _vp)]
@@ -94,6 +98,28 @@ _RETS = _CallFrame.rets.offset + _Args.args.offset
 _DATA = _Buffer.data.offset
 _PTR = C.sizeof(_vp)
 _HANDLER = C.CFUNCTYPE(_vp, _vp)
+_ERROR_CALLBACK = C.CFUNCTYPE(C.c_int64, C.c_int64, C.c_int64, C.c_int64, C.c_int64)
+
+#: the call frame's field offsets (bytes) for a handler compiled elsewhere
+#: (:mod:`texpr.codegen.native_call`): the extension pointer, an extension's
+#: type and its metadata pointer, the metadata's version and traits fields, the
+#: operand and result pointer tables, a buffer's data pointer, the attribute
+#: pointer table and a scalar attribute's value pointer; and the type number of
+#: the metadata extension
+LAYOUT = {
+    "ext": _EXT,
+    "ext_type": _ExtBase.type.offset,
+    "ext_metadata": _MetadataExt.metadata.offset,
+    "meta_major": _Metadata.api_version.offset + _ApiVersion.major_version.offset,
+    "meta_minor": _Metadata.api_version.offset + _ApiVersion.minor_version.offset,
+    "meta_traits": _Metadata.traits.offset,
+    "args": _ARGS,
+    "rets": _RETS,
+    "data": _DATA,
+    "attrs": _CallFrame.attrs.offset + _Attrs.attrs.offset,
+    "scalar_value": _Scalar.value.offset,
+    "metadata_type": _METADATA_EXTENSION,
+}
 _ERROR_CREATE = C.CFUNCTYPE(_vp, C.POINTER(_ErrorCreateArgs))
 
 #: the message prefix of the errors this module hands to XLA
@@ -137,6 +163,22 @@ def pop_error(message):
         return None
     with _LOCK:
         return _ERRORS.pop(int(m.group(1)), None)
+
+
+def error_callback(make_exception):
+    """A C function ``int64 (frame, unit, code, value)`` for a compiled handler's
+    failures: it returns the ``XLA_FFI_Error*`` of ``make_exception(unit, code,
+    value)`` (kept for :func:`pop_error`). Returns the ctypes callback (keep it
+    alive as long as the handler may call it) and its address."""
+    def on_error(frame, unit, code, value):
+        try:
+            exc = make_exception(unit, code, value)
+        except BaseException as e:  # noqa: BLE001 - reported to XLA all the same
+            exc = e
+        return _fail(frame, exc) or 0
+
+    cb = _ERROR_CALLBACK(on_error)
+    return cb, C.cast(cb, _vp).value
 
 
 def register(run, inputs, outputs):

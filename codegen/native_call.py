@@ -1,0 +1,467 @@
+"""The bridges' compiled driver: a kernel's numba units run from compiled code,
+with no Python between the caller (XLA, or torch through one call) and the units.
+
+One job: :func:`describe` turns a :class:`codegen.build.Kernel` into a
+*descriptor* (an int64 array: where each buffer lives, each unit's compiled
+function and arguments, the outputs to copy), which one compiled driver runs
+for every kernel. The driver is a module of generated text, compiled and
+cached like a unit (:func:`codegen.compile.compile_source`):
+
+* ``core(d, io)``: given the data pointers of the inputs and of one buffer per
+  output, allocates the temporaries and the error flag (one ``malloc``),
+  calls each unit's compiled function by address (numba's calling convention,
+  the one its compiled functions use among themselves), copies the outputs
+  that are inputs or are listed twice, and frees the allocation;
+  :class:`Runner` calls it from Python (the PyTorch bridge);
+* ``handler``: a ``cfunc`` that XLA calls with its call frame (the typed FFI's
+  C API, ``xla/ffi/api/c_api.h``; the offsets come from :mod:`texpr.jax_ffi`):
+  it answers XLA's metadata query, reads the descriptor's address from the
+  call's one attribute (an int64 scalar), collects the operand and result
+  pointers and calls ``core`` (:func:`ffi_handler`, the JAX bridge).
+
+Why: a Python handler (a ``ctypes`` callback) cost about 20 us per call on
+this machine (the callback's entry, reading the frame, wrapping buffers and the
+kernel's Python driver), against about 11 us for JAX's own call of a jitted
+function; the compiled handler adds a few microseconds to the units. One
+driver for all kernels, not one per kernel: compiling a handler per operator
+cost about 0.6 s each.
+
+A unit that flags an error (an out-of-range index, ...) makes the handler call
+back into Python: ``on_error(frame, unit, code, value) -> XLA_FFI_Error*``, a C
+function (a ``ctypes`` callback) whose address the descriptor holds.
+
+Safety:
+
+* every unit argument is a 1-D C-contiguous array; numba passes one as its
+  flattened fields (meminfo, parent, length, item size, data pointer, shape,
+  stride), the same machine types for every dtype, so the handler builds them
+  from the descriptor (length, item size, data pointer) and calls with them;
+  :func:`describe` returns None (the caller keeps the kernel's Python driver)
+  for a unit whose compiled overload is not exactly that, with more than
+  :data:`MAX_ARGS` arguments, or a unit that is not a numba unit (a GEMM);
+* XLA has checked the operands' shapes and dtypes against the call's declared
+  types, and the PyTorch bridge checks its tensors, so every buffer has the
+  size the units were compiled for;
+* descriptors and unit addresses are per process: the caller names its FFI
+  targets with a per-process token, so a program compiled in another process
+  (JAX's persistent cache) finds no target instead of a stale address.
+"""
+
+import hashlib
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .compile import _array_type
+from .units import NumbaUnit
+
+__all__ = ["describe", "ffi_handler", "handler_address", "runner", "Runner", "MAX_ARGS"]
+
+#: the most arguments (buffers and the error flag) a unit may take here
+MAX_ARGS = 24
+_HEAD = 8  # header words: length, buffers, units, copies, bytes, on_error, inputs, outputs
+_UNIT = 2 + MAX_ARGS  # words per unit: address, argument count, buffer indices
+_KINDS = {"input": 0, "result": 1, "temp": 2}
+
+
+@intrinsic
+def _load(typingctx, addr):
+    """The int64 stored at address ``addr``."""
+    if not isinstance(addr, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.load(builder.inttoptr(args[0], ir.IntType(64).as_pointer()))
+
+    return types.int64(addr), codegen
+
+
+@intrinsic
+def _load32(typingctx, addr):
+    """The int32 stored at address ``addr`` (widened to int64)."""
+    if not isinstance(addr, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = builder.inttoptr(args[0], ir.IntType(32).as_pointer())
+        return builder.sext(builder.load(p), ir.IntType(64))
+
+    return types.int64(addr), codegen
+
+
+@intrinsic
+def _store32(typingctx, addr, value):
+    """Store ``value`` as a 32-bit integer at address ``addr``."""
+    if not isinstance(addr, types.Integer) or not isinstance(value, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = builder.inttoptr(args[0], ir.IntType(32).as_pointer())
+        builder.store(builder.trunc(args[1], ir.IntType(32)), p)
+        return context.get_dummy_value()
+
+    return types.none(addr, value), codegen
+
+
+@intrinsic
+def _pointer(typingctx, addr, dtype):
+    """``addr`` as a typed pointer to elements of ``dtype`` (a numba number class)."""
+    if not isinstance(addr, types.Integer) or not isinstance(dtype, types.NumberClass):
+        return None
+    elem = dtype.instance_type
+
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], context.get_data_type(elem).as_pointer())
+
+    return types.CPointer(elem)(addr, dtype), codegen
+
+
+@intrinsic
+def _malloc(typingctx, nbytes):
+    """``malloc(nbytes)`` of the C library: the address, 0 when it failed."""
+    if not isinstance(nbytes, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(ir.IntType(8).as_pointer(), [ir.IntType(64)])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "malloc")
+        return builder.ptrtoint(builder.call(fn, [args[0]]), ir.IntType(64))
+
+    return types.int64(nbytes), codegen
+
+
+@intrinsic
+def _free(typingctx, addr):
+    """``free`` of the C library on the address ``addr``."""
+    if not isinstance(addr, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer()])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "free")
+        builder.call(fn, [builder.inttoptr(args[0], ir.IntType(8).as_pointer())])
+        return context.get_dummy_value()
+
+    return types.none(addr), codegen
+
+
+@intrinsic
+def _call_c(typingctx, addr, a, b, c, d):
+    """Call the C function ``int64 f(int64, int64, int64, int64)`` at ``addr``."""
+    if not all(isinstance(x, types.Integer) for x in (addr, a, b, c, d)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i64 = ir.IntType(64)
+        fn = builder.inttoptr(args[0], ir.FunctionType(i64, [i64] * 4).as_pointer())
+        return builder.call(fn, list(args[1:]))
+
+    return types.int64(addr, a, b, c, d), codegen
+
+
+_BYTES = types.Array(types.uint8, 1, "C")
+
+
+@intrinsic
+def _call_unit(typingctx, addr, ptrs, sizes, items, idx, err, nargs):
+    """Call the compiled unit at ``addr`` with ``nargs`` (a literal) arguments: for
+    ``j < nargs - 1`` the 1-D array of ``sizes[b]`` elements of ``items[b]``
+    bytes at ``ptrs[b]`` (``b = idx[j]``), then ``err``. Returns 0, or -1 when
+    the unit raised inside numba."""
+    if not isinstance(addr, types.Integer) or not isinstance(nargs, types.IntegerLiteral):
+        return None
+    n = nargs.literal_value - 1
+    argtys = [_BYTES] * n + [err]
+
+    def codegen(context, builder, sig, llargs):
+        i64 = ir.IntType(64)
+
+        def word(ary_ty, value, k):
+            data = context.make_array(ary_ty)(context, builder, value).data
+            return builder.load(builder.gep(data, [k]))
+
+        vals = []
+        for j in range(n):
+            b = word(sig.args[4], llargs[4], ir.Constant(i64, j))
+            size = word(sig.args[2], llargs[2], b)
+            item = word(sig.args[3], llargs[3], b)
+            ptr = builder.inttoptr(word(sig.args[1], llargs[1], b), ir.IntType(8).as_pointer())
+            ary = context.make_array(_BYTES)(context, builder)
+            # the unit's own dtype has this layout: only the item size differs
+            ary.meminfo = cgutils.get_null_value(ary.meminfo.type)
+            ary.parent = cgutils.get_null_value(ary.parent.type)
+            ary.nitems = size
+            ary.itemsize = item
+            ary.data = ptr
+            ary.shape = cgutils.pack_array(builder, [size])
+            ary.strides = cgutils.pack_array(builder, [item])
+            vals.append(ary._getvalue())
+        vals.append(llargs[5])
+        fnty = context.call_conv.get_function_type(types.none, argtys)
+        fn = builder.inttoptr(llargs[0], fnty.as_pointer())
+        status, _ = context.call_conv.call_function(builder, fn, types.none, argtys, vals)
+        return builder.select(status.is_error, ir.Constant(i64, -1), ir.Constant(i64, 0))
+
+    return types.int64(addr, ptrs, sizes, items, idx, err, nargs), codegen
+
+
+def _driver_source():
+    """The text of the driver: ``core(d, io)`` and the FFI ``handler`` (a cfunc),
+    compiled and cached like a unit (:func:`codegen.compile.compile_source`:
+    content key, checked disk entries, numba's files repaired). It names this
+    file's hash, so a change to the intrinsics it imports makes a new entry;
+    the call frame's offsets are literals in it."""
+    with open(__file__, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    from texpr.jax_ffi import LAYOUT as L
+
+    calls = "\n".join(f"    if n == {n}:\n"
+                      f"        return _call_unit(addr, ptrs, sizes, items, idx, err, {n})"
+                      for n in range(2, MAX_ARGS + 1))
+    return f"""# texpr native driver, codegen/native_call.py {digest}
+import numpy as np
+from numba import carray, cfunc, njit, types
+
+from texpr.codegen.native_call import (_call_c, _call_unit, _free, _load, _load32, _malloc,
+                                       _pointer, _store32)
+
+
+@njit(cache=True, nogil=True)
+def run_unit(addr, ptrs, sizes, items, idx, err, n):
+    # one call site per argument count (a call's types are static)
+{calls}
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def core(d, io):
+    nb, nu, nc, nbytes = d[1], d[2], d[3], d[4]
+    n_in, n_out = d[6], d[7]
+    e = n_in + n_out
+    kind = d[{_HEAD}:{_HEAD} + nb]
+    where = d[{_HEAD} + nb:{_HEAD} + 2 * nb]
+    sizes = d[{_HEAD} + 2 * nb:{_HEAD} + 3 * nb]
+    items = d[{_HEAD} + 3 * nb:{_HEAD} + 4 * nb]
+    units = {_HEAD} + 4 * nb
+    copies = units + {_UNIT} * nu
+    # one allocation: the error flag, the data pointers, then the temporaries
+    mem = _malloc(nbytes + 64)
+    if mem == 0:
+        io[e] = -2
+        io[e + 1] = 0
+        io[e + 2] = -1
+        return 1
+    base = (mem + 63) // 64 * 64
+    err = carray(_pointer(base, np.int64), 2)
+    err[0] = 0
+    err[1] = 0
+    ptrs = carray(_pointer(base + 16, np.int64), nb)
+    for s in range(nb):
+        if kind[s] == 0:
+            ptrs[s] = io[where[s]]
+        elif kind[s] == 1:
+            ptrs[s] = io[n_in + where[s]]
+        else:
+            ptrs[s] = base + where[s]
+    for u in range(nu):
+        row = units + {_UNIT} * u
+        idx = d[row + 2:row + 2 + {MAX_ARGS}]
+        if run_unit(d[row], ptrs, sizes, items, idx, err, d[row + 1]) != 0:
+            io[e] = -1
+            io[e + 1] = 0
+            io[e + 2] = u
+            _free(mem)
+            return 1
+        if err[0] != 0:
+            io[e] = err[0]
+            io[e + 1] = err[1]
+            io[e + 2] = u
+            _free(mem)
+            return 1
+    for c in range(nc):
+        k, s, n = d[copies + 3 * c], d[copies + 3 * c + 1], d[copies + 3 * c + 2]
+        dst = carray(_pointer(io[n_in + k], np.uint8), n)
+        src = carray(_pointer(ptrs[s], np.uint8), n)
+        dst[:] = src
+    _free(mem)
+    return 0
+
+
+@cfunc(types.int64(types.int64), cache=True)
+def handler(frame):
+    # XLA_FFI_Error* handler(XLA_FFI_CallFrame*); 0: success
+    ext = _load(frame + {L["ext"]})
+    if ext != 0:
+        if _load32(ext + {L["ext_type"]}) == {L["metadata_type"]}:  # the API version query
+            meta = _load(ext + {L["ext_metadata"]})
+            _store32(meta + {L["meta_major"]}, 0)
+            _store32(meta + {L["meta_minor"]}, 1)
+            _store32(meta + {L["meta_traits"]}, 0)
+            return 0
+    # the call's one attribute: an int64 scalar, the descriptor's address
+    addr = _load(_load(_load(_load(frame + {L["attrs"]})) + {L["scalar_value"]}))
+    head = carray(_pointer(addr, np.int64), {_HEAD})
+    on_error, n_in, n_out = head[5], head[6], head[7]
+    d = carray(_pointer(addr, np.int64), head[0])
+    n = n_in + n_out + 3
+    mem = _malloc(8 * n)
+    if mem == 0:
+        return _call_c(on_error, frame, -1, -2, 0)
+    io = carray(_pointer(mem, np.int64), n)
+    args = _load(frame + {L["args"]})
+    rets = _load(frame + {L["rets"]})
+    for k in range(n_in):
+        io[k] = _load(_load(args + 8 * k) + {L["data"]})
+    for k in range(n_out):
+        io[n_in + k] = _load(_load(rets + 8 * k) + {L["data"]})
+    if core(d, io) != 0:
+        code, value, unit = io[n - 3], io[n - 2], io[n - 1]
+        _free(mem)
+        return _call_c(on_error, frame, unit, code, value)
+    _free(mem)
+    return 0
+"""
+
+
+_CORE = []  # [(core's entry point, core, the handler's address)] once compiled
+
+
+def _core():
+    """``(entry point, dispatcher, handler address)`` of the driver, compiled or
+    loaded on first use. ``core(d, io)``: run the kernel of descriptor ``d`` on
+    the buffers whose data pointers ``io`` holds (the inputs', then one per
+    output), then three words for an error: code, offending value, unit.
+    Returns 0, or 1 after writing the error (code -1: the unit raised inside
+    numba; -2, unit -1: no memory for the temporaries). The handler (a cfunc
+    of the same module) fills ``io`` from XLA's call frame and calls it."""
+    if not _CORE:
+        from .compile import compile_source
+
+        c = compile_source(_driver_source(), [("int64", 1), ("int64", 1)],
+                           "the native driver", entry="core")
+        handler = c.fn.py_func.__globals__["handler"]
+        _CORE.append((c.entry, c.fn, handler.address))
+    return _CORE[0]
+
+
+_I64S = types.Array(types.int64, 1, "C")
+
+
+def handler_address():
+    """The address of the FFI handler (compiled with the driver core, on first use)."""
+    return _core()[2]
+
+
+def _unit_overload(unit):
+    """The address of a numba unit's compiled function when its overload takes 1-D
+    C-contiguous arrays, then the int64 error flag; None otherwise."""
+    specs = getattr(unit, "arg_specs", None)
+    if not specs or len(specs) > MAX_ARGS or len(specs) < 2:
+        return None
+    if any(nd != 1 for _, nd in specs) or tuple(specs[-1]) != ("int64", 1):
+        return None
+    sig = tuple(_array_type(dt, nd) for dt, nd in specs)
+    try:
+        cres = unit.fn.overloads[sig]
+        return cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
+    except (AttributeError, KeyError):
+        return None
+
+
+def describe(kernel, on_error_address=0):
+    """The descriptor of ``kernel`` (an int64 numpy array) for :func:`handler` and
+    :class:`Runner`, or None when a unit is not a numba unit whose compiled
+    overload takes 1-D arrays and the error flag, with at most
+    :data:`MAX_ARGS` arguments.
+
+    ``on_error_address`` (for the FFI handler): the address of a C function
+    ``int64 (frame, unit, code, value)`` returning the ``XLA_FFI_Error*`` for
+    unit ``unit``'s failed check ``code`` (1-based, into the unit's
+    ``errors``) with offending value ``value``; code -1 when the unit raised
+    inside numba, and unit -1 with code -2 when the temporaries could not be
+    allocated.
+    """
+    addresses = []
+    for u in kernel.units:
+        if not isinstance(u, NumbaUnit):
+            return None
+        a = _unit_overload(u)
+        if a is None:
+            return None
+        addresses.append(a)
+    bufs = kernel._bufs
+    temps, outs = kernel._make_plan()
+    n_in, nb = len(kernel.inputs), len(bufs)
+    kind, where = [], []
+    offset = (16 + 8 * nb + 63) // 64 * 64  # after the error flag and the pointers
+    for s, b in enumerate(bufs):
+        if s < n_in:
+            kind.append(_KINDS["input"])
+            where.append(s)
+            continue
+        k = temps[s - n_in][2]
+        if k is not None:
+            kind.append(_KINDS["result"])
+            where.append(k)
+        else:
+            kind.append(_KINDS["temp"])
+            where.append(offset)
+            offset += (b.size * np.dtype(b.dtype).itemsize + 63) // 64 * 64
+    sizes = [b.size for b in bufs]
+    items = [np.dtype(b.dtype).itemsize for b in bufs]
+    units = []
+    for u, a in zip(kernel.units, addresses):
+        idx = list(u.args) + [0] * (MAX_ARGS - len(u.args))
+        units += [a, len(u.args) + 1] + idx
+    copies = []
+    for k, (s, _, own) in enumerate(outs):
+        if not own:
+            copies += [k, s, sizes[s] * items[s]]
+    body = kind + where + sizes + items + units + copies
+    head = [_HEAD + len(body), nb, len(kernel.units), len(copies) // 3, offset,
+            on_error_address, n_in, len(kernel.outputs)]
+    return np.array(head + body, dtype=np.int64)
+
+
+def ffi_handler(kernel, on_error_address):
+    """``(descriptor, address)`` for running ``kernel`` as an XLA FFI handler: the
+    descriptor (:func:`describe`; keep it alive while XLA may call the handler
+    with it, and pass its ``ctypes.data`` as the call's one int64 attribute)
+    and the compiled handler's address (:func:`handler_address`). None when
+    :func:`describe` gives None."""
+    desc = describe(kernel, on_error_address)
+    if desc is None:
+        return None
+    return desc, handler_address()
+
+
+class Runner:
+    """``kernel`` run from Python on raw buffers by the compiled driver core (the
+    handler's own): ``run(pointers)`` with the data pointers of the inputs,
+    then of one buffer per output (C-contiguous, of the declared shapes and
+    dtypes, outputs overlapping nothing), in a list. It skips the kernel's
+    Python driver (about 4 us a call here); the caller guarantees the
+    buffers. Raises what a kernel call raises at run time. Build one with
+    :func:`runner` (None when the kernel has no descriptor)."""
+
+    def __init__(self, kernel, desc):
+        self.kernel, self.desc = kernel, desc
+        self._entry = _core()[0]
+        self._tail = [0, 0, 0]
+
+    def run(self, pointers):
+        io = np.array(pointers + self._tail, dtype=np.int64)
+        if self._entry(self.desc, io):
+            from .build import unit_error
+
+            code, value, u = int(io[-3]), int(io[-2]), int(io[-1])
+            raise unit_error(self.kernel.units[u] if u >= 0 else None, code, value)
+
+
+def runner(kernel):
+    """A :class:`Runner` for ``kernel``, or None (see :func:`describe`)."""
+    desc = describe(kernel)
+    return None if desc is None else Runner(kernel, desc)
