@@ -125,21 +125,49 @@ def test_several_outputs_and_an_integer_input():
     assert gx.shape == x.shape
 
 
-def test_contiguous_tensors_cross_without_copies(monkeypatch):
+def test_contiguous_tensors_cross_without_copies():
+    # the compiled driver gets the tensors' own data pointers, and the output
+    # tensor's: the kernel reads and writes torch's memory
     f = dense_op()
     x, w = [t.detach() for t in _args((4, 5), (3, 5), seed=6)]
+    f(x, w)
+    run, specs = f.spec.cache["torch_native"]
     seen = {}
-    run = type(f.spec).run
 
-    def spy(spec, arrays):
-        outs = run(spec, arrays)
+    def spy(pointers):
+        seen["pointers"] = list(pointers)
+        run(pointers)
+
+    f.spec.cache["torch_native"] = (spy, specs)
+    try:
+        y = f(x, w)
+    finally:
+        f.spec.cache["torch_native"] = (run, specs)
+    assert seen["pointers"] == [x.data_ptr(), w.data_ptr(), y.data_ptr()]
+    np.testing.assert_allclose(y.numpy(), np.tanh(x.numpy() @ w.numpy().T), rtol=1e-12)
+
+
+def test_numpy_views_without_the_compiled_driver(monkeypatch):
+    # texpr.torch.NATIVE = False (and kernels the driver cannot run): the kernel's
+    # Python driver on numpy views of the same memory, outputs shared back
+    monkeypatch.setattr(tt, "NATIVE", False)
+    Y, X, W = _dense_tanh()
+    f = tt.op(Y, [X, W])
+    x, w = [t.detach() for t in _args((4, 5), (3, 5), seed=6)]
+    seen = {}
+    run_exact = type(f.kernel).run_exact
+
+    def spy(kernel, arrays):
+        outs = run_exact(kernel, arrays)
         seen["in"], seen["out"] = [a.ctypes.data for a in arrays], [a.ctypes.data for a in outs]
         return outs
 
-    monkeypatch.setattr(type(f.spec), "run", spy)
+    monkeypatch.setattr(type(f.kernel), "run_exact", spy)
     y = f(x, w)
+    assert f.spec.cache["torch_native"] is None
     assert seen["in"] == [x.data_ptr(), w.data_ptr()]
     assert seen["out"] == [y.data_ptr()]
+    np.testing.assert_allclose(y.numpy(), np.tanh(x.numpy() @ w.numpy().T), rtol=1e-12)
 
 
 @pytest.mark.parametrize("bad, message", [

@@ -18,10 +18,14 @@ recording it runs as a ``torch.autograd.Function`` with the same forward and
 backward; without, it calls the kernel directly. Both paths run the same
 kernels; the tests check both (gradcheck eagerly, the custom op compiled).
 
-Data: CPU tensors that are already contiguous are handed to the kernel as
-numpy views (``Tensor.numpy()``, no copy); the kernel's fresh output arrays
-come back as tensors sharing their memory (``torch.from_numpy``). Other
-tensors are made contiguous first (that copies them).
+Data: CPU tensors that are already contiguous are used in place (no copy);
+other tensors are made contiguous first (that copies them). The outputs are
+fresh tensors (``torch.empty``) that the kernel writes through their data
+pointers, run by the compiled driver of :mod:`texpr.codegen.native_call`,
+which calls the kernel's units without its Python driver. A kernel with a
+unit that driver cannot call (a contraction run as a GEMM) runs on numpy
+views of the tensors (``Tensor.numpy()``) instead, its outputs coming back
+as tensors sharing their memory (``torch.from_numpy``).
 
 This module imports torch. ``import texpr`` does not import it.
 """
@@ -40,11 +44,43 @@ _TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "int32": to
 _TEXPR_DTYPES = {v: k for k, v in _TORCH_DTYPES.items()}
 
 
+#: run kernels whose units are all numba units through the compiled driver
+#: (:class:`texpr.codegen.native_call.Runner`, on the tensors' own memory) instead
+#: of the kernel's Python driver on numpy views; False: always the latter
+NATIVE = True
+
+
+def _native(spec):
+    """``(run, output (shape, dtype) list)`` of ``spec``'s compiled driver, or None."""
+    got = None
+    if NATIVE:
+        from .codegen.native_call import runner
+
+        r = runner(spec.kernel)
+        if r is not None:
+            got = (r.run, [(tuple(t.shape), _TORCH_DTYPES[t.dtype]) for t in spec.outputs])
+    spec.cache["torch_native"] = got
+    return got
+
+
+def _outputs(spec, xs):
+    """The outputs (a list of tensors) of ``spec`` for ``xs``: CPU tensors, C-contiguous,
+    of the inputs' exact shapes and dtypes, not requiring grad or with grad
+    mode off. Fresh tensors, never an input nor one tensor twice."""
+    nat = spec.cache.get("torch_native", False)
+    if nat is False:
+        nat = _native(spec)
+    if nat is None:
+        return [torch.from_numpy(a) for a in spec.kernel.run_exact([x.numpy() for x in xs])]
+    run, specs = nat
+    outs = [torch.empty(shape, dtype=dtype) for shape, dtype in specs]
+    run([x.data_ptr() for x in xs] + [o.data_ptr() for o in outs])
+    return outs
+
+
 @torch.library.custom_op("texpr::kernel", mutates_args=())
 def _kernel(xs: List[torch.Tensor], key: int) -> List[torch.Tensor]:
-    spec = SPECS[key]
-    outs = spec.run([x.detach().numpy() for x in xs])
-    return [torch.from_numpy(a) for a in outs]
+    return _outputs(SPECS[key], [x.detach() for x in xs])
 
 
 @_kernel.register_fake
@@ -70,8 +106,6 @@ _kernel.register_autograd(_backward, setup_context=_setup_context)
 _is_compiling = torch.compiler.is_compiling
 
 
-def _run(spec, xs):
-    return [torch.from_numpy(a) for a in spec.run([x.detach().numpy() for x in xs])]
 
 
 def _grad_inputs(spec, xs, grads, apply):
@@ -82,8 +116,14 @@ def _grad_inputs(spec, xs, grads, apply):
     heads = []
     for k in spec.float_outputs:
         g, t = grads[k], spec.outputs[k]
+        dtype = _TORCH_DTYPES[t.dtype]
         if g is None:
-            g = torch.zeros(t.shape, dtype=_TORCH_DTYPES[t.dtype])
+            g = torch.zeros(t.shape, dtype=dtype)
+        if g.shape != tuple(t.shape):
+            raise FeedError(f"{spec.who}: the gradient for output {t.name} has shape "
+                            f"{tuple(g.shape)}, expected {tuple(t.shape)}")
+        if g.dtype is not dtype or not g.is_cpu:
+            g = g.to(device="cpu", dtype=dtype)
         heads.append(g.contiguous())
     back = spec.backward()
     for j, g in zip(spec.float_inputs, apply(back, list(xs) + heads)):
@@ -100,14 +140,14 @@ class _Eager(torch.autograd.Function):
     @staticmethod
     def forward(ctx, key, *xs):
         spec = SPECS[key]
-        outs = spec.kernel.run_exact([x.detach().numpy() for x in xs])
-        outs = tuple(map(torch.from_numpy, outs))
+        outs = _outputs(spec, xs)  # forward runs with grad mode off
         ctx.key = key
         ctx.save_for_backward(*xs)
         if len(spec.float_outputs) != len(outs):
             ctx.mark_non_differentiable(*[o for k, o in enumerate(outs)
                                           if k not in spec.float_outputs])
-        return outs
+        # one output as a tensor, not a 1-tuple: autograd wraps it faster (3 us)
+        return outs[0] if len(outs) == 1 else tuple(outs)
 
     @staticmethod
     def backward(ctx, *grads):
@@ -124,8 +164,21 @@ def _apply(spec, xs):
     if torch.is_grad_enabled():
         for x in xs:
             if x.requires_grad:
-                return _Eager.apply(spec.key, *xs)
-    return _run(spec, xs)
+                if _functorch_active() or any(map(_functorch_wrapped, xs)):
+                    outs = _Eager.apply(spec.key, *xs)
+                else:
+                    outs = _eager_apply(spec.key, *xs)
+                return (outs,) if type(outs) is torch.Tensor else outs
+    return _outputs(spec, xs)
+
+
+#: autograd.Function's C ``apply`` for :class:`_Eager`, without the Python
+#: wrapper of ``Function.apply`` (about 6 us a call here), which only matters
+#: under torch.func transforms (it unwraps their dead wrappers): those calls
+#: keep the public ``apply``
+_eager_apply = getattr(super(torch.autograd.Function, _Eager), "apply", _Eager.apply)
+_functorch_active = torch._C._are_functorch_transforms_active
+_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 class TorchOp:
