@@ -20,7 +20,10 @@ differences). It covers
 forward, raw and simplified gradients (NaN/inf patterns equal, values close);
 one compiled kernel (texpr.codegen.build) of every program's forward, loss
 and simplified gradients against ``te.evaluate`` of the same simplified graphs
-(raw vs simplified forward: with finite inputs; see docs/conventions.md, "Zeros"); and, for smooth programs with
+(raw vs simplified forward: with finite inputs; see docs/conventions.md, "Zeros"),
+and the same kernel run by the bridges' compiled driver
+(:mod:`texpr.codegen.native_call`) against the kernel, bit for bit (an
+out-of-range index raises OutOfBoundsError on both); and, for smooth programs with
 finite inputs, the raw gradients in float64 against central finite
 differences. Findings are returned as :class:`Finding` records (seed, kind,
 message, program text), so a run reports all of them, not the first.
@@ -440,6 +443,42 @@ _MODES = {"default": contextlib.nullcontext, "blas": every_contraction_on_blas,
           "cse": every_subexpression_hoisted}
 
 
+#: kernels the fuzzer also ran through the bridges' compiled driver
+NATIVE_RUNS = [0]
+
+
+def native_outputs(kernel, arrays):
+    """The outputs of ``kernel`` run by the compiled driver of the bridges
+    (:mod:`texpr.codegen.native_call`) on ``arrays``; None when it cannot run
+    this kernel. Raises what the kernel raises."""
+    from texpr.codegen import native_call
+
+    run = native_call.runner(kernel)
+    if run is None:
+        return None
+    ins = [np.ascontiguousarray(a, dtype=t.dtype) for a, t in zip(arrays, kernel.inputs)]
+    outs = [np.empty(t.shape, dtype=t.dtype) for t in kernel.outputs]
+    run.run([a.ctypes.data for a in ins] + [o.ctypes.data for o in outs])
+    return outs
+
+
+def _check_native(p, kernel, arrays, got, findings):
+    """The bridges' compiled driver gives the kernel's outputs bit for bit (the
+    same units on the same values)."""
+    try:
+        nat = native_outputs(kernel, arrays)
+    except Exception:  # noqa: BLE001
+        findings.append(_finding(p, "native-driver", traceback.format_exc(limit=-3)))
+        return
+    if nat is None:
+        return
+    NATIVE_RUNS[0] += 1
+    for k, (a, b) in enumerate(zip(nat, got)):
+        if not np.array_equal(a, b, equal_nan=True):
+            findings.append(_finding(p, "native-driver", f"output {k} ({kernel.outputs[k].name})"
+                                     f":\n driver {a!r}\n kernel {b!r}"))
+
+
 def _check_kernel(qs, findings, mode="default"):
     """One kernel for all ``qs`` (none expecting OOB); on a build error, one per
     program. ``mode`` (a key of :data:`_MODES`): ``"blas"``, every contraction
@@ -452,7 +491,8 @@ def _check_kernel(qs, findings, mode="default"):
         with _MODES[mode]():
             kernel = codegen.build(outs, ins)
         BLAS_UNITS[0] += sum(1 for u in kernel.units if u.kind == "blas")
-        got = kernel(*[q.p.feed[t] for q in qs for t in q.p.inputs])
+        arrays = [q.p.feed[t] for q in qs for t in q.p.inputs]
+        got = kernel(*arrays)
     except Exception as exc:  # noqa: BLE001 - isolate the program at fault
         if len(qs) > 1:
             for q in qs:
@@ -463,6 +503,7 @@ def _check_kernel(qs, findings, mode="default"):
             return
         findings.append(_finding(q.p, "kernel-error", traceback.format_exc(limit=-3)))
         return
+    _check_native(qs[0].p, kernel, arrays, got, findings)
     pos = 0
     for q in qs:
         p = q.p
@@ -487,8 +528,20 @@ def _check_kernel_oob(q, findings, mode="default"):
             return
         findings.append(_finding(p, "kernel-error", traceback.format_exc(limit=-3)))
         return
+    arrays = [p.feed[t] for t in p.inputs]
     try:
-        kernel(*[p.feed[t] for t in p.inputs])
+        if native_outputs(kernel, arrays) is not None:
+            findings.append(_finding(p, "oob-path", "the forward raises OutOfBoundsError in "
+                                     "te.evaluate but the compiled driver returns values"))
+            return
+    except te.OutOfBoundsError:
+        pass
+    except Exception:  # noqa: BLE001
+        findings.append(_finding(p, "oob-path", "the compiled driver raised something else "
+                                 "than OutOfBoundsError:\n" + traceback.format_exc(limit=-3)))
+        return
+    try:
+        kernel(*arrays)
     except te.OutOfBoundsError:
         return
     except Exception:  # noqa: BLE001
