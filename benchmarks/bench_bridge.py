@@ -8,6 +8,8 @@ script times, as medians over many calls in one process:
 * ``torch+grad``: the same with inputs that require grad (autograd records);
 * ``jax``: ``texpr.jax.op`` under ``jax.jit`` (``block_until_ready``);
 * ``jax a+b``: a jitted ``a + b`` of the same arrays, JAX's own cost of a call,
+* ``driver``: the kernel's units run by the compiled driver both bridges use
+  (:mod:`texpr.codegen.native_call`), without a call's checks,
 
 and prints each in microseconds with its overhead over ``kernel``. The rows
 take turns (blocks of 20 calls, round by round) so that a shared machine's
@@ -79,6 +81,13 @@ def main():
         ("jax (jit)", lambda: jitted(xj, wj).block_until_ready(), _null),
         ("jax a+b", lambda: floor(xj, wj).block_until_ready(), _null),
     ]
+    from texpr.codegen import native_call
+
+    driver = native_call.runner(kernel)
+    if driver is not None:  # the units alone, from the bridges' compiled driver
+        y = np.empty((n, n), dtype=np.float32)
+        pointers = [x.ctypes.data, w.ctypes.data, y.ctypes.data]
+        rows.append(("driver", lambda: driver.run(pointers), _null))
     print(f"op: {n}x{n} matmul, float32; per row the median over rounds of 20 calls "
           f"({args.repeat} calls), rows interleaved")
     us = _interleaved_us(rows, args.repeat)
@@ -86,6 +95,9 @@ def main():
     for name, _, _ in rows:
         if name == "kernel":
             print(f"  {name:12s} {us[name]:9.1f} us")
+        elif name == "driver":
+            print(f"  {name:12s} {us[name]:9.1f} us   (the kernel's units from the compiled "
+                  "driver the bridges use, no checks)")
         elif name == "jax a+b":
             print(f"  {name:12s} {us[name]:9.1f} us   (a jitted a + b: JAX's own call cost, "
                   "part of the jax row's overhead)")
