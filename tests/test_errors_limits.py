@@ -154,6 +154,19 @@ def test_the_evaluator_never_wraps_integer_arithmetic(index):
         te.evaluate(Y, {X: np.arange(4.0)})
 
 
+@pytest.mark.parametrize("index", [
+    lambda i: te.min(te.const(-2, "int64") * te.const(-(2**62), "int64") + i, 3),
+    lambda i: te.min(te.const(2**62, "int64") + te.const(2**62, "int64") + i, 3),
+    lambda i: te.min(te.const(-(2**62), "int64") - te.const(2**62 + 1, "int64") + i, 3),
+])
+def test_folding_constants_refuses_what_would_wrap(index):
+    # two constants folded at construction (or by the simplifier, fuzz seed
+    # 7000000475) into a value outside int64: refused naming the arithmetic
+    X = te.placeholder((4,), name="X", dtype="float64")
+    with pytest.raises(te.TexprError, match=r"compute Y: the integer arithmetic .* would wrap"):
+        te.compute((4,), lambda i: X[index(i)], name="Y")
+
+
 def test_integer_arithmetic_is_checked_only_where_it_is_evaluated():
     X = te.placeholder((4,), name="X", dtype="float64")
     Y = te.compute((4,), lambda i: te.if_then_else(

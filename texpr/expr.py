@@ -681,7 +681,17 @@ def _fold(cls, a, b):
         return None
     if dt.is_float(d):
         r = float(np.dtype(d).type(r))
+    elif dt.is_int(d) and not isinstance(r, bool):
+        info = np.iinfo(np.dtype(d))
+        if not info.min <= r <= info.max:
+            raise DTypeError(
+                f"the integer arithmetic `{a!r} {_OP_TEXT.get(cls, cls.__name__)} {b!r}` "
+                f"is {r}, outside {d} [{info.min}, {info.max}] (it would wrap around); keep "
+                "index expressions within range (smaller coefficients or extents)")
     return const(r, d)
+
+
+_OP_TEXT = {Add: "+", Sub: "-", Mul: "*", FloorDiv: "//", FloorMod: "%"}
 
 
 def _arith(cls, a, b):
