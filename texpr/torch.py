@@ -80,7 +80,8 @@ def _outputs(spec, xs):
 
 @torch.library.custom_op("texpr::kernel", mutates_args=())
 def _kernel(xs: List[torch.Tensor], key: int) -> List[torch.Tensor]:
-    return _outputs(SPECS[key], [x.detach() for x in xs])
+    # a compiled graph may hand the op strided inputs (the kernel reads dense memory)
+    return _outputs(SPECS[key], [x.detach().contiguous() for x in xs])
 
 
 @_kernel.register_fake
