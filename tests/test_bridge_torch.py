@@ -207,3 +207,18 @@ def test_nn_operator_gradcheck(name):
     for g, r in zip(got if isinstance(got, tuple) else (got,),
                     ref if isinstance(ref, (list, tuple)) else (ref,)):
         np.testing.assert_allclose(g.detach().numpy(), r, rtol=1e-12, atol=1e-12)
+
+
+def test_strided_tensors_reach_the_kernel_dense():
+    # the op and the custom op itself (what a torch.compile graph calls, which may
+    # pass strided tensors) read a transposed or sliced tensor by its values
+    X = te.placeholder((3, 4), name="Xs", dtype="float64")
+    Y = te.compute((3, 4), lambda i, j: X[i, j] * 2.0 + j, name="Ys")
+    f = tt.op(Y, [X])
+    base = torch.arange(24, dtype=torch.float64).reshape(4, 6)
+    for x in (base[:, :3].t(), base[:, ::2].t(), base.t()[::2, :]):
+        assert not x.is_contiguous()
+        want = x * 2 + torch.arange(4, dtype=torch.float64)
+        assert torch.equal(f(x), want)
+        (y,) = tt._kernel([x], f.spec.key)
+        assert torch.equal(y, want)
