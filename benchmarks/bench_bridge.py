@@ -16,7 +16,11 @@ take turns (blocks of 20 calls, round by round) so that a shared machine's
 load weighs on all alike. Target (issue 14): the bridge adds at most 30 us
 per call.
 
+    pip install -e '.[bench]'    # torch and jax
     python benchmarks/bench_bridge.py [--repeat 2000] [--size 16]
+
+On a shared machine the host's load moves every row: the ``jax a+b`` row
+(about 10-11 us on this machine when it is quiet) shows how loaded a run was.
 """
 
 import argparse

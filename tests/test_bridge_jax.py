@@ -104,6 +104,20 @@ def test_float32_without_x64():
     np.testing.assert_allclose(jax.grad(lambda a: f(a).sum())(x), 2 * x, rtol=1e-6)
 
 
+def test_64_bit_placeholders_without_x64_say_how_to_fix_it():
+    # JAX makes numpy int64/float64 values 32-bit unless its 64-bit mode is on
+    X = te.placeholder((4,), name="X64", dtype="float64")
+    I = te.placeholder((2,), name="I64", dtype="int64")
+    G = te.compute((2,), lambda i: X[I[i]], name="G64")
+    f = tj.op(G, [X, I])
+    for x, i in ((np.arange(4.0), np.array([1, 2], np.int32)),
+                 (np.arange(4.0, dtype=np.float32), np.array([1, 2]))):
+        with pytest.raises(te.FeedError, match="expects dtype (int|float)64.*jax_enable_x64"):
+            f(x, i)
+    with jax.enable_x64(True):
+        np.testing.assert_array_equal(f(np.arange(4.0), np.array([1, 2])), [1.0, 2.0])
+
+
 @pytest.mark.parametrize("name", sorted(te.nn.__all__))
 def test_nn_operator_check_grads(name, x64):
     # the same graphs as the torch tests: their units come from the compile caches

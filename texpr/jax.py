@@ -19,17 +19,21 @@ wherever texpr can differentiate the adjoint graph. Forward mode (``jvp``,
 ``jacfwd``) is not available on a ``custom_vjp`` function: JAX allows one
 custom rule per function.
 
-float64 placeholders need JAX's 64-bit mode (``jax.config.update("jax_enable_x64", True)``).
+float64 and int64 placeholders need JAX's 64-bit mode
+(``jax.config.update("jax_enable_x64", True)``): without it JAX makes every
+value 32-bit, and the call raises a FeedError that says so.
 
 This module imports jax. ``import texpr`` does not import it.
 """
 
 import os
+import re
 
 import jax
 import numpy as np
 
 from .bridge import OpSpec
+from .errors import FeedError
 
 __all__ = ["op"]
 
@@ -112,7 +116,14 @@ def _function(spec):
     call = _host_call(spec, result_types)
 
     def forward(*xs):
-        spec.check(xs, lambda v: v.shape, _dtype_name, "jax")
+        try:
+            spec.check(xs, lambda v: v.shape, _dtype_name, "jax")
+        except FeedError as exc:
+            if jax.config.jax_enable_x64 or not re.search(r"expects dtype (int|float)64", str(exc)):
+                raise
+            raise FeedError(f"{exc} (JAX makes 64-bit values 32-bit unless its 64-bit mode is "
+                            "on: jax.config.update('jax_enable_x64', True), or declare the "
+                            "placeholder 32-bit)") from None
         return call(*xs)
 
     @jax.custom_vjp
