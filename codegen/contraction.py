@@ -76,6 +76,7 @@ from texpr.simplify.isl_bridge import VarSpace, box_set, card, isl, to_pwaff, to
 from texpr.tensor import ComputeOp
 from texpr.visitor import post_order, substitute
 
+from .affine import affine_form as _affine
 from .schedule import inline_expand
 
 __all__ = ["match", "ContractionPlan", "GemmPiece", "OperandView", "cost_ok",
@@ -727,67 +728,6 @@ def _contraction_of(op, inlined):
     if len(set(id(a) for a in inst.axes)) != len(inst.axes):
         raise _NoMatch("an axis appears twice")
     return inst, scale, dtype
-
-
-def _eval_int(e, env):
-    """The value of an integer index expression at ``env`` (id(Var) -> int), Python
-    floor semantics; None where it is not plain integer arithmetic."""
-    if isinstance(e, E.Const):
-        return int(e.value) if isinstance(e.value, (int, np.integer)) and not isinstance(
-            e.value, bool) else None
-    if isinstance(e, E.Var):
-        return env.get(id(e))
-    kids = [_eval_int(a, env) for a in e.args]
-    if any(k is None for k in kids):
-        return None
-    if isinstance(e, E.Add):
-        return kids[0] + kids[1]
-    if isinstance(e, E.Sub):
-        return kids[0] - kids[1]
-    if isinstance(e, E.Mul):
-        return kids[0] * kids[1]
-    if isinstance(e, E.FloorDiv):
-        return None if kids[1] == 0 else kids[0] // kids[1]
-    if isinstance(e, E.FloorMod):
-        return None if kids[1] == 0 else kids[0] % kids[1]
-    if isinstance(e, E.Min):
-        return min(kids)
-    if isinstance(e, E.Max):
-        return max(kids)
-    return None
-
-
-def _affine(e, axes, space, box):
-    """``(coefs, const)`` with ``e == const + sum(coefs[k] * axes[k])`` on ``box``
-    (proved by isl), or None. The candidate comes from the values at the box's
-    corner and one step along each axis."""
-    pa = to_pwaff(e, space)
-    if pa is None:
-        return None
-    base = {id(a): a.dom[0] for a in axes}
-    v0 = _eval_int(e, base)
-    if v0 is None:
-        return None
-    coefs = []
-    for a in axes:
-        if a.dom[1] - a.dom[0] < 2:
-            coefs.append(0)
-            continue
-        env = dict(base)
-        env[id(a)] = a.dom[0] + 1
-        v1 = _eval_int(e, env)
-        if v1 is None:
-            return None
-        coefs.append(v1 - v0)
-    const = v0 - sum(c * a.dom[0] for c, a in zip(coefs, axes))
-    ce = E.const(int(const))
-    for c, a in zip(coefs, axes):
-        if c:
-            ce = ce + a * int(c)
-    cand = to_pwaff(ce, space)
-    if not pa.ne_set(cand).intersect(box).is_empty():
-        return None
-    return coefs, const
 
 
 def _range(pa, box):

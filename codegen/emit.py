@@ -53,13 +53,17 @@ class ExprEmitter:
     """Python source of IR expressions inside a numba kernel.
 
     ``names``: id(Var) -> source name; ``buffers``: id(Tensor) -> BufferInfo;
-    ``checks``: ids of loads needing a bounds check; ``errors``: the error table
-    (list of messages; the flag holds the 1-based code)."""
+    ``checks``: ids of loads needing a bounds check; ``flat``: loads addressed
+    by an affine row-major offset (:func:`codegen.affine.affine_offsets`);
+    ``errors``: the error table (list of messages; the flag holds the 1-based
+    code)."""
 
     def __init__(self, names, buffers, stage_name, errors):
         self.names, self.buffers, self.stage_name, self.errors = names, buffers, stage_name, errors
         self.checks = set()
         self.value_checks = set()  # ids of int loads / casts range-checked (DATA_INDEX_LIMIT)
+        #: id(load) -> its row-major offset as an affine expression (codegen.affine)
+        self.flat = {}
 
     def _value_check(self, e, text):
         if id(e) not in self.value_checks:
@@ -171,6 +175,9 @@ class ExprEmitter:
         buf = self.buffers[id(t)]
         if not e.args:
             return f"{buf.name}[0]"
+        offset = self.flat.get(id(e))
+        if offset is not None and getattr(buf, "physical", None) is None:
+            return f"{buf.name}[np.uint64({self(offset)})]"
         idx = [self(i) for i in e.args]
         if id(e) in self.checks:
             code = self._err(

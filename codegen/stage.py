@@ -77,6 +77,7 @@ from texpr.printer import expr_str, tensor_str
 from texpr.scan import ScanOp
 from texpr.tensor import ScatterAddOp
 
+from .affine import affine_offsets
 from .bounds import _BoundsChecker
 from .scan_lower import lower_scan
 from .emit import ExprEmitter, const_str, element
@@ -397,6 +398,7 @@ class _StageLowering:
             for b in body:
                 ck.walk(b, sp_box, False)
             em.checks, em.value_checks = ck.need, ck.values
+            em.flat = affine_offsets(body, spatial, sp_space, sp_box, ck.need)
 
             def write_all(d):
                 # every output of the stage: a tuple reduction whose domain the
@@ -426,6 +428,7 @@ class _StageLowering:
         for s in red.source:
             ck.walk(s, dom, resid is not None)
         em.checks, em.value_checks = ck.need, ck.values
+        em.flat = affine_offsets([red.where] + list(red.source), full, space, box, ck.need)
         comb = red.combiner
         ncomp = len(comb.identity)
         acc = [f"acc{self.k}_{c}" for c in range(ncomp)]
