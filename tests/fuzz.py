@@ -59,7 +59,8 @@ class Program:
     index lists; ``head``: ``C``; ``y``: the last stage; ``loss``: ``L``;
     ``feed``: dict placeholder -> array; ``smooth``: no construct whose
     derivative has kinks at the fed point that finite differences would see
-    (max/min/argmax, abs, data selects, floor); ``text``: the printed graph.
+    (max/min/argmax, abs, data selects, floor); ``text``: the printed graph;
+    ``reshape``: the generator could draw reshape loads (see :func:`make_program`).
     """
 
     seed: int
@@ -74,6 +75,7 @@ class Program:
     finite_inputs: bool
     text: str
     big: bool = False
+    reshape: bool = True
 
     @property
     def inputs(self):
@@ -94,11 +96,14 @@ class Finding:
 
 
 class _Gen:
-    def __init__(self, seed, dtype):
+    def __init__(self, seed, dtype, reshape=True):
+        self.reshape = reshape
         self.rng = random.Random(seed)
         # a second stream for the kinds added later (control-character names,
         # int64-limit coefficients), so that older seeds keep their programs
         self.rng2 = random.Random(seed * 7919 + 17)
+        # a third for reshape loads (a flat position split back into indices)
+        self.rng3 = random.Random(seed * 104729 + 31)
         self.big = False
         # draw the dtype even when it is given: the twin must draw the same program
         self.dtype = self.rng.choice(["float32", "float64"])
@@ -175,8 +180,25 @@ class _Gen:
             else:
                 conds += [e >= 0, e < n]
             idx.append(e)
+        if self.reshape and len(t.shape) >= 2 and t.size and self.rng3.random() < 0.08:
+            return self.reshape_load(t, vars)
         if conds:
             return te.if_then_else(te.all(*conds), t[tuple(idx)], 0.0)
+        return t[tuple(idx)]
+
+    def reshape_load(self, t, vars):
+        """A load through a reshape: a clamped flat position ``f`` split back into
+        row-major indices ``(f // stride) % n`` (draws from its own stream, after
+        the ordinary load's, so other programs keep theirs). Its offset is
+        affine where the clamp is inactive, the case codegen.affine proves."""
+        r = self.rng3
+        a, b, c = r.randint(0, 3), r.randint(-1, 2), r.randint(-1, 2)
+        f = a * r.choice(vars) + b * r.choice(vars) + c
+        f = te.max(te.min(f, t.size - 1), 0)
+        idx, stride = [], t.size
+        for n in t.shape:
+            stride //= n
+            idx.append((f // stride) % n)
         return t[tuple(idx)]
 
     # ---- values --------------------------------------------------------------------
@@ -261,9 +283,11 @@ ARGMAX = te.comm_reducer(
     lambda vd, idd: (te.const(-np.inf, vd), te.const(-1, idd)), name="argmax")
 
 
-def make_program(seed, dtype=None):
-    """The program of ``seed`` (deterministic); ``dtype`` overrides its float dtype."""
-    g = _Gen(seed, dtype)
+def make_program(seed, dtype=None, reshape=True):
+    """The program of ``seed`` (deterministic); ``dtype`` overrides its float dtype.
+    ``reshape=False``: without reshape loads (the generator before they were
+    added: the regression seeds found then keep their programs)."""
+    g = _Gen(seed, dtype, reshape)
     r = g.rng
     floats = []
     for _ in range(r.choice([1, 1, 2])):
@@ -295,7 +319,7 @@ def make_program(seed, dtype=None):
     feed.update(g.int_values)
     text = te.graph_str([y, loss])
     return Program(seed, g.dtype, floats, list(g.ints), C, y, loss, feed, g.smooth, finite,
-                   text, g.big)
+                   text, g.big, reshape)
 
 
 # ---- checks ------------------------------------------------------------------------
@@ -554,7 +578,7 @@ def _check_kernel_oob(q, findings, mode="default"):
 
 def _check_fd(q, findings):
     """Raw gradients of the float64 twin against central finite differences."""
-    p = make_program(q.p.seed, dtype="float64")
+    p = make_program(q.p.seed, dtype="float64", reshape=q.p.reshape)
     raw = te.differentiate(p.loss, p.floats, simplify=False).result
     got = te.evaluate(list(raw), p.feed)
     for x, g in zip(p.floats, got):
@@ -564,7 +588,7 @@ def _check_fd(q, findings):
                                      f"d{p.loss.name}/d{x.name}:\n got {g!r}\n fd  {fd!r}"))
 
 
-def check_programs(seeds, batch=8, fd=True, compile_every=1, log=None):
+def check_programs(seeds, batch=8, fd=True, compile_every=1, log=None, reshape=True):
     """Run every check on the programs of ``seeds``; returns the list of findings.
 
     Programs are compiled ``batch`` at a time into one kernel (one numba compile
@@ -575,7 +599,8 @@ def check_programs(seeds, batch=8, fd=True, compile_every=1, log=None):
     rules (loop nests at these sizes), every contraction stage on BLAS (the
     last batch too); a program expecting OutOfBoundsError is built alternately
     with the default rules and with the smallest CSE thresholds (the first
-    failing check must still be an OutOfBoundsError).
+    failing check must still be an OutOfBoundsError). ``reshape``: as for
+    :func:`make_program`.
     """
     findings = []
     ready = []
@@ -585,7 +610,7 @@ def check_programs(seeds, batch=8, fd=True, compile_every=1, log=None):
         if log is not None:
             log(f"program {pos}: seed {s}, {len(findings)} finding(s) so far", findings)
         try:
-            p = make_program(s)
+            p = make_program(s, reshape=reshape)
         except Exception:  # noqa: BLE001 - the generator should never fail
             findings.append(Finding(s, "generator", traceback.format_exc(limit=-3), ""))
             continue
