@@ -110,6 +110,9 @@ UNROLL_MAX_NODES = 64
 #: repeated subexpressions of a statement are computed once, and large selects
 #: inside it by if statements of their own (:mod:`codegen.cse`)
 CSE = True
+#: loads whose row-major offset isl proves affine over the iteration box are
+#: addressed by that offset, not by their ``//`` and ``%`` indices (:mod:`codegen.affine`)
+AFFINE_OFFSETS = True
 
 
 def _coef(e, v):
@@ -398,7 +401,8 @@ class _StageLowering:
             for b in body:
                 ck.walk(b, sp_box, False)
             em.checks, em.value_checks = ck.need, ck.values
-            em.flat = affine_offsets(body, spatial, sp_space, sp_box, ck.need)
+            if AFFINE_OFFSETS:
+                em.flat = affine_offsets(body, spatial, sp_space, sp_box, ck.need)
 
             def write_all(d):
                 # every output of the stage: a tuple reduction whose domain the
@@ -428,7 +432,8 @@ class _StageLowering:
         for s in red.source:
             ck.walk(s, dom, resid is not None)
         em.checks, em.value_checks = ck.need, ck.values
-        em.flat = affine_offsets([red.where] + list(red.source), full, space, box, ck.need)
+        if AFFINE_OFFSETS:
+            em.flat = affine_offsets([red.where] + list(red.source), full, space, box, ck.need)
         comb = red.combiner
         ncomp = len(comb.identity)
         acc = [f"acc{self.k}_{c}" for c in range(ncomp)]
