@@ -39,15 +39,39 @@ Modules, one job each:
 ``support``         a stage zero outside an affine region iterates over it only
 ``cleanup``         ISL/SymPy index forms; merge identical stages
 ``pipeline``        the ordered list, the fixpoint, the env switches, explain
+``entry``           simplify(): the symbolic cache first, the pipeline on a miss
+``record``          SimplifyRecord: what a run did (kept on adjoint stages)
 ==================  =========================================================
+
+Names are imported on first access: a process whose graphs are all in the
+symbolic cache never imports the pass pipeline (nor SymPy).
 """
 
-from .materialize import is_cheap, iteration_count, materialized_stages, should_inline, stage_count
-from .pipeline import (PIPELINE, SimplifyError, SimplifyRecord, explain, keep_record, run_passes,
-                       simplify, simplify_with_record, verify_equal)
-from .support import is_support_stage
+import importlib as _importlib
 
-__all__ = ["simplify", "simplify_with_record", "SimplifyRecord", "keep_record",
-           "iteration_count", "materialized_stages", "explain", "PIPELINE",
-           "SimplifyError", "run_passes", "verify_equal", "stage_count", "should_inline",
-           "is_cheap", "is_support_stage"]
+#: public name -> the module defining it; imported on first access, so that a
+#: process that only loads cached kernels (codegen's loop-nest helpers import
+#: ``isl_bridge`` and ``loop_ast``) never imports the pass pipeline and SymPy
+_EXPORTS = {
+    "simplify": "entry", "simplify_with_record": "entry", "SimplifyRecord": "record",
+    "keep_record": "record", "explain": "pipeline", "PIPELINE": "pipeline",
+    "SimplifyError": "pipeline", "run_passes": "pipeline", "verify_equal": "pipeline",
+    "iteration_count": "materialize", "materialized_stages": "materialize",
+    "stage_count": "materialize", "should_inline": "materialize", "is_cheap": "materialize",
+    "is_support_stage": "support",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'texpr.simplify' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -26,12 +26,14 @@ import numpy as np
 from texpr.errors import TexprError
 from texpr.printer import graph_str
 from texpr.testing import random_feed
-from texpr.tensor import PlaceholderOp, Tensor, as_tensor_list
+from texpr.tensor import Tensor
 
 from .cleanup import algebraic_cleanup, eliminate_common_stages
 from .inline import inline_elementwise, inline_tail_accesses
 from .lift import lift_conditions, split_sums
 from .materialize import iteration_count
+from .entry import simplify, simplify_with_record  # noqa: F401 - re-exported
+from .record import SimplifyRecord, keep_record, record_of  # noqa: F401 - re-exported
 from .propagate import propagate_zero_conditions
 from .scatter import gathers_to_scatters
 from .prefix_scan import prefix_sums_to_scans
@@ -112,49 +114,6 @@ def run_passes(tensors, passes=PIPELINE, record=None):
     return tensors
 
 
-def simplify(tensors):
-    """Simplify a graph of (gradient) tensors so that it visits only nonzero terms.
-
-    Args:
-        tensors: list of Tensors (e.g. the raw adjoints of ``te.differentiate``).
-    Returns:
-        list of Tensors in the same order, with the same shapes, dtypes and
-        values; placeholders are shared with the input graph. Idempotent.
-    Raises:
-        TexprError: the argument is not a list of Tensors; SimplifyError with
-            ``TEXPR_VERIFY=1`` when a pass changes a value.
-    """
-    return simplify_with_record(tensors)[0]
-
-
-def simplify_with_record(tensors, cache=True):
-    """:func:`simplify`, keeping the record of what every pass did.
-
-    Args:
-        tensors: list of Tensors.
-        cache: look the result up in (and store it into) the symbolic cache
-            (:mod:`texpr.symcache`: keyed by the canonical text of the graph).
-    Returns:
-        ``(simplified, record)``: the list :func:`simplify` returns and a
-        :class:`SimplifyRecord` of the run (``record.explain(ts)`` prints the
-        iteration counts before and after every pass for any of ``simplified``).
-    Raises:
-        as :func:`simplify`.
-    """
-    tensors = as_tensor_list(tensors, "simplify", allow_single=False)
-    if cache:
-        from texpr import symcache
-
-        def check(r):
-            ok = (isinstance(r, tuple) and len(r) == 2 and isinstance(r[1], SimplifyRecord)
-                  and len(r[0]) == len(tensors))
-            return None if ok else "not a simplification of this graph"
-
-        return symcache.memo("simplify", tensors, [tensors],
-                             lambda: _simplify_with_record(tensors), check=check)
-    return _simplify_with_record(tensors)
-
-
 def _simplify_with_record(tensors):
     """:func:`simplify_with_record` without the cache."""
     record = SimplifyRecord(tensors)
@@ -172,98 +131,6 @@ def _simplify_with_record(tensors):
         fp = new_fp
     record.outputs = list(tensors)
     return tensors, record
-
-
-class SimplifyRecord:
-    """What one :func:`simplify` run did to a graph, kept for :func:`explain`.
-
-    Attributes:
-        inputs: the list of Tensors simplified.
-        outputs: the list returned (same order).
-        steps: one ``(round, pass name, before, after)`` per pass run, ``before``
-            and ``after`` the whole list of Tensors around that pass.
-        rounds: how many rounds of :data:`PIPELINE` ran.
-        converged: whether the last round changed nothing (the fixpoint).
-
-    Iteration counts are computed only when :meth:`explain` asks for them.
-    """
-
-    def __init__(self, inputs):
-        self.inputs = list(inputs)
-        self.outputs = None
-        self.steps = []
-        self.rounds = 0
-        self.converged = False
-
-    def positions(self, tensors):
-        """The positions of ``tensors`` (members of :attr:`outputs`, by identity).
-
-        Raises:
-            TexprError: a tensor is not one of the outputs of this run.
-        """
-        out = []
-        for t in as_tensor_list(tensors, "explain"):
-            pos = [n for n, o in enumerate(self.outputs) if o is t]
-            if not pos:
-                raise TexprError(f"explain: {t.name} is not one of the tensors this "
-                                 "simplification returned")
-            out.append(pos[0])
-        return out
-
-    def explain(self, tensors):
-        """The table :func:`explain` prints, for some of this run's outputs.
-
-        Args:
-            tensors: a Tensor or list of Tensors, each one of :attr:`outputs`.
-        Returns:
-            str: the iteration count of their graph before the pipeline, then for
-            every pass of every round the count before and after it (``=`` when
-            the pass changed none of them), then the final graph.
-        Raises:
-            TexprError: a tensor is not one of the outputs.
-        """
-        pos = self.positions(tensors)
-        names = ", ".join(self.outputs[n].name for n in pos)
-
-        def pick(graph):
-            return [graph[n] for n in pos]
-
-        lines = [f"explain {names}: iteration count "
-                 f"{iteration_count(pick(self.inputs)):,} (input)"]
-        last_round = self.rounds if self.converged else None
-        width = max([len(name) for _r, name, _b, _a in self.steps] + [1])
-        for rnd, name, before, after in self.steps:
-            if rnd == last_round:
-                continue
-            b, a = pick(before), pick(after)
-            if all(x is y for x, y in zip(a, b)):
-                lines.append(f"  round {rnd} {name:{width}s} =")
-            else:
-                lines.append(f"  round {rnd} {name:{width}s} {iteration_count(b):>12,} -> "
-                             f"{iteration_count(a):>12,}")
-        if last_round is not None:
-            lines.append(f"  round {last_round}: no pass changed the graph")
-        final = pick(self.outputs)
-        lines.append(f"final: iteration count {iteration_count(final):,}")
-        lines.append(graph_str(final))
-        return "\n".join(lines)
-
-
-def record_of(tensor):
-    """The :class:`SimplifyRecord` kept on the stage of ``tensor`` by
-    ``te.differentiate``, or None (see :func:`keep_record`)."""
-    record = getattr(tensor.op, "simplify_record", None)
-    if record is None or not any(o is tensor for o in record.outputs or ()):
-        return None
-    return record
-
-
-def keep_record(record):
-    """Attach ``record`` to the stage of each of its outputs (placeholders
-    excepted), so that :func:`explain` of any of them prints it."""
-    for t in record.outputs:
-        if not isinstance(t.op, PlaceholderOp):
-            t.op.simplify_record = record
 
 
 def explain(tensor):

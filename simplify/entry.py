@@ -1,0 +1,61 @@
+"""The simplifier's entry points: :func:`simplify` and :func:`simplify_with_record`.
+
+One job: look a graph up in the symbolic cache (:mod:`texpr.symcache`) and run
+the pass pipeline (:mod:`texpr.simplify.pipeline`, which imports SymPy) only
+on a miss, so that a process whose graphs are all cached never imports it.
+"""
+
+from texpr.tensor import as_tensor_list
+
+from .record import SimplifyRecord
+
+__all__ = ["simplify", "simplify_with_record"]
+
+
+def simplify(tensors):
+    """Simplify a graph of (gradient) tensors so that it visits only nonzero terms.
+
+    Args:
+        tensors: list of Tensors (e.g. the raw adjoints of ``te.differentiate``).
+    Returns:
+        list of Tensors in the same order, with the same shapes, dtypes and
+        values; placeholders are shared with the input graph. Idempotent.
+    Raises:
+        TexprError: the argument is not a list of Tensors; SimplifyError with
+            ``TEXPR_VERIFY=1`` when a pass changes a value.
+    """
+    return simplify_with_record(tensors)[0]
+
+
+def simplify_with_record(tensors, cache=True):
+    """:func:`simplify`, keeping the record of what every pass did.
+
+    Args:
+        tensors: list of Tensors.
+        cache: look the result up in (and store it into) the symbolic cache
+            (:mod:`texpr.symcache`: keyed by the canonical text of the graph).
+    Returns:
+        ``(simplified, record)``: the list :func:`simplify` returns and a
+        :class:`SimplifyRecord` of the run (``record.explain(ts)`` prints the
+        iteration counts before and after every pass for any of ``simplified``).
+    Raises:
+        as :func:`simplify`.
+    """
+    tensors = as_tensor_list(tensors, "simplify", allow_single=False)
+    if cache:
+        from texpr import symcache
+
+        def check(r):
+            ok = (isinstance(r, tuple) and len(r) == 2 and isinstance(r[1], SimplifyRecord)
+                  and len(r[0]) == len(tensors))
+            return None if ok else "not a simplification of this graph"
+
+        return symcache.memo("simplify", tensors, [tensors],
+                             lambda: _run(tensors), check=check)
+    return _run(tensors)
+
+
+def _run(tensors):
+    from .pipeline import _simplify_with_record  # the passes (and SymPy): on a miss only
+
+    return _simplify_with_record(tensors)
