@@ -29,6 +29,8 @@ order of evaluation for everything else is unchanged.
 import ast
 import copy
 
+from .source import parse_module
+
 __all__ = ["hoist_common_subexpressions", "MIN_NODES", "SPLIT_NODES"]
 
 #: the smallest subexpression (in expression nodes) worth a temporary: a load
@@ -256,7 +258,7 @@ def hoist_common_subexpressions(source, func):
     nothing repeats (or ``func`` is absent). Only single-line assignment
     statements (``x = e``, ``x op= e``, ``a[i] = e``) are rewritten; the
     other lines keep their text."""
-    tree = ast.parse(source)
+    tree = parse_module(source)
     fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == func), None)
     if fn is None:
         return source

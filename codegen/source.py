@@ -23,9 +23,24 @@ every reader and the text encodes as UTF-8.
 import ast
 import io
 import re
+import threading
 import tokenize
 
-__all__ = ["comment_text", "buffer_identifiers", "rename", "remove_dead_assignments"]
+__all__ = ["comment_text", "buffer_identifiers", "rename", "remove_dead_assignments",
+           "parse_module"]
+
+_PARSE_LOCK = threading.Lock()
+
+
+def parse_module(source):
+    """``ast.parse(source)``, one thread at a time: CPython before 3.11.8/3.12.1
+    keeps the AST converter's recursion depth in state shared by all threads, so
+    two threads parsing at once fail with ``SystemError: AST constructor
+    recursion depth mismatch`` (CPython gh-106905). Kernels are built from
+    several threads when a framework op is first called (or first
+    differentiated) from several threads at once."""
+    with _PARSE_LOCK:
+        return ast.parse(source)
 
 
 def comment_text(text):
@@ -271,7 +286,7 @@ def remove_dead_assignments(source, func="kernel"):
     structure, comments). Code outside the shapes the generator emits (one
     statement per line; ``for``/``if``/assignments) is returned as it is. A
     ``pass`` beside other statements goes too."""
-    tree = ast.parse(source)
+    tree = parse_module(source)
     fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == func), None)
     if fn is None:
         return source

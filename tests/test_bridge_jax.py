@@ -250,3 +250,51 @@ def test_a_blas_unit_keeps_the_python_handler(x64):
     assert any(u.kind == "blas" for u in f.kernel.units)
     assert ffi_handler(f.kernel, 0) is None
     assert _handler_kind(f) == "python"
+
+
+def test_first_gradients_from_several_threads_build_and_register_once(x64, monkeypatch):
+    # the backward function of an op first made from several threads at once: one
+    # kernel build each (parallel builds ran CPython's ast.parse in two threads at
+    # once: 'SystemError: AST constructor recursion depth mismatch') and one FFI
+    # target per name (a second descriptor under one name would let the first be
+    # freed while a program still passes its address)
+    import threading
+    import time
+    from texpr import codegen
+
+    real_build, built = codegen.build, []
+    real_register, registered = jax.ffi.register_ffi_target, []
+
+    def slow_build(outputs, inputs, *a, **k):
+        built.append([t.name for t in outputs])
+        time.sleep(0.2)  # widen the window a second thread would enter
+        return real_build(outputs, inputs, *a, **k)
+
+    def register(name, *a, **k):
+        registered.append(name)
+        return real_register(name, *a, **k)
+
+    monkeypatch.setattr(codegen, "build", slow_build)
+    monkeypatch.setattr(jax.ffi, "register_ffi_target", register)
+    f = _dense_tanh()
+    barrier, results = threading.Barrier(4), {}
+
+    def work(seed):
+        with jax.enable_x64(True):  # the setting is per thread
+            x, w = _arrays(seed)
+            barrier.wait()
+            grad = jax.grad(lambda a, b: (f(a, b) ** 2).sum(), argnums=(0, 1))
+            results[seed] = (x, w, grad(x, w))
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [0, 1, 2, 3]
+    assert len(built) == 2, built  # the forward and the backward kernel
+    assert len(registered) == len(set(registered)) == 2, registered
+    for x, w, got in results.values():
+        ref = jax.grad(lambda a, b: (jnp.tanh(a @ b.T) ** 2).sum(), argnums=(0, 1))(x, w)
+        for g, r in zip(got, ref):
+            np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-12)

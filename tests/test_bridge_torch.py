@@ -1,6 +1,8 @@
 """texpr.torch.op: values against PyTorch, gradcheck (first and second order),
 torch.compile without graph breaks, errors, and a parametrised subset of te.nn."""
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -222,3 +224,77 @@ def test_strided_tensors_reach_the_kernel_dense():
         assert torch.equal(f(x), want)
         (y,) = tt._kernel([x], f.spec.key)
         assert torch.equal(y, want)
+
+
+def test_negative_bit_views_are_read_as_their_values():
+    # torch marks a lazily negated view with its negative bit: memory holds -v. The
+    # imag of z.conj() is one (public API), contiguous when it has one element; the
+    # compiled driver reads memory, so the op must see v, as inputs and as heads
+    X = te.placeholder((), name="Xneg", dtype="float64")
+    V = te.placeholder((2, 1), name="Vneg", dtype="float64")
+    Y = te.compute((2, 1), lambda i, j: X[()] * V[i, j] + V[i, j] * V[i, j], name="Yneg")
+    f = tt.op(Y, [X, V])
+    x = torch.tensor(1 + 2j, dtype=torch.complex128).conj().imag  # -2.0, neg bit
+    v = torch._neg_view(torch.tensor([[3.0], [-1.5]], dtype=torch.float64))  # contiguous
+    assert x.is_neg() and x.is_contiguous() and v.is_neg() and v.is_contiguous()
+    xr, vr = x.resolve_neg(), v.resolve_neg()
+    want = xr * vr + vr * vr
+    for args in ((x, vr), (xr, v), (x, v)):  # X * V changes sign with either one
+        torch.testing.assert_close(f(*args), want, rtol=0, atol=0)
+        with torch.no_grad():  # the custom op (torch.compile's path)
+            torch.testing.assert_close(tt._kernel(list(args), f.spec.key)[0], want,
+                                       rtol=0, atol=0)
+    a, b = xr.clone().requires_grad_(), vr.clone().requires_grad_()
+    head = torch._neg_view(torch.tensor([[0.5], [2.0]], dtype=torch.float64))
+    ga, gb = torch.autograd.grad(f(a, b), (a, b), head)
+    h = head.resolve_neg()
+    torch.testing.assert_close(ga, (h * vr).sum(), rtol=1e-15, atol=0)
+    torch.testing.assert_close(gb, h * (xr + 2 * vr), rtol=1e-15, atol=0)
+
+
+def test_non_strided_tensors_are_feed_errors():
+    f = dense_op()
+    x, w = [t.detach() for t in _args((4, 5), (3, 5))]
+    for bad in (x.to_sparse(), x.to_sparse_csr()):
+        with pytest.raises(te.FeedError, match="dense .strided. tensor"):
+            f(bad, w)
+
+
+def test_first_calls_from_several_threads_build_each_kernel_once(monkeypatch):
+    # an op first called (and differentiated) from several threads at once: each
+    # kernel is built once (building in parallel ran CPython's ast.parse in two
+    # threads at once: 'SystemError: AST constructor recursion depth mismatch')
+    import threading
+    from texpr import codegen
+
+    real, built = codegen.build, []
+
+    def slow_build(outputs, inputs, *a, **k):
+        built.append([t.name for t in outputs])
+        time.sleep(0.2)  # widen the window a second thread would enter
+        return real(outputs, inputs, *a, **k)
+
+    monkeypatch.setattr(codegen, "build", slow_build)
+    Y, X, W = _dense_tanh()
+    f = tt.op(Y, [X, W])
+    barrier, results = threading.Barrier(4), {}
+
+    def work(seed):
+        x, w = _args((4, 5), (3, 5), seed=seed)
+        barrier.wait()
+        y = f(x, w)
+        results[seed] = (x, w, y, torch.autograd.grad(y.sum(), (x, w)))
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [0, 1, 2, 3]
+    assert len(built) == 2, built  # the forward and the backward kernel
+    for x, w, y, (gx, gw) in results.values():
+        ref = torch.tanh(x @ w.T)
+        torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+        rx, rw = torch.autograd.grad(ref.sum(), (x, w))
+        torch.testing.assert_close(gx, rx, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(gw, rw, rtol=1e-12, atol=1e-12)

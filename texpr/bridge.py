@@ -13,6 +13,7 @@ This module imports neither torch nor jax; it is framework-neutral.
 """
 
 import itertools
+import threading
 
 from . import dtypes as dt
 from .errors import FeedError, TexprError
@@ -21,6 +22,12 @@ from .tensor import ComputeOp, PlaceholderOp, Tensor, as_tensor_list
 __all__ = ["OpSpec", "SPECS"]
 
 _KEYS = itertools.count()
+#: held while a spec builds its kernel or its backward spec, and while a bridge
+#: builds its per-spec objects (texpr.jax registers FFI targets): an op first
+#: called (or differentiated) from several threads at once is built once, and
+#: the symbolic machinery (sympy, islpy, the symbolic cache) runs in one thread
+#: at a time. Reentrant: building a backward spec may build kernels.
+BUILD_LOCK = threading.RLock()
 #: key -> OpSpec (frameworks refer to a spec by its int key inside traced graphs)
 SPECS = {}
 
@@ -77,7 +84,9 @@ class OpSpec:
         if self._kernel is None:
             from .codegen import build
 
-            self._kernel = build(self.outputs, self.inputs)
+            with BUILD_LOCK:
+                if self._kernel is None:
+                    self._kernel = build(self.outputs, self.inputs)
         return self._kernel
 
     def run(self, arrays):
@@ -96,24 +105,30 @@ class OpSpec:
         Raises NotDifferentiableError when texpr cannot differentiate the graph.
         """
         if self._backward is None:
-            from .differentiate import differentiate
-
-            fins = [self.inputs[j] for j in self.float_inputs]
-            heads, parts = [], [[] for _ in fins]
-            for k in self.float_outputs:
-                out = self.outputs[k]
-                head = _placeholder_like(out, f"head_{out.name}")
-                heads.append(head)
-                if not fins:
-                    continue
-                res = differentiate(out, fins, head=head)
-                for j, g in enumerate(res.result):
-                    parts[j].append(g)
-            if not fins:
-                raise TexprError(f"{self.who}: no float input, nothing to differentiate")
-            grads = [_sum_cast(p, t) for p, t in zip(parts, fins)]
-            self._backward = OpSpec(grads, self.inputs + heads, who=f"{self.who} (backward)")
+            with BUILD_LOCK:
+                if self._backward is None:
+                    self._backward = self._make_backward()
         return self._backward
+
+    def _make_backward(self):
+        """The backward OpSpec (see :meth:`backward`), built anew."""
+        from .differentiate import differentiate
+
+        fins = [self.inputs[j] for j in self.float_inputs]
+        heads, parts = [], [[] for _ in fins]
+        for k in self.float_outputs:
+            out = self.outputs[k]
+            head = _placeholder_like(out, f"head_{out.name}")
+            heads.append(head)
+            if not fins:
+                continue
+            res = differentiate(out, fins, head=head)
+            for j, g in enumerate(res.result):
+                parts[j].append(g)
+        if not fins:
+            raise TexprError(f"{self.who}: no float input, nothing to differentiate")
+        grads = [_sum_cast(p, t) for p, t in zip(parts, fins)]
+        return OpSpec(grads, self.inputs + heads, who=f"{self.who} (backward)")
 
     def check(self, values, shape_of, dtype_of, kind):
         """Check framework values for ``inputs``: their number, shapes and dtypes.

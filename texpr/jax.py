@@ -32,7 +32,7 @@ import re
 import jax
 import numpy as np
 
-from .bridge import OpSpec
+from .bridge import BUILD_LOCK, OpSpec
 from .errors import FeedError
 
 __all__ = ["op"]
@@ -112,6 +112,15 @@ def _function(spec):
     fn = spec.cache.get("jax")
     if fn is not None:
         return fn
+    with BUILD_LOCK:  # once per spec: one FFI target per name, one live descriptor
+        fn = spec.cache.get("jax")
+        if fn is None:
+            fn = spec.cache["jax"] = _make_function(spec)
+    return fn
+
+
+def _make_function(spec):
+    """The custom_vjp function of ``spec`` (see :func:`_function`), made anew."""
     result_types = tuple(jax.ShapeDtypeStruct(t.shape, np.dtype(t.dtype)) for t in spec.outputs)
     call = _host_call(spec, result_types)
 
@@ -153,7 +162,6 @@ def _function(spec):
         return tuple(grads)
 
     f.defvjp(f_fwd, f_bwd)
-    spec.cache["jax"] = f
     return f
 
 

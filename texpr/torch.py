@@ -66,7 +66,16 @@ def _native(spec):
 def _outputs(spec, xs):
     """The outputs (a list of tensors) of ``spec`` for ``xs``: CPU tensors, C-contiguous,
     of the inputs' exact shapes and dtypes, not requiring grad or with grad
-    mode off. Fresh tensors, never an input nor one tensor twice."""
+    mode off. Fresh tensors, never an input nor one tensor twice.
+
+    A tensor with torch's negative bit set (a lazily negated view, e.g. the
+    ``imag`` of ``z.conj()``; contiguous when it has one element) holds the
+    values' negations in memory: it is materialised first, since the kernel
+    reads memory."""
+    for x in xs:
+        if x.is_neg():
+            xs = [x.resolve_neg() for x in xs]
+            break
     nat = spec.cache.get("torch_native", False)
     if nat is False:
         nat = _native(spec)
@@ -210,8 +219,11 @@ class TorchOp:
         for x, (shape, dtype, t) in zip(xs, self._expect):
             if type(x) is torch.Tensor and x.dtype is dtype and x.shape == shape and x.is_cpu:
                 # the common case in a few attribute reads (the checks below say why not)
-                args.append(x if x.is_contiguous() else x.contiguous())
-                continue
+                try:
+                    args.append(x if x.is_contiguous() else x.contiguous())
+                    continue
+                except RuntimeError:  # not strided (sparse, mkldnn): the checks below say so
+                    pass
             if not isinstance(x, torch.Tensor):
                 raise FeedError(f"{self.spec.who}: the value for {t.name} must be a torch "
                                 f"tensor, got {type(x).__name__}")
@@ -224,6 +236,9 @@ class TorchOp:
             if x.device.type != "cpu":
                 raise FeedError(f"{self.spec.who}: placeholder {t.name}: texpr kernels run on "
                                 f"the CPU, got a tensor on {x.device}")
+            if x.layout is not torch.strided:
+                raise FeedError(f"{self.spec.who}: placeholder {t.name} expects a dense "
+                                f"(strided) tensor, got one of layout {x.layout}")
             args.append(x if x.is_contiguous() else x.contiguous())
         outs = _apply(self.spec, args)
         return outs[0] if self.spec.single else tuple(outs)
