@@ -298,3 +298,31 @@ def test_first_calls_from_several_threads_build_each_kernel_once(monkeypatch):
         rx, rw = torch.autograd.grad(ref.sum(), (x, w))
         torch.testing.assert_close(gx, rx, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(gw, rw, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_torch_compile_of_a_function_taking_the_op(dynamic):
+    # Dynamo makes int attributes dynamic on a recompile (dynamic=None: the second
+    # op) or at once (dynamic=True): the spec's key reached the fake kernel as a
+    # SymInt ('unhashable type: non-nested SymInt'); it is specialised on now
+    X = te.placeholder((4, 5), name="Xc", dtype="float64")
+    ops = [(tt.op(te.compute((4, 5), lambda i, j: X[i, j] * 2.0, name="Yc2"), [X]),
+            lambda x: 2 * x),
+           (tt.op(te.compute((4, 5), lambda i, j: X[i, j] * X[i, j], name="Ycsq"), [X]),
+            lambda x: x * x)]
+
+    def loss(op, x):
+        return (op(x) * x).sum()
+
+    compiled = torch.compile(loss, backend="aot_eager", dynamic=dynamic)
+    for k, (f, ref) in enumerate(ops + ops[:1]):
+        x, = _args((4, 5), seed=k)
+        got = compiled(f, x)
+        g, = torch.autograd.grad(got, x)
+        xr = x.detach().clone().requires_grad_()
+        want = (ref(xr) * xr).sum()
+        gr, = torch.autograd.grad(want, xr)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(g, gr, rtol=1e-12, atol=1e-12)
+    with pytest.raises(te.FeedError, match=r"expects shape \(4, 5\)"):
+        compiled(ops[0][0], torch.ones(6, 5, dtype=torch.float64))

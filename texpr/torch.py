@@ -95,13 +95,15 @@ def _kernel(xs: List[torch.Tensor], key: int) -> List[torch.Tensor]:
 
 @_kernel.register_fake
 def _kernel_fake(xs, key):
-    spec = SPECS[key]
+    # int(): under torch.compile(dynamic=True) Dynamo passes the key as a SymInt
+    # (it makes int attributes dynamic); int() specialises the graph on it
+    spec = SPECS[int(key)]
     return [torch.empty(t.shape, dtype=_TORCH_DTYPES[t.dtype]) for t in spec.outputs]
 
 
 def _setup_context(ctx, inputs, output):
     xs, key = inputs
-    ctx.key = key
+    ctx.key = int(key)
     ctx.save_for_backward(*xs)
 
 
