@@ -326,3 +326,19 @@ def test_torch_compile_of_a_function_taking_the_op(dynamic):
         torch.testing.assert_close(g, gr, rtol=1e-12, atol=1e-12)
     with pytest.raises(te.FeedError, match=r"expects shape \(4, 5\)"):
         compiled(ops[0][0], torch.ones(6, 5, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("transform", ["grad", "vjp", "jvp", "vmap"])
+def test_torch_func_transforms_are_refused_clearly(transform):
+    # the op has no rules for torch.func's transforms: they raised deep in torch
+    # (setup_context, a wrapper without storage), and jvp through the custom op
+    # gave zero tangents silently; now one TexprError says so
+    f = dense_op()
+    x, w = [t.detach() for t in _args((4, 5), (3, 5), seed=9)]
+    run = {"grad": lambda: torch.func.grad(lambda a: f(a, w).sum())(x),
+           "vjp": lambda: torch.func.vjp(lambda a: f(a, w), x),
+           "jvp": lambda: torch.func.jvp(lambda a: f(a, w), (x,), (torch.ones_like(x),)),
+           "vmap": lambda: torch.func.vmap(lambda a: f(a, w))(torch.stack([x, x]))}[transform]
+    with pytest.raises(te.TexprError, match="torch.func transforms"):
+        run()
+    torch.testing.assert_close(f(x, w), torch.tanh(x @ w.T), rtol=1e-12, atol=1e-12)

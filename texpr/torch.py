@@ -35,7 +35,7 @@ from typing import List
 import torch
 
 from .bridge import SPECS, OpSpec
-from .errors import FeedError
+from .errors import FeedError, TexprError
 
 __all__ = ["op", "TorchOp"]
 
@@ -173,21 +173,25 @@ def _apply(spec, xs):
     records, else the kernel alone."""
     if _is_compiling():
         return _kernel(xs, spec.key)
+    if _functorch_active() or any(map(_functorch_wrapped, xs)):
+        # neither path has the transforms' rules (setup_context, vmap, jvp): the
+        # custom op's autograd raised deep in torch, and jvp through it gave zero
+        # tangents without a word; the kernel would read a wrapper's missing storage
+        raise TexprError(f"{spec.who}: torch.func transforms (grad, vjp, jacrev, jvp, vmap, "
+                         "...) are not supported by texpr ops; use torch.autograd "
+                         "(backward, autograd.grad, gradcheck) and a loop for batches")
     if torch.is_grad_enabled():
         for x in xs:
             if x.requires_grad:
-                if _functorch_active() or any(map(_functorch_wrapped, xs)):
-                    outs = _Eager.apply(spec.key, *xs)
-                else:
-                    outs = _eager_apply(spec.key, *xs)
+                outs = _eager_apply(spec.key, *xs)
                 return (outs,) if type(outs) is torch.Tensor else outs
     return _outputs(spec, xs)
 
 
 #: autograd.Function's C ``apply`` for :class:`_Eager`, without the Python
 #: wrapper of ``Function.apply`` (about 6 us a call here), which only matters
-#: under torch.func transforms (it unwraps their dead wrappers): those calls
-#: keep the public ``apply``
+#: under torch.func transforms (it unwraps their dead wrappers); :func:`_apply`
+#: refuses those
 _eager_apply = getattr(super(torch.autograd.Function, _Eager), "apply", _Eager.apply)
 _functorch_active = torch._C._are_functorch_transforms_active
 _functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
@@ -266,6 +270,8 @@ def op(outputs, inputs):
         the head, summed over the outputs); double backward differentiates the
         adjoint graph again (built on first use). Integer and bool inputs get no
         gradient. Works under ``torch.compile`` (see the module docstring).
+        ``torch.func`` transforms (``grad``, ``vjp``, ``jacrev``, ``jvp``,
+        ``vmap``) raise TexprError: use ``torch.autograd``.
     Raises:
         TexprError: non-Tensor outputs, inputs that are not distinct placeholders.
         FeedError (on call): wrong number of tensors, a wrong dtype or shape, a
