@@ -167,7 +167,8 @@ _BYTES = types.Array(types.uint8, 1, "C")
 
 @intrinsic
 def _call_unit(typingctx, addr, ptrs, sizes, items, idx, err, nargs):
-    """Call the compiled unit at ``addr`` with ``nargs`` (a literal) arguments: for
+    """Call the compiled unit at ``addr`` (returning int64, as every unit does) with
+    ``nargs`` (a literal) arguments: for
     ``j < nargs - 1`` the 1-D array of ``sizes[b]`` elements of ``items[b]``
     bytes at ``ptrs[b]`` (``b = idx[j]``), then ``err``. Returns 0, or -1 when
     the unit raised inside numba."""
@@ -200,9 +201,9 @@ def _call_unit(typingctx, addr, ptrs, sizes, items, idx, err, nargs):
             ary.strides = cgutils.pack_array(builder, [item])
             vals.append(ary._getvalue())
         vals.append(llargs[5])
-        fnty = context.call_conv.get_function_type(types.none, argtys)
+        fnty = context.call_conv.get_function_type(types.int64, argtys)
         fn = builder.inttoptr(llargs[0], fnty.as_pointer())
-        status, _ = context.call_conv.call_function(builder, fn, types.none, argtys, vals)
+        status, _ = context.call_conv.call_function(builder, fn, types.int64, argtys, vals)
         return builder.select(status.is_error, ir.Constant(i64, -1), ir.Constant(i64, 0))
 
     return types.int64(addr, ptrs, sizes, items, idx, err, nargs), codegen
@@ -357,7 +358,8 @@ def handler_address():
 
 def _unit_overload(unit):
     """The address of a numba unit's compiled function when its overload takes 1-D
-    C-contiguous arrays, then the int64 error flag; None otherwise."""
+    C-contiguous arrays, then the int64 error flag, and returns an int64; None
+    otherwise."""
     specs = getattr(unit, "arg_specs", None)
     if not specs or len(specs) > MAX_ARGS or len(specs) < 2:
         return None
@@ -366,9 +368,12 @@ def _unit_overload(unit):
     sig = tuple(_array_type(dt, nd) for dt, nd in specs)
     try:
         cres = unit.fn.overloads[sig]
-        return cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
     except (AttributeError, KeyError):
         return None
+    returned = cres.signature.return_type  # units return 0: Literal[int](0), an int64
+    if getattr(returned, "literal_type", returned) != types.int64:
+        return None  # the call's return slot is an int64
+    return cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
 
 
 def describe(kernel, on_error_address=0):
