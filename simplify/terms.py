@@ -84,13 +84,13 @@ def guarded_terms(e):
         if isinstance(x, E.Select):
             c = x.cond
             out = []
-            for cs, v in go(x.true_value):
+            for cs, v in _whole(go(x.true_value), x.true_value):
                 parts = conj((c,) + cs)
                 if not _false(parts):
                     out.append((parts, v))
             if not _is_zero(x.false_value):
                 nc = E.logical_not(c)
-                for cs, v in go(x.false_value):
+                for cs, v in _whole(go(x.false_value), x.false_value):
                     parts = conj((nc,) + cs)
                     if not _false(parts):
                         out.append((parts, v))
@@ -101,7 +101,7 @@ def guarded_terms(e):
                 tb = [(c, E.sub(E.const(0, v.dtype), v)) for c, v in tb]
             return [(c, _to(v, x.dtype)) for c, v in ta + tb]
         if isinstance(x, E.Mul):
-            ta, tb = go(x.a), go(x.b)
+            ta, tb = _whole(go(x.a), x.a), _whole(go(x.b), x.b)
             if (not ta and _literal_float_zero(x.a)) or (not tb and _literal_float_zero(x.b)):
                 # ``w * 0.0`` is NaN for an infinite or NaN ``w`` (IEEE): a zero the
                 # user wrote is a number, not a symbolic zero
@@ -128,6 +128,23 @@ def guarded_terms(e):
         return [((), x)]
 
     return go(e)
+
+
+def _unguarded(terms):
+    return all(not cs for cs, _ in terms)
+
+
+def _whole(terms, x):
+    """``x``'s terms with those of equal conditions summed into one (``x`` itself
+    when none has a condition): a product is never distributed over a sum whose
+    terms share their condition. ``w * (1 - t)`` is not ``w - w * t`` in IEEE
+    arithmetic: for an infinite ``w`` the first is +-inf (NaN only where
+    ``1 - t`` is), the second NaN (fuzz seed 7000001231, tanh's derivative)."""
+    if len(terms) > 1 and _unguarded(terms):
+        return [((), x)]
+    if len(terms) > 1:
+        return group_terms(terms)
+    return terms
 
 
 def _to(v, dtype):

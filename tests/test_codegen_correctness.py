@@ -191,6 +191,38 @@ def test_written_zero_factors_keep_ieee_semantics():
         list(te.differentiate(L, [X], simplify=False)), feed)[0])
 
 
+def test_derivative_polynomials_are_not_distributed_over_an_infinite_adjoint():
+    # fuzz seed 7000001231: tanh's derivative 1 - t*t was distributed over the
+    # adjoint, d + d * (0 - t*t), which is inf - inf = NaN for an infinite d where
+    # the raw d * (1 - t*t) is +-inf; variants: sigmoid's s * (1 - s), a user-written
+    # polynomial, and a select-guarded one (the guard lifts, the sum stays whole)
+    X = ph((4,), "X")
+    V = ph((4,), "V")
+    Y = te.compute((4,), lambda i: te.tanh(X[i]) * V[i], name="Y")
+    S = te.compute((4,), lambda i: te.sigmoid(X[i]) * V[i], name="S")
+    P = te.compute((4,), lambda i: (X[i] - X[i] * X[i] * X[i]) * V[i], name="P")
+    G = te.compute((4,), lambda i: te.if_then_else(X[i] > 0.0, X[i] * X[i] - 3.0 * X[i], 0.0)
+                   * V[i], name="G")
+    grads = [g for t in (Y, S, P, G) for g in te.differentiate(total(t, f"L{t.name}"), [X])]
+    x = np.array([-1.25, 0.5, 2.0, 0.75])
+    v = np.array([np.inf, -np.inf, np.inf, 1.0])
+    feed = {X: x, V: v}
+    raw = te.evaluate([g for t in (Y, S, P, G)
+                       for g in te.differentiate(total(t, f"L{t.name}"), [X], simplify=False)],
+                      feed)
+    got, want = run(grads, [X, V], feed)
+    names = ["dtanh", "dsigmoid", "dpoly", "dselect"]
+    assert_same(want[:3], raw[:3], names)
+    assert_same(got, want, names)
+    # where X <= 0 the raw select(c, d, 0) * inf is NaN, the simplified term absent
+    # (a symbolic zero, docs/conventions.md "Zeros"); elsewhere +-inf, as the raw
+    np.testing.assert_array_equal(raw[3], [np.nan, np.inf, np.inf, -1.5])
+    np.testing.assert_array_equal(want[3], [0.0, np.inf, np.inf, -1.5])
+    t = np.tanh(x[:3])
+    np.testing.assert_array_equal(raw[0][:3], v[:3] * (1 - t * t))  # +-inf, no NaN
+    assert not np.isnan(np.concatenate(raw[:3])).any()
+
+
 # ---- out-of-range data-dependent indices: an error on every path -------------------------
 
 

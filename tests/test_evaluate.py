@@ -270,3 +270,18 @@ def test_weak_float_constants_at_the_operations_precision(scale):
     kf, ky = codegen.build([F, Y], [X])(x)
     np.testing.assert_array_equal(kf, want_f)
     np.testing.assert_array_equal(ky, want_y)
+
+
+def test_symbolic_zero_products_is_an_oracle_switch_restored_on_exit():
+    from texpr.testing import symbolic_zero_products
+    X = te.placeholder((4,), "X", "float64")
+    Y = te.compute((4,), lambda i: X[i] * te.if_then_else(X[i] > 1.0, 2.0, 0.0), name="Y")
+    I = te.placeholder((4,), "I", "int64")
+    N = te.compute((4,), lambda i: I[i] * 0, name="N")   # int products are exact anyway
+    x = np.array([np.inf, np.nan, -np.inf, 2.0])
+    feed = {X: x, I: np.arange(4)}
+    np.testing.assert_array_equal(te.evaluate(Y, feed), [np.inf, np.nan, np.nan, 4.0])
+    with symbolic_zero_products():
+        np.testing.assert_array_equal(te.evaluate(Y, feed), [np.inf, 0.0, 0.0, 4.0])
+        np.testing.assert_array_equal(te.evaluate(N, feed), [0, 0, 0, 0])
+    np.testing.assert_array_equal(te.evaluate(Y, feed), [np.inf, np.nan, np.nan, 4.0])

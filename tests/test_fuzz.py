@@ -41,9 +41,11 @@ SLOW_REGRESSIONS = (20261300,)
 #: a solved data-dependent equality whose load lost its guard, a custom reducer's
 #: raw adjoint multiplying a NaN by select indicators, a NaN head times a sum of
 #: indicator terms in a raw adjoint, a simplifier folding int64-limit constants into a
-#: value outside int64 (refused, but without saying it would wrap around)
+#: value outside int64 (refused, but without saying it would wrap around), an
+#: adjoint element no path reaches (0) times a gathered -inf (raw NaN, simplified:
+#: no term), tanh's ``1 - t*t`` distributed over an infinite adjoint (NaN)
 REFERENCE_REGRESSIONS = (749189702389, 309414454917, 543264005676,
-                         7000000475) + SLOW_REGRESSIONS
+                         7000000475, 7000000987, 7000001231) + SLOW_REGRESSIONS
 
 
 def _progress():

@@ -51,6 +51,33 @@ _BINARY = {Add: np.add, Sub: np.subtract, Mul: np.multiply, Min: np.minimum, Max
            GE: np.greater_equal}
 
 
+#: testing only (:func:`symbolic_zero_products`): a float product with a 0 factor is 0
+_SYMBOLIC_ZEROS = [False]
+
+
+def symbolic_zero_products():
+    """A context in which :func:`evaluate` computes every float product with a
+    zero factor as 0, even when the other factor is inf or NaN.
+
+    Not IEEE, and not texpr's semantics: an oracle for tests. The simplifier reads
+    a zero that says "this term does not exist" as a symbolic zero
+    (docs/conventions.md, "Zeros"); the unsimplified graph holds such zeros as
+    numbers (an indicator, an adjoint element no path reaches). Every element of a
+    simplified gradient equals the raw graph's under IEEE arithmetic or under
+    this one. Not thread-safe (a module switch)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def ctx():
+        old = _SYMBOLIC_ZEROS[0]
+        _SYMBOLIC_ZEROS[0] = True
+        try:
+            yield
+        finally:
+            _SYMBOLIC_ZEROS[0] = old
+    return ctx()
+
+
 #: integer arithmetic checked for wrap-around (:meth:`_StageEval._int_arith`)
 _EXACT_INT = (Add, Sub, Mul)
 
@@ -91,8 +118,12 @@ class _StageEval:
         if cls in _EXACT_INT and dt.is_int(e.dtype):
             return self._int_arith(e, mask)
         if cls in _BINARY:
-            return _BINARY[cls](self._operand(e.args[0], e.dtype, mask),
-                                self._operand(e.args[1], e.dtype, mask))
+            a = self._operand(e.args[0], e.dtype, mask)
+            b = self._operand(e.args[1], e.dtype, mask)
+            out = _BINARY[cls](a, b)
+            if cls is Mul and _SYMBOLIC_ZEROS[0] and dt.is_float(e.dtype):
+                out = np.where((a == 0) | (b == 0), np.zeros((), out.dtype), out)
+            return out
         if cls is Div:
             a, b = self._operand(e.args[0], e.dtype, mask), self._operand(e.args[1], e.dtype, mask)
             return np.true_divide(a.astype(e.dtype, copy=False), b.astype(e.dtype, copy=False))

@@ -5,7 +5,7 @@ Used by the test suite; public so users can check their own operators.
 
 import numpy as np
 
-from .evaluate import evaluate
+from .evaluate import evaluate, symbolic_zero_products  # noqa: F401 - re-exported for tests
 from .errors import TexprError
 
 
