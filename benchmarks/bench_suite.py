@@ -10,7 +10,7 @@ milliseconds over ``--repeat`` runs,
 the ratios texpr/JAX and texpr/torch, the largest difference from torch
 (relative to the largest magnitude), and texpr's build time: *cold* (an
 empty cache directory, numba compiles) and *warm* (a second process with the
-same cache directory loads the machine code). Then conv2d_s1's forward and
+same cache directory loads the machine code). Then the forward and
 both gradients as separate kernels, in ms and GFLOP/s.
 
     python benchmarks/bench_suite.py                 # every case, suite sizes
@@ -319,7 +319,7 @@ def main(argv=None):
             print(f"geometric mean texpr loops only (no GEMMs)/best peer "
                   f"{np.exp(np.mean(np.log(lb))):.2f}")
     detail = {}
-    for name in ("dense", "conv2d_s1"):
+    for name in ("dense", "conv2d_s1", "conv2d_s2", "conv2d_dil2", "conv2d_transpose_s2"):
         if name not in names:
             continue
         print(f"\n{name} kernels (float32; SGEMM {rate:.1f} GFLOP/s):")

@@ -201,6 +201,10 @@ def make_cases(scale=1.0):
         _xent_texpr, xe_j, xe_t)
     n1 = b(32)
     cases["conv2d_s1"].flop = 2 * n1 * 32 * 28 * 28 * 16 * 9
+    cases["conv2d_s2"].flop = 2 * n1 * 32 * 14 * 14 * 16 * 9
+    cases["conv2d_dil2"].flop = 2 * n1 * 32 * 28 * 28 * 16 * 9
+    # each input pixel meets every kernel tap: 16 in, 8 out channels, 4x4 taps
+    cases["conv2d_transpose_s2"].flop = 2 * n1 * 16 * 14 * 14 * 8 * 16
     cases["dense"].flop = 2 * b(256) * 784 * 128
     return cases
 
