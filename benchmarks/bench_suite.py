@@ -5,7 +5,8 @@ For each case: the forward output plus the gradients of ``sum(out * H)`` w.r.t.
 every listed float input (``H`` a fixed random head). texpr runs one compiled
 kernel (``codegen.build`` of ``[out] + te.differentiate(out, inputs, head=H)``);
 JAX runs ``jax.jit`` of ``jax.vjp``; PyTorch runs the forward and
-``torch.autograd.grad``. The frameworks alternate run by run. Reported: median
+``torch.autograd.grad``. The frameworks alternate run by run, in a rotating
+order (each follows each other as often). Reported: median
 milliseconds over ``--repeat`` runs,
 the ratios texpr/JAX and texpr/torch, the largest difference from torch
 (relative to the largest magnitude), and texpr's build time: *cold* (an
@@ -177,15 +178,19 @@ def bench_case(case, repeat, use_jax, use_torch, use_loops=False):
         runs["torch"] = trun
     if use_jax:
         runs["jax"] = jax_value_and_grad(case, arrays, head)
-    # rounds alternate the frameworks, so that the load of a shared machine (and
-    # the other frameworks' worker threads) weighs on all of them alike
+    # rounds alternate the frameworks, so that the load of a shared machine weighs
+    # on all of them alike; the order rotates, so that each follows each other as
+    # often (torch's OpenMP workers spin for 10-20 ms after a call and slow
+    # whichever framework runs next; pausing between runs was tried and slowed
+    # every framework about 2x: idle cores lose their caches and clock)
     times = {k: [] for k in runs}
     for f in runs.values():
         f()
-    for _ in range(repeat):
-        for k, f in runs.items():
+    order = list(runs)
+    for r in range(repeat):
+        for k in order[r % len(order):] + order[:r % len(order)]:
             t = time.perf_counter()
-            f()
+            runs[k]()
             times[k].append(time.perf_counter() - t)
     for k, ts in times.items():
         row[f"{k}_ms"] = float(np.median(ts)) * 1e3
