@@ -3,10 +3,11 @@
 The dense case of the suite (X 256x784, W 128x784, head 256x128): its three
 GEMMs (forward ``X W^T``, ``dX = H W``, ``dW = H^T X``) run
 
-* ``numpy``: as texpr's contraction stages run them (``np.matmul`` on numpy's
-  OpenBLAS, cut over worker threads, one BLAS thread each:
-  ``texpr.codegen.contraction._matmul``);
-* ``numpy-mt``: one ``np.matmul`` call each, numpy's BLAS with its own threads;
+* ``numpy-split``: ``np.matmul`` on numpy's OpenBLAS, each GEMM cut over worker
+  threads, one BLAS thread each (``texpr.codegen.contraction._matmul`` with
+  ``GEMM_THREADS = 2``: what texpr's contraction stages do on a loaded machine);
+* ``numpy-mt``: one ``np.matmul`` call each, numpy's BLAS with its own threads
+  (what they do otherwise);
 * ``numba``: one ``@njit`` function calling ``np.dot`` three times (SciPy's
   BLAS through ``scipy.linalg.cython_blas``).
 
@@ -41,13 +42,17 @@ def main(argv=None):
         return np.dot(x, w.T), np.dot(h, w), np.dot(h.T, x)
 
     def numpy_split():
-        with C._blas_threads_limited():
-            return C._matmul(x, w.T), C._matmul(h, w), C._matmul(h.T, x)
+        C.GEMM_THREADS = 2
+        try:
+            with C._blas_threads_limited():
+                return C._matmul(x, w.T), C._matmul(h, w), C._matmul(h.T, x)
+        finally:
+            C.GEMM_THREADS = 0
 
     def numpy_mt():
         return np.matmul(x, w.T), np.matmul(h, w), np.matmul(h.T, x)
 
-    runs = {"numpy": numpy_split, "numpy-mt": numpy_mt, "numba": lambda: numba_gemms(x, w, h)}
+    runs = {"numpy-split": numpy_split, "numpy-mt": numpy_mt, "numba": lambda: numba_gemms(x, w, h)}
     refs = [a.astype("float64") for a in numpy_mt()]
     for name, f in runs.items():
         got = f()

@@ -65,7 +65,11 @@ nest never multiplies (outside the domain) makes the BLAS result NaN where
 the loop nest's is finite or infinite, as in PyTorch's and JAX's convolutions.
 """
 
+import contextlib
 import math
+import os
+import threading
+import time
 
 import numpy as np
 
@@ -273,22 +277,29 @@ class ContractionPlan:
         return f"ContractionPlan({self.stage}: {self.describe()})"
 
 
-#: GEMMs are cut into this many parts (along a batch axis or the rows), run on
-#: worker threads, each a single-threaded BLAS call (0: numba's thread count).
-#: OpenBLAS's own threads busy-wait for each other: on a loaded 2-core machine
-#: a 2-thread SGEMM ran 6x slower than one thread (dense value-and-grad
+#: How a GEMM uses the cores. A positive value: cut each GEMM into this many parts
+#: (along a batch axis or the rows), run on worker threads, each a one-thread
+#: BLAS call (1: one call on the BLAS's own threads). 0 (the default): the BLAS's
+#: own threads, unless the machine is oversubscribed (see :func:`_oversubscribed`),
+#: then one part per numba thread. OpenBLAS's threads are the faster on an idle
+#: machine (value-and-grad of dense 3.0 ms vs 4.3 ms cut in two, conv2d_s1 32.5
+#: vs 40.1, in one run alternating), but they busy-wait for each other: on a
+#: loaded 2-core machine a 2-thread SGEMM ran 6x slower than one thread (dense
 #: 124 ms vs 20 ms); Python's pool waits on a lock instead.
 GEMM_THREADS = 0
 #: a GEMM with fewer multiply-adds runs in one call
 GEMM_SPLIT_MIN = 1 << 20
+#: how often the load average is read again, in seconds
+LOAD_CHECK_S = 1.0
 
 _POOL = []
 _LIMITER = []
+_LOAD = [float("-inf"), False]  # (when last read, oversubscribed)
+_MODE = threading.local()
 
 
 def _threads():
-    if GEMM_THREADS > 0:
-        return GEMM_THREADS
+    """Worker threads for packing copies and split GEMMs: numba's thread count."""
     try:
         import numba
         return max(1, numba.get_num_threads())
@@ -296,25 +307,59 @@ def _threads():
         return 1
 
 
-def _blas_threads_limited():
-    """A context holding numpy's BLAS at one thread (threadpoolctl, if installed;
-    restored on exit) while a plan's GEMMs run on the worker threads."""
-    import contextlib
-    if _threads() <= 1:
-        return contextlib.nullcontext()
-    if not _LIMITER:
+def _oversubscribed():
+    """Whether the 1-minute load average exceeds this process's usable CPUs by more
+    than half a CPU (read at most every ``LOAD_CHECK_S`` seconds; False where
+    the platform has no load average)."""
+    now = time.monotonic()
+    if now - _LOAD[0] >= LOAD_CHECK_S:
         try:
-            from threadpoolctl import ThreadpoolController
-            _LIMITER.append(ThreadpoolController().select(user_api="blas"))
-        except Exception:  # noqa: BLE001 - optional: without it, the BLAS keeps its threads
-            _LIMITER.append(None)
-    ctl = _LIMITER[0]
-    return contextlib.nullcontext() if ctl is None else ctl.limit(limits=1)
+            cpus = len(os.sched_getaffinity(0))
+            _LOAD[1] = os.getloadavg()[0] > cpus + 0.5
+        except (AttributeError, OSError):
+            _LOAD[1] = False
+        _LOAD[0] = now
+    return _LOAD[1]
+
+
+def _gemm_parts():
+    """How many parts the GEMMs of one plan run are cut into (see ``GEMM_THREADS``)."""
+    if GEMM_THREADS > 0:
+        return GEMM_THREADS
+    n = _threads()
+    return n if n > 1 and _oversubscribed() else 1
+
+
+@contextlib.contextmanager
+def _blas_threads_limited():
+    """The context of one plan run: its GEMMs are cut into :func:`_gemm_parts`
+    parts; when more than one, numpy's BLAS is held at one thread (threadpoolctl;
+    restored on exit) while the parts run on the worker threads."""
+    outer = getattr(_MODE, "parts", None)
+    parts = _gemm_parts() if outer is None else outer
+    _MODE.parts = parts
+    try:
+        if parts <= 1 or outer is not None:
+            yield
+            return
+        if not _LIMITER:
+            try:
+                from threadpoolctl import ThreadpoolController
+                _LIMITER.append(ThreadpoolController().select(user_api="blas"))
+            except Exception:  # noqa: BLE001 - optional: without it, the BLAS keeps its threads
+                _LIMITER.append(None)
+        ctl = _LIMITER[0]
+        if ctl is None:
+            yield
+        else:
+            with ctl.limit(limits=1):
+                yield
+    finally:
+        _MODE.parts = outer
 
 
 def _pool():
     """The worker threads of the GEMMs and packing copies (created on first use)."""
-    import os
     if not _POOL or _POOL[0][0] != os.getpid():
         # a forked child inherits the pool object but not its threads: a new one
         from concurrent.futures import ThreadPoolExecutor
@@ -327,7 +372,7 @@ def _matmul(a, b, out=None):
     """``np.matmul(a, b, out=out)``, cut into parts run on worker threads (see
     ``GEMM_THREADS``) when it is large enough: along the leading batch axis when
     it has enough entries, else along the rows of ``a``."""
-    n = _threads()
+    n = getattr(_MODE, "parts", None) or _gemm_parts()
     rows, inner, cols = a.shape[-2], a.shape[-1], b.shape[-1]
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     work = int(np.prod(batch, dtype=np.int64)) * rows * inner * cols

@@ -443,3 +443,49 @@ def test_plan_runs_in_a_forked_child():
         os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     assert got == b"1"
+
+
+def test_gemm_threading_modes_give_the_same_values(monkeypatch):
+    # GEMM_THREADS: one call on the BLAS's threads, or cut in parts on worker threads
+    # with the BLAS held at one thread (the default picks by the machine's load);
+    # every mode gives the same values, and the BLAS's thread count is restored
+    from threadpoolctl import threadpool_info
+    X = te.placeholder((128, 256), "X", "float32")
+    W = te.placeholder((96, 256), "W", "float32")
+    Y = te.nn.dense(X, W)
+    H = te.placeholder(Y.shape, "H", "float32")
+    dX, dW = te.differentiate(Y, [X, W], head=H).result
+    kernel = codegen.build([Y, dX, dW], [X, W, H])
+    assert kernel.source.count("# BLAS:") == 3
+    rng = np.random.default_rng(3)
+    args = [rng.standard_normal(t.shape).astype("float32") for t in (X, W, H)]
+    want = te.evaluate([Y, dX, dW], dict(zip((X, W, H), args)))
+    blas_threads = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    monkeypatch.setattr(C, "GEMM_SPLIT_MIN", 1)
+    seen = []
+    for threads, loaded in ((1, False), (2, False), (3, False), (0, False), (0, True)):
+        monkeypatch.setattr(C, "GEMM_THREADS", threads)
+        monkeypatch.setattr(C, "_oversubscribed", lambda loaded=loaded: loaded)
+        got = kernel(*args)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5 * np.abs(w).max())
+        seen.append(got)
+        assert [i["num_threads"] for i in threadpool_info()
+                if i["user_api"] == "blas"] == blas_threads
+    for got in seen[1:]:
+        for g, r in zip(got, seen[0]):
+            np.testing.assert_allclose(g, r, rtol=1e-6, atol=1e-6 * np.abs(r).max())
+
+
+def test_oversubscribed_reads_the_load_average_at_most_every_second(monkeypatch):
+    import os
+    calls = []
+    monkeypatch.setattr(os, "getloadavg", lambda: calls.append(1) or (99.0, 0.0, 0.0))
+    monkeypatch.setattr(C, "_LOAD", [float("-inf"), False])
+    assert C._oversubscribed() and C._oversubscribed()
+    assert len(calls) == 1
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(C, "_LOAD", [float("-inf"), True])
+    assert not C._oversubscribed()
+    monkeypatch.setattr(C, "GEMM_THREADS", 0)
+    assert C._gemm_parts() == 1
