@@ -144,13 +144,15 @@ class GemmPiece:
         self.a, self.b, self.out_masks, self.points = a, b, list(out_masks), int(points)
 
     def roles(self):
-        """``(batch, m, n, k, a_only, b_only, neither)``: axis positions by role."""
+        """``(batch, m, n, k, a_only, b_only, neither)``: axis positions by role.
+        A reduction axis of extent 1 that neither operand reads (a residue class's
+        one tap) has no role: it sums one term (:func:`match` refuses longer ones)."""
         batch, m, n, k, a_only, b_only, neither = [], [], [], [], [], [], []
-        for p, (_lo, _ext, kind) in enumerate(self.axes):
+        for p, (_lo, ext, kind) in enumerate(self.axes):
             ina, inb = p in self.a.axes, p in self.b.axes
             if kind == "spatial":
                 (batch if ina and inb else m if ina else n if inb else neither).append(p)
-            else:
+            elif ina or inb or ext != 1:
                 (k if ina and inb else a_only if ina else b_only if inb else neither).append(p)
         return batch, m, n, k, a_only, b_only, neither
 
