@@ -178,20 +178,25 @@ def _reset_block_labels():
         counter._value = 0
 
 
-def _compile(fn, sig):
+def _compile(fn, sig, source):
     # numba leaves LLVM's SLP vectoriser off; the unrolled partial sums of the
-    # generated reductions need it (restored after: other numba users keep theirs)
+    # generated reductions need it. The loop vectoriser runs only where it pays
+    # (codegen.vectorize: a choice made from the text, so fixed by the cache key).
+    # Both restored after: other numba users keep their settings.
     from numba.core.compiler_lock import global_compiler_lock
 
-    slp = numba.config.SLP_VECTORIZE
-    numba.config.SLP_VECTORIZE = 1
-    try:
-        with global_compiler_lock, warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            _reset_block_labels()
-            fn.compile(sig)
-    finally:
-        numba.config.SLP_VECTORIZE = slp
+    from .vectorize import loop_vectorize_pays
+    loops = loop_vectorize_pays(source)
+    with global_compiler_lock:
+        slp, lv = numba.config.SLP_VECTORIZE, numba.config.LOOP_VECTORIZE
+        numba.config.SLP_VECTORIZE, numba.config.LOOP_VECTORIZE = 1, int(loops)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                _reset_block_labels()
+                fn.compile(sig)
+        finally:
+            numba.config.SLP_VECTORIZE, numba.config.LOOP_VECTORIZE = slp, lv
     return fn
 
 
@@ -239,7 +244,7 @@ def _on_disk(d, key, source, sig, entry):
     data = source.encode("utf-8")
     try:
         path = _module_file(d, modname, data)
-        return path, _compile(_load(source, modname, path, entry), sig)
+        return path, _compile(_load(source, modname, path, entry), sig, source)
     except Exception as exc:  # noqa: BLE001 - numba's cache raises many kinds
         first = exc
     # numba's cache files that cannot be read (empty, truncated, random bytes) make
@@ -247,7 +252,7 @@ def _on_disk(d, key, source, sig, entry):
     if _cache.remove_files(_numba_files(d, modname)):
         try:
             path = _module_file(d, modname, data)
-            fn = _compile(_load(source, modname, path, entry), sig)
+            fn = _compile(_load(source, modname, path, entry), sig, source)
         except Exception as exc:  # noqa: BLE001
             raise _CacheUnusable(f"{type(exc).__name__}: {exc}") from None
         _warn_once(("numba", path),
@@ -307,7 +312,7 @@ def compile_source(source, arg_specs, describe="", entry="kernel"):
         cause = f"{type(exc).__name__}: {exc}" if isinstance(exc, OSError) else str(exc)
     if fn is None:
         try:
-            fn = _compile(_load(source, f"texpr_k_{key}", None, entry), sig)
+            fn = _compile(_load(source, f"texpr_k_{key}", None, entry), sig, source)
         except TexprError:
             raise
         except Exception as exc:  # noqa: BLE001 - numba raises many kinds
@@ -367,7 +372,7 @@ def _worker_compile(d, key, source, arg_specs, entry):
         warnings.simplefilter("ignore")
         path = _module_file(d, modname, source.encode("utf-8"))
         try:
-            _compile(_load(source, modname, path, entry), sig)
+            _compile(_load(source, modname, path, entry), sig, source)
         finally:
             sys.modules.pop(modname, None)  # the worker keeps no module alive
     return time.perf_counter() - t0

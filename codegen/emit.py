@@ -252,6 +252,21 @@ def _fmin(a, b):
     return a if (a < b or a != a) else b
 
 
+@njit(inline="always", cache=True)
+def _fill(a, v):
+    # a serial loop: in a parallel unit a.fill(v) becomes a parfor of its own,
+    # which numba compiles as one more gufunc (about 0.5 s)
+    for i in range(a.size):
+        a[i] = v
+
+
+@njit(inline="always", cache=True)
+def _copy(a, b):
+    # a[:] = b, serially (see _fill)
+    for i in range(a.size):
+        a[i] = b[i]
+
+
 @njit(cache=True)
 def _max_abs(a, lim):
     # the largest |value| of a, or -1.0 if one is inf, NaN or above lim

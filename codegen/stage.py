@@ -86,6 +86,12 @@ from .schedule import inline_expand
 __all__ = ["default_order", "lift_zero_guards", "PARALLEL_MIN_POINTS", "UNROLL", "JAM",
            "MAX_LANES", "SPLIT_LANES"]
 
+#: a second loop nest of a stage (the rest of an unrolled or blocked nest: borders,
+#: partial groups) with fewer than this fraction of the stage's points runs
+#: sequentially: numba compiles every parallel loop nest as a function of its own
+#: (depthwise conv's border nests: about 1 s of compile time each, for about 5% of
+#: the stage's run time)
+REST_PARALLEL_FRACTION = 0.125
 #: output tile (elements) below the reduction loops in buffer mode
 BUFFER_TILE = 4096
 #: stages visiting fewer points run sequentially by default (waking the worker
@@ -95,6 +101,10 @@ PARALLEL_MIN_POINTS = 1 << 16
 UNROLL = 8
 #: points of the innermost spatial axis blocked together in a sum (register blocking)
 JAM = 4
+#: partial sums per blocked point of a register-blocked sum (JAM points x this many
+#: accumulators; UNROLL's 8 there made flatten_dense's dense unit 32 accumulators
+#: and 7.7 s of numba compile time)
+JAM_UNROLL = 4
 #: the blocked axis may be a spatial axis other than the innermost (moved innermost)
 JAM_MOVE = True
 #: a reduction loop this short, innermost among the reductions in buffer mode, is
@@ -371,6 +381,7 @@ class _StageLowering:
         self.jam_dim = None
         self.lanes = None  # (loop dimension, count) of an unrolled reduction loop
         self.residues = []  # [(e, m)]: split the domains on the residues of e % m
+        self.stage_points = None  # points of a reduction stage's domain
 
     def run(self, depth):
         op = self.op
@@ -424,7 +435,8 @@ class _StageLowering:
         wset, resid = to_set(red.where, space)
         dom = box.intersect(wset)
         self.residues = _residue_candidates(red.where, space, dom)
-        if not self.stage.parallel_set and par and _points(dom) < PARALLEL_MIN_POINTS:
+        self.stage_points = _points(dom) if par else None
+        if not self.stage.parallel_set and par and self.stage_points < PARALLEL_MIN_POINTS:
             par = []
         em = self._emitter()
         ck = _BoundsChecker(op.name, space, box)
@@ -457,6 +469,10 @@ class _StageLowering:
                 jam = _jam_axis(sp_order, red, par if move else sp_order[:-1])
                 if jam is not None and jam is not sp_order[-1]:
                     sp_order = [a for a in sp_order if a is not jam] + [jam]
+                if jam is not None and self.unroll is not None:
+                    u_j = JAM_UNROLL if comb.dtypes[0] == "float32" else max(1, JAM_UNROLL // 2)
+                    if u_j < self.unroll[3]:
+                        self.unroll = self.unroll[:3] + (u_j,)
 
             def init(d, lane=None):
                 for a, c in zip(acc, comb.identity):
@@ -506,7 +522,7 @@ class _StageLowering:
             return self._emit_nest(depth, sts, len(order) + 1, stmts, par_dims)
         # buffer mode
         for o, c in zip(outs, comb.identity):
-            w(depth, f"{o.name}.fill({const_str(c.value, c.dtype)})")
+            w(depth, f"_fill({o.name}, {const_str(c.value, c.dtype)})")
         targets = [self._store(o) for o in outs]
         stmts = {"U": lambda d, lane=None: combine(d, targets)}
         rest = dom
@@ -674,6 +690,10 @@ class _StageLowering:
         return out, ndims + 1, {d + (d >= t) for d in par_dims}, t
 
     def _emit_nest(self, depth, statements, ndims, stmt_code, par_dims):
+        if par_dims and not self.stage.parallel_set and self.stage_points:
+            points = sum(_points(st.domain) for st in statements if st.name.startswith("U"))
+            if points < REST_PARALLEL_FRACTION * self.stage_points:
+                par_dims = set()
         saved = self.jam_dim, self.lanes
         try:
             for cand in self.residues:
@@ -867,9 +887,9 @@ class _StageLowering:
         out = self.buffers[id(op.output(0))]
         if op.init is not None:
             src = self.buffers[id(op.init)]
-            w(depth, f"{out.name}[:] = {src.name}")
+            w(depth, f"_copy({out.name}, {src.name})")
         else:
-            w(depth, f"{out.name}.fill({const_str(0, out.dtype)})")
+            w(depth, f"_fill({out.name}, {const_str(0, out.dtype)})")
         axes = list(op.axis)
         for d, a in enumerate(axes):
             self.names[id(a)] = f"p{self.k}_{d}"
