@@ -20,6 +20,16 @@ def test_bundled_data_and_stratified_split():
     for c in range(10):
         share = (labels == c).mean()
         assert abs((y_te == c).sum() - share * len(y_te)) <= 1
+    # a partition of the images, shuffled, and the same for the same seed
+    both = np.concatenate([x_tr, x_te]).reshape(len(labels), -1)
+    assert np.array_equal(np.unique(both, axis=0), np.unique(images.reshape(len(labels), -1),
+                                                             axis=0))
+    assert sorted(np.concatenate([y_tr, y_te]).tolist()) == sorted(labels.tolist())
+    assert not np.array_equal(y_te[:20], np.sort(y_te[:20]))
+    again = digits.split(images, labels, seed=0)
+    assert all(np.array_equal(a, b) for a, b in zip(again, (x_tr, x_te, y_tr, y_te)))
+    other = digits.split(images, labels, seed=1)
+    assert not np.array_equal(other[3], y_te)
 
 
 def test_full_model_gradient_matches_finite_differences():
