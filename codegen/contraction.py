@@ -217,8 +217,10 @@ class ContractionPlan:
     def _run_pieces(self, out, arrays_a, arrays_b, scale, add):
         if add:
             out.fill(0)
+        # the pieces of one run share their zero-padded operand copies
+        padded = {} if arrays_a is arrays_b else None
         for p in self.pieces:
-            _run_piece(p, arrays_a, arrays_b, out, scale, add, self.dtype)
+            _run_piece(p, arrays_a, arrays_b, out, scale, add, self.dtype, padded=padded)
 
     def _non_finite(self, arrays, out, keys):
         """The run when an operand holds inf or NaN: the GEMMs of the finite parts
@@ -443,17 +445,23 @@ def _mask_array(masks, axes, piece_axes, shape):
     return ok
 
 
-def _operand(view, arrays, piece_axes, dtype, real=None):
+def _operand(view, arrays, piece_axes, dtype, real=None, padded=None):
     """The operand's values over its axes (an ndarray, view or copy); its
-    data-dependent masks read ``real`` (default ``arrays``)."""
-    buf = np.asarray(arrays[view.key]).reshape(-1)
-    if buf.dtype != np.dtype(dtype):
-        buf = buf.astype(dtype)
-    if view.pad is not None:
-        padded = np.zeros(view.padded_shape(), dtype=buf.dtype)
-        padded[tuple(slice(lo, lo + n) for n, (lo, _hi) in zip(view.shape, view.pad))] = \
-            buf.reshape(view.shape)
-        buf = padded.reshape(-1)
+    data-dependent masks read ``real`` (default ``arrays``). ``padded``: a dict
+    that keeps zero-padded copies for the other pieces of the same run."""
+    key = (view.key, tuple(map(tuple, view.pad)) if view.pad is not None else None)
+    buf = None if padded is None else padded.get(key)
+    if buf is None:
+        buf = np.asarray(arrays[view.key]).reshape(-1)
+        if buf.dtype != np.dtype(dtype):
+            buf = buf.astype(dtype)
+        if view.pad is not None:
+            pad = np.zeros(view.padded_shape(), dtype=buf.dtype)
+            pad[tuple(slice(lo, lo + n) for n, (lo, _hi) in zip(view.shape, view.pad))] = \
+                buf.reshape(view.shape)
+            buf = pad.reshape(-1)
+        if padded is not None:
+            padded[key] = buf
     shape = [piece_axes[p][1] for p in view.axes]
     v = _byte_view(buf, view.offset, shape, view.strides)
     if view.masks:
@@ -606,13 +614,13 @@ def _reshaped(t, shape):
     return out.reshape(shape)
 
 
-def _run_piece(p, arrays_a, arrays_b, out, scale, add, dtype, real=None):
+def _run_piece(p, arrays_a, arrays_b, out, scale, add, dtype, real=None, padded=None):
     """One piece: operand ``a`` from ``arrays_a``, ``b`` from ``arrays_b`` (their
     data-dependent masks read ``real``, default the same); the result written
     into (``add``: added to) its slice of ``out``."""
     batch, m, n, k, a_only, b_only, neither = p.roles()
-    a = _operand(p.a, arrays_a, p.axes, dtype, real)
-    b = _operand(p.b, arrays_b, p.axes, dtype, real)
+    a = _operand(p.a, arrays_a, p.axes, dtype, real, padded)
+    b = _operand(p.b, arrays_b, p.axes, dtype, real, padded)
     a_axes, b_axes = list(p.a.axes), list(p.b.axes)
     if a_only:
         a = a.sum(axis=tuple(a_axes.index(q) for q in a_only))
