@@ -70,7 +70,7 @@ def torch_step(params, x, y, threads):
         loss = F.cross_entropy(logits, yt)
         loss.backward()
         opt.step()
-        return float(loss)
+        return float(loss.detach())
     return step
 
 
