@@ -134,3 +134,15 @@ CASES.update({
     "max": _unary(lambda x: te.nn.max(x, axis=1)),
     "min": _unary(lambda x: te.nn.min(x, axis=0)),
 })
+
+
+def run_threads(work, n=4):
+    """Run ``work(seed)`` for seeds ``0..n-1`` on ``n`` threads at once; returns after
+    every thread has finished (an exception in a thread fails the caller's
+    assertions on the results it left)."""
+    import threading
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()

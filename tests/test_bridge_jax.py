@@ -10,7 +10,7 @@ from jax.test_util import check_grads
 import texpr as te
 import texpr.jax as tj
 
-from bridge_cases import CASES
+from bridge_cases import CASES, run_threads
 
 
 @pytest.fixture
@@ -286,11 +286,7 @@ def test_first_gradients_from_several_threads_build_and_register_once(x64, monke
             grad = jax.grad(lambda a, b: (f(a, b) ** 2).sum(), argnums=(0, 1))
             results[seed] = (x, w, grad(x, w))
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(work)
     assert sorted(results) == [0, 1, 2, 3]
     assert len(built) == 2, built  # the forward and the backward kernel
     assert len(registered) == len(set(registered)) == 2, registered

@@ -10,7 +10,7 @@ import torch
 import texpr as te
 import texpr.torch as tt
 
-from bridge_cases import CASES
+from bridge_cases import CASES, run_threads
 
 
 def _dense_tanh(n=4, m=3, k=5):
@@ -285,11 +285,7 @@ def test_first_calls_from_several_threads_build_each_kernel_once(monkeypatch):
         y = f(x, w)
         results[seed] = (x, w, y, torch.autograd.grad(y.sum(), (x, w)))
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(work)
     assert sorted(results) == [0, 1, 2, 3]
     assert len(built) == 2, built  # the forward and the backward kernel
     for x, w, y, (gx, gw) in results.values():
