@@ -105,6 +105,8 @@ BUFFER_TILE = 4096
 #: stages visiting fewer points run sequentially by default (waking the worker
 #: threads costs more than the loop)
 PARALLEL_MIN_POINTS = 1 << 16
+#: reductions over fewer points are neither unrolled nor register-blocked
+UNROLL_MIN_POINTS = 1 << 15
 #: partial sums in the innermost loop of a sum reduction (a power of two)
 UNROLL = 8
 #: points of the innermost spatial axis blocked together in a sum (register blocking)
@@ -448,7 +450,7 @@ class _StageLowering:
         wset, resid = to_set(red.where, space)
         dom = box.intersect(wset)
         self.residues = _residue_candidates(red.where, space, dom)
-        self.stage_points = _points(dom) if par else None
+        self.stage_points = _points(dom)
         if not self.stage.parallel_set and par and self.stage_points < PARALLEL_MIN_POINTS:
             par = []
         em = self._emitter()
@@ -471,6 +473,10 @@ class _StageLowering:
             small = len(post_order(red.source[0])) <= UNROLL_MAX_NODES
             sum_ok = comb.kind == "sum" and ncomp == 1 and dt.is_float(comb.dtypes[0]) and small
             u_n = UNROLL if comb.dtypes[0] == "float32" else UNROLL // 2
+            # a small stage runs in microseconds either way: unrolled and blocked
+            # copies would only cost compile time (the main job's 64-term loss sum
+            # with its checked gather: 1.8 s of numba unrolled)
+            sum_ok = sum_ok and self.stage_points >= UNROLL_MIN_POINTS
             if sum_ok and rd_order and rd_order[-1].extent >= 2 * u_n:
                 self.unroll = (combine, acc[0], comb.dtypes[0], u_n)
             jam = None
@@ -555,6 +561,7 @@ class _StageLowering:
             if used and 2 <= rd[-1].extent <= MAX_LANES and rd[-1].dom[0] == 0:
                 lane_axis = rd[-1]
             elif used and rd[-1].extent >= SPLIT_LANES and rd[-1].dom[0] == 0 \
+                    and self.stage_points >= UNROLL_MIN_POINTS \
                     and (resid is None or not _mentions(red.where, rd[-1])) \
                     and sum(len(_nodes(x)) for x in red.source) <= UNROLL_MAX_NODES:
                 split_axis = rd[-1]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from texpr import codegen
+import texpr.codegen.stage as stage_knobs
 import texpr as te
 
 RTOL = 1e-12
@@ -174,7 +175,11 @@ def reduction_case():
     feed = {X: x, W: rng.uniform(-1, 1, (m, kk)), b: rng.uniform(-1, 1, (m,)),
             V: rng.uniform(-1, 1, (10, kk))}
     inputs = [X, W, b, V]
-    return codegen.build(outs, inputs), outs, feed, inputs
+    # small stages, unrolled and blocked as large ones are (the mechanism under test)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stage_knobs, "UNROLL_MIN_POINTS", 0)
+        mp.setenv("TEXPR_SYMBOLIC_CACHE", "0")  # the lowering's key holds no knobs
+        return codegen.build(outs, inputs), outs, feed, inputs
 
 
 def test_reductions_match_the_evaluator(reduction_case):

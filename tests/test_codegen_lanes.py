@@ -22,6 +22,17 @@ nn = te.nn
 RTOL = ATOL = 1e-11
 
 
+@pytest.fixture(scope="module", autouse=True)
+def small_stages_unrolled():
+    """The shapes here are small: unroll and block them as large ones are (the
+    mechanism under test; codegen.stage.UNROLL_MIN_POINTS)."""
+    import texpr.codegen.stage as stage_knobs
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stage_knobs, "UNROLL_MIN_POINTS", 0)
+        mp.setenv("TEXPR_SYMBOLIC_CACHE", "0")  # the lowering's key holds no knobs
+        yield
+
+
 @pytest.fixture(scope="module")
 def case():
     rng = np.random.default_rng(7)
