@@ -17,7 +17,9 @@ differences). It covers
 * placeholder and stage names with odd (printable) characters.
 
 :func:`check_programs` runs, for a batch of programs: ``te.evaluate`` of the
-forward, raw and simplified gradients (NaN/inf patterns equal, values close);
+forward, raw and simplified gradients (NaN/inf patterns equal, values close;
+each element of a simplified gradient as the raw one's under IEEE arithmetic
+or under symbolic zeros, see docs/conventions.md "Zeros");
 one compiled kernel (texpr.codegen.build) of every program's forward, loss
 and simplified gradients against ``te.evaluate`` of the same simplified graphs
 (raw vs simplified forward: with finite inputs; see docs/conventions.md, "Zeros"),
@@ -435,11 +437,12 @@ def _check_reference(q, findings):
     for i, (x, a, b) in enumerate(zip(p.floats, q.ref_raw, q.ref_simp)):
         what = f"simplified vs raw d{p.loss.name}/d{x.name}"
         msg = compare(b, a, p.dtype, what)
-        if msg and not p.finite_inputs:
-            # with inf or NaN inputs a raw zero that means "no such term" (an
-            # indicator, an adjoint element no path reaches) times inf is NaN,
-            # where the simplified graph has no term (docs/conventions.md, "Zeros"):
-            # every element must equal the raw one under IEEE or under symbolic zeros
+        if msg:
+            # where a value is inf or NaN (an input, or an empty max's -inf inside
+            # the graph) a raw zero that means "no such term" (an indicator, an
+            # adjoint element no path reaches) times it is NaN, where the
+            # simplified graph has no term (docs/conventions.md, "Zeros"): every
+            # element must equal the raw one under IEEE or under symbolic zeros
             if symbolic is None:
                 with symbolic_zero_products():
                     symbolic = te.evaluate(q.raw, p.feed)
