@@ -26,10 +26,14 @@ def test_bundled_data_and_stratified_split():
                                                              axis=0))
     assert sorted(np.concatenate([y_tr, y_te]).tolist()) == sorted(labels.tolist())
     assert not np.array_equal(y_te[:20], np.sort(y_te[:20]))
-    again = digits.split(images, labels, seed=0)
-    assert all(np.array_equal(a, b) for a, b in zip(again, (x_tr, x_te, y_tr, y_te)))
-    other = digits.split(images, labels, seed=1)
-    assert not np.array_equal(other[3], y_te)
+    # scikit-learn's stratified train_test_split, image for image (the full set and
+    # a subset whose class shares leave remainders)
+    from sklearn.model_selection import train_test_split
+    for seed, n in ((0, 1797), (1, 1797), (7, 1001)):
+        ours = digits.split(images[:n], labels[:n], seed=seed)
+        theirs = train_test_split(images[:n], labels[:n], test_size=0.2, stratify=labels[:n],
+                                  random_state=seed)
+        assert all(np.array_equal(a, b) for a, b in zip(ours, theirs)), (seed, n)
 
 
 def test_full_model_gradient_matches_finite_differences():
