@@ -12,7 +12,8 @@ written by :mod:`texpr.codegen.emit`, its checks decided by
 names only in escaped comments, ``Kernel.source`` readable),
 :mod:`texpr.codegen.units` (the unit interface the kernel's driver calls) and
 :mod:`texpr.codegen.compile` (numba, the caches and their integrity checks,
-worker processes);
+worker processes; :mod:`texpr.codegen.vectorize` decides, from a unit's text,
+whether LLVM's loop vectoriser runs on it);
 which stages get buffers by default is the materialisation rule of
 ``docs/stages.md``, and the data flow up to here is ``docs/pipeline.md``.
 """
