@@ -346,20 +346,44 @@ def _blas_threads_limited():
         if parts <= 1 or outer is not None:
             yield
             return
-        if not _LIMITER:
-            try:
-                from threadpoolctl import ThreadpoolController
-                _LIMITER.append(ThreadpoolController().select(user_api="blas"))
-            except Exception:  # noqa: BLE001 - optional: without it, the BLAS keeps its threads
-                _LIMITER.append(None)
-        ctl = _LIMITER[0]
-        if ctl is None:
+        with _blas_one_thread():
             yield
-        else:
-            with ctl.limit(limits=1):
-                yield
     finally:
         _MODE.parts = outer
+
+
+_ONE_THREAD = [threading.Lock(), 0, None]  # (lock, holders, the entered limit)
+
+
+@contextlib.contextmanager
+def _blas_one_thread():
+    """numpy's BLAS held at one thread (threadpoolctl, if installed) while any thread
+    is inside: the limit is process-wide, so it is taken by the first thread to
+    enter and restored by the last to leave (per-thread limits restored out of
+    order left the BLAS at one thread for good)."""
+    if not _LIMITER:
+        try:
+            from threadpoolctl import ThreadpoolController
+            _LIMITER.append(ThreadpoolController().select(user_api="blas"))
+        except Exception:  # noqa: BLE001 - optional: without it, the BLAS keeps its threads
+            _LIMITER.append(None)
+    ctl = _LIMITER[0]
+    if ctl is None:
+        yield
+        return
+    lock = _ONE_THREAD[0]
+    with lock:
+        if _ONE_THREAD[1] == 0:
+            _ONE_THREAD[2] = ctl.limit(limits=1)
+        _ONE_THREAD[1] += 1
+    try:
+        yield
+    finally:
+        with lock:
+            _ONE_THREAD[1] -= 1
+            if _ONE_THREAD[1] == 0:
+                _ONE_THREAD[2].restore_original_limits()
+                _ONE_THREAD[2] = None
 
 
 def _pool():

@@ -489,3 +489,36 @@ def test_oversubscribed_reads_the_load_average_at_most_every_second(monkeypatch)
     assert not C._oversubscribed()
     monkeypatch.setattr(C, "GEMM_THREADS", 0)
     assert C._gemm_parts() == 1
+
+
+def test_concurrent_split_gemms_restore_the_blas_thread_count(monkeypatch):
+    # the one-thread BLAS limit is process-wide: four threads entering and leaving
+    # it out of order left numpy's BLAS at one thread for good (attack find)
+    import threading
+    from threadpoolctl import threadpool_info
+
+    def blas():
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    X = te.placeholder((128, 256), "X", "float64")
+    W = te.placeholder((96, 256), "W", "float64")
+    kernel = codegen.build([te.nn.dense(X, W)], [X, W])
+    assert "# BLAS:" in kernel.source
+    rng = np.random.default_rng(0)
+    args = [[rng.standard_normal(t.shape) for t in (X, W)] for _ in range(4)]
+    single = [kernel(*a) for a in args]
+    before = blas()
+    monkeypatch.setattr(C, "GEMM_THREADS", 2)
+    monkeypatch.setattr(C, "GEMM_SPLIT_MIN", 1)
+    bad = []
+
+    def work(i):
+        for _ in range(15):
+            if not np.allclose(kernel(*args[i]), single[i], rtol=1e-12, atol=1e-12):
+                bad.append(i)
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad
+    assert blas() == before
