@@ -66,6 +66,8 @@ sum's order of terms, which the evaluator does not fix either):
   every iteration.
 """
 
+import math
+
 import numpy as np
 
 from texpr.simplify.isl_bridge import VarSpace, box_set, card, isl, to_pwaff, to_set
@@ -105,7 +107,8 @@ BUFFER_TILE = 4096
 #: stages visiting fewer points run sequentially by default (waking the worker
 #: threads costs more than the loop)
 PARALLEL_MIN_POINTS = 1 << 16
-#: reductions over fewer points are neither unrolled nor register-blocked
+#: reductions whose iteration box has fewer points are neither unrolled nor
+#: register-blocked
 UNROLL_MIN_POINTS = 1 << 15
 #: partial sums in the innermost loop of a sum reduction (a power of two)
 UNROLL = 8
@@ -450,7 +453,9 @@ class _StageLowering:
         wset, resid = to_set(red.where, space)
         dom = box.intersect(wset)
         self.residues = _residue_candidates(red.where, space, dom)
-        self.stage_points = _points(dom)
+        # counting a domain's points can take seconds (barvinok on modulus
+        # conditions): only where the parallel rules need it
+        self.stage_points = _points(dom) if par else None
         if not self.stage.parallel_set and par and self.stage_points < PARALLEL_MIN_POINTS:
             par = []
         em = self._emitter()
@@ -476,7 +481,7 @@ class _StageLowering:
             # a small stage runs in microseconds either way: unrolled and blocked
             # copies would only cost compile time (the main job's 64-term loss sum
             # with its checked gather: 1.8 s of numba unrolled)
-            sum_ok = sum_ok and self.stage_points >= UNROLL_MIN_POINTS
+            sum_ok = sum_ok and self._box_points(full) >= UNROLL_MIN_POINTS
             if sum_ok and rd_order and rd_order[-1].extent >= 2 * u_n:
                 self.unroll = (combine, acc[0], comb.dtypes[0], u_n)
             jam = None
@@ -561,7 +566,7 @@ class _StageLowering:
             if used and 2 <= rd[-1].extent <= MAX_LANES and rd[-1].dom[0] == 0:
                 lane_axis = rd[-1]
             elif used and rd[-1].extent >= SPLIT_LANES and rd[-1].dom[0] == 0 \
-                    and self.stage_points >= UNROLL_MIN_POINTS \
+                    and self._box_points(full) >= UNROLL_MIN_POINTS \
                     and (resid is None or not _mentions(red.where, rd[-1])) \
                     and sum(len(_nodes(x)) for x in red.source) <= UNROLL_MAX_NODES:
                 split_axis = rd[-1]
@@ -708,6 +713,11 @@ class _StageLowering:
                 out.append(LA.Statement(f"{st.name}r{i}", st.vars, piece,
                                         st.schedule[:t] + (i,) + st.schedule[t:]))
         return out, ndims + 1, {d + (d >= t) for d in par_dims}, t
+
+    @staticmethod
+    def _box_points(axes):
+        """Points of the iteration box (an upper bound of the domain's: exact, cheap)."""
+        return math.prod(a.extent for a in axes)
 
     def _emit_nest(self, depth, statements, ndims, stmt_code, par_dims):
         if par_dims and not self.stage.parallel_set and self.stage_points:

@@ -34,6 +34,18 @@ def test_bundled_data_and_stratified_split():
         theirs = train_test_split(images[:n], labels[:n], test_size=0.2, stratify=labels[:n],
                                   random_state=seed)
         assert all(np.array_equal(a, b) for a, b in zip(ours, theirs)), (seed, n)
+    # where scikit-learn refuses, so does the split (attack finds: a fraction of 1.5
+    # returned 6 + 6 of 12 images; 0.0, NaN, 1.0 and ints raised raw errors)
+    small_x, small_y = images[:12], np.repeat(np.arange(4), 3)
+    for bad in (1.5, 0.0, 1.0, -0.1, float("nan"), 2, True):
+        with pytest.raises(ValueError, match="test_fraction"):
+            digits.split(small_x, small_y, seed=0, test_fraction=bad)
+    with pytest.raises(ValueError, match="at least 2 images"):
+        digits.split(small_x, np.array([0] * 11 + [1]), seed=0)
+    with pytest.raises(ValueError, match="each of the 4 classes"):
+        digits.split(small_x, small_y, seed=0, test_fraction=0.05)
+    with pytest.raises(ValueError, match="one label per image"):
+        digits.split(small_x, small_y[:5], seed=0)
 
 
 def test_full_model_gradient_matches_finite_differences():
