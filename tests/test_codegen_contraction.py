@@ -522,3 +522,67 @@ def test_concurrent_split_gemms_restore_the_blas_thread_count(monkeypatch):
         t.join()
     assert not bad
     assert blas() == before
+
+
+@pytest.mark.parametrize("case", ["dense", "flatten_dense", "conv2d_s2"])
+def test_recorded_views_repeat_the_first_run(case):
+    """A plain GEMM piece records its operand and output views on its first run
+    and later runs rebuild them from the new buffers (the fixed cost of a small
+    GEMM stage); runs on fresh inputs, into ``out=`` arrays that are slices of
+    larger ones (an offset buffer) and after a pickle round trip agree with the
+    evaluator. Pieces with a packed copy (conv's im2col) or that add into their
+    output (a strided conv's residue classes) record nothing."""
+    out, wrt = _case(case, "float32")
+    outs = _with_grads(out, wrt, "float32")
+    head = next(t for t in _placeholders(outs) if t.name == "H")
+    inputs = wrt + [head]
+    k, n = _kernels(outs, inputs, True)
+    assert n == 3
+    pieces = [p for u in k.units if u.kind == "blas" for p in u.plan.pieces]
+    for seed in (3, 4, 5):
+        feed = random_feed(outs, seed=seed)
+        args = [feed[t] for t in inputs]
+        refs = te.evaluate(outs, feed)
+        if seed == 5:  # outputs written into strided-free slices of larger arrays
+            bigs = [np.full(r.size + 7, np.nan, "float32") for r in refs]
+            given = [b[7:].reshape(r.shape) for b, r in zip(bigs, refs)]
+            got = k(*args, out=given)
+            assert all(np.isnan(b[:7]).all() for b in bigs)  # nothing before the slice
+        else:
+            got = k(*args)
+        for g, ref in zip(got, refs):
+            assert np.abs(g - ref).max() <= _tol("float32", ref)
+        if seed == 3:
+            recorded = [getattr(p, "_recorded", None) for p in pieces]
+            if case == "conv2d_s2":  # residue classes add into their output, im2col copies
+                assert all(r is None for r in recorded)
+            else:
+                assert all(r is not None for r in recorded), recorded
+    k2 = pickle.loads(pickle.dumps(k))
+    feed = random_feed(outs, seed=6)
+    for g, ref in zip(k2(*[feed[t] for t in inputs]), te.evaluate(outs, feed)):
+        assert np.abs(g - ref).max() <= _tol("float32", ref)
+
+
+def test_recorded_views_refuse_a_different_buffer():
+    """A recorded piece given a buffer of another dtype or size falls back to the
+    general path (which casts or checks), never reads through stale views."""
+    A = te.placeholder((16, 32), "A", "float32")
+    B = te.placeholder((24, 32), "B", "float32")
+    r = te.reduce_axis(32, "r")
+    Y = te.compute((16, 24), lambda i, j: te.sum(A[i, r] * B[j, r], axis=r), name="Y")
+    plan = C.match(Y.op, ())
+    assert plan is not None
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((16, 32)).astype("float32"), rng.standard_normal((24, 32)).astype("float32")
+    out = np.empty(16 * 24, "float32")
+    plan.run({"A": a.reshape(-1), "B": b.reshape(-1), "Y": out})
+    piece = plan.pieces[0]
+    assert piece._recorded is not None
+    np.testing.assert_allclose(out.reshape(16, 24), a @ b.T, rtol=1e-5, atol=1e-5)
+    a64 = rng.standard_normal((16, 32))  # float64: cast by the general path
+    plan.run({"A": a64.reshape(-1), "B": b.reshape(-1), "Y": out})
+    np.testing.assert_allclose(out.reshape(16, 24), a64.astype("float32") @ b.T, rtol=1e-5,
+                               atol=1e-5)
+    assert not C._run_recorded(piece._recorded, {"A": a[:8].reshape(-1), "B": b.reshape(-1)},
+                               {"A": a[:8].reshape(-1), "B": b.reshape(-1)}, out, "float32")
