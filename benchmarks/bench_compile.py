@@ -36,6 +36,8 @@ removed for the benchmark only)::
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_compile.py \\
         --cases dense,cumsum --skip-main --skip-mlp        # a quick subset
     ... --json out.json                                    # also write the numbers
+    ... --cases dense --skip-main --skip-mlp --no-jax --deep  # the deep models: CNN 2/4/8
+                                                           # conv blocks, transformer 1/2
 
 Timings drift with the machine's load: compare numbers from one run only.
 """
@@ -175,6 +177,105 @@ def job_mlps(specs):
     return rows
 
 
+def _cnn(te, blocks, batch=16, channels=16, size=32):
+    """``blocks`` conv blocks (3x3 conv, padding 1, bias, relu; a 2x2 max pool after
+    every second block while the image is larger than 4x4), global average
+    pool, a dense layer to 10 classes, cross entropy. Returns (loss, inputs,
+    weights)."""
+    nn = te.nn
+    X = te.placeholder((batch, 3, size, size), "X")
+    labels = te.placeholder((batch,), "labels", "int64")
+    weights, h, cin, hw = [], X, 3, size
+    for k in range(blocks):
+        W = te.placeholder((channels, cin, 3, 3), f"conv{k}_w")
+        b = te.placeholder((channels,), f"conv{k}_b")
+        weights += [W, b]
+        h = nn.relu(nn.conv2d(h, W, b, padding=1, name=f"conv{k}"), name=f"relu{k}")
+        cin = channels
+        if k % 2 == 1 and hw > 4:
+            h = nn.max_pool2d(h, 2, name=f"pool{k}")
+            hw //= 2
+    h = nn.flatten(nn.global_avg_pool2d(h))
+    W = te.placeholder((10, channels), "fc_w")
+    weights.append(W)
+    loss = nn.cross_entropy(nn.dense(h, W, name="fc"), labels)
+    return loss, [X, labels] + weights, weights
+
+
+def _transformer(te, blocks, batch=8, seq=32, dim=64, heads=2, hidden=128):
+    """``blocks`` pre-norm transformer encoder blocks of te.nn layers (layer norm,
+    Q/K/V projections, ``heads``-head scaled dot-product attention with softmax,
+    output projection, residual; layer norm, dense-gelu-dense MLP, residual),
+    then a dense layer on the mean over positions to 10 classes, cross
+    entropy. Returns (loss, inputs, weights)."""
+    nn = te.nn
+    dh = dim // heads
+    X = te.placeholder((batch * seq, dim), "X")
+    labels = te.placeholder((batch,), "labels", "int64")
+    weights, h = [], X
+
+    def param(shape, name):
+        t = te.placeholder(shape, name)
+        weights.append(t)
+        return t
+
+    def split_heads(t, name):  # (B*T, D) -> (B*H, T, dh)
+        t = nn.reshape(t, (batch, seq, heads, dh), name=f"{name}_r")
+        t = nn.transpose(t, (0, 2, 1, 3), name=f"{name}_t")
+        return nn.reshape(t, (batch * heads, seq, dh), name=f"{name}_h")
+
+    for k in range(blocks):
+        p = f"b{k}_"
+        a = nn.layer_norm(h, dim, param((dim,), p + "ln1_w"), param((dim,), p + "ln1_b"),
+                          name=p + "ln1")
+        q, kk, v = (split_heads(nn.dense(a, param((dim, dim), p + f"w{c}"), name=p + c), p + c)
+                    for c in "qkv")
+        scores = nn.batch_matmul(q, kk, transpose_b=True, name=p + "scores")
+        scale = te.compute(scores.shape, lambda i, j, l: scores[i, j, l] * (1.0 / dh ** 0.5),
+                           name=p + "scaled")
+        att = nn.batch_matmul(nn.softmax(scale, name=p + "softmax"), v, name=p + "att")
+        att = nn.reshape(nn.transpose(nn.reshape(att, (batch, heads, seq, dh), name=p + "ar"),
+                                      (0, 2, 1, 3), name=p + "at"),
+                         (batch * seq, dim), name=p + "am")
+        o = nn.dense(att, param((dim, dim), p + "wo"), name=p + "o")
+        h = te.compute(h.shape, lambda i, j, h=h, o=o: h[i, j] + o[i, j], name=p + "res1")
+        m = nn.layer_norm(h, dim, param((dim,), p + "ln2_w"), param((dim,), p + "ln2_b"),
+                          name=p + "ln2")
+        m = nn.gelu(nn.dense(m, param((hidden, dim), p + "w1"), param((hidden,), p + "b1"),
+                             name=p + "fc1"), name=p + "gelu")
+        m = nn.dense(m, param((dim, hidden), p + "w2"), name=p + "fc2")
+        h = te.compute(h.shape, lambda i, j, h=h, m=m: h[i, j] + m[i, j], name=p + "res2")
+    t = te.reduce_axis(seq, "t")
+    pooled = te.compute((batch, dim), lambda b, j: te.sum(h[b * seq + t, j], axis=t) / seq,
+                        name="pooled")
+    loss = nn.cross_entropy(nn.dense(pooled, param((10, dim), "head_w"), name="head"), labels)
+    return loss, [X, labels] + weights, weights
+
+
+def job_deep(kind, depth):
+    """Build one deep model's loss-and-gradients kernel (``kind`` "cnn" or
+    "transformer", ``depth`` blocks) in this process with an empty cache:
+    seconds, numba's part, units, and peak resident memory (MB) of this
+    process and of its compile workers (the largest one)."""
+    import resource
+
+    import texpr as te
+    from texpr import codegen
+
+    t0 = time.perf_counter()
+    build = _cnn if kind == "cnn" else _transformer
+    loss, inputs, weights = build(te, depth)
+    grads = list(te.differentiate(loss, weights).result)
+    kernel = codegen.build([loss] + grads, inputs)
+    t1 = time.perf_counter()
+    from texpr.codegen import compile as cc
+    cc._shutdown_pool()  # the compile workers end: their peak counts in RUSAGE_CHILDREN
+    mb = lambda who: resource.getrusage(who).ru_maxrss / 1024  # noqa: E731 - KB on Linux
+    return dict(build_s=t1 - t0, compile_s=kernel.compile_seconds, units=unit_counts(kernel),
+                stages=len(kernel.units), peak_mb=mb(resource.RUSAGE_SELF),
+                worker_peak_mb=mb(resource.RUSAGE_CHILDREN))
+
+
 def unit_counts(kernel):
     """``(compiled, reused)`` units of a kernel when codegen reports them (the
     per-stage compiled units of issue 11: ``Kernel.units_compiled`` and
@@ -189,7 +290,7 @@ def unit_counts(kernel):
 
 
 JOBS = {"texpr_case": job_texpr_case, "jax_case": job_jax_case,
-        "numba_first": job_numba_first, "mlps": job_mlps}
+        "numba_first": job_numba_first, "mlps": job_mlps, "deep": job_deep}
 
 
 # ---- the driver ---------------------------------------------------------------------------
@@ -236,6 +337,8 @@ def main(argv=None):
     ap.add_argument("--skip-main", action="store_true", help="skip the main job")
     ap.add_argument("--skip-mlp", action="store_true", help="skip the MLPs")
     ap.add_argument("--no-jax", action="store_true")
+    ap.add_argument("--deep", action="store_true",
+                    help="also the CNN at 2/4/8 conv blocks and the transformer at 1/2 blocks")
     ap.add_argument("--json", default="", help="also write the results to this file")
     ap.add_argument("--worker", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -309,6 +412,19 @@ def main(argv=None):
                      "bench_compile.unit_counts reads Kernel.units_compiled/units_reused)")
         print(f"second MLP 64x20 -> 32 -> 7 after the first (same process and cache): "
               f"{r_second['build_s']:.1f} s; {units_txt}", flush=True)
+    if args.deep:
+        results["deep"] = {}
+        print("\ndeep models, cold (fresh process, empty cache): build s (numba s), units, "
+              "peak MB of the process / of its largest compile worker", flush=True)
+        for kind, depths in (("cnn", (2, 4, 8)), ("transformer", (1, 2))):
+            for depth in depths:
+                r = _run("deep", [kind, depth], _fresh_dir(base, f"{kind}{depth}"))
+                results["deep"][f"{kind}{depth}"] = r
+                units = r["units"]
+                print(f"{kind} {depth} blocks: {r['build_s']:.1f} s ({r['compile_s']:.1f} s), "
+                      f"{r['stages']} units"
+                      + (f" ({units[0]} compiled, {units[1]} reused)" if units else "")
+                      + f", peak {r['peak_mb']:.0f} MB / {r['worker_peak_mb']:.0f} MB", flush=True)
     shutil.rmtree(base, ignore_errors=True)
     if args.json:
         with open(args.json, "w") as f:
