@@ -24,8 +24,10 @@ one compiled kernel (texpr.codegen.build) of every program's forward, loss
 and simplified gradients against ``te.evaluate`` of the same simplified graphs
 (raw vs simplified forward: with finite inputs; see docs/conventions.md, "Zeros"),
 and the same kernel run by the bridges' compiled driver
-(:mod:`texpr.codegen.native_call`) against the kernel, bit for bit (an
-out-of-range index raises OutOfBoundsError on both); and, for smooth programs with
+(:mod:`texpr.codegen.native_call`) and as a PyTorch operator
+(``texpr.torch.op``: torch tensors, contiguous or strided, written through
+their data pointers) against the kernel, bit for bit (an out-of-range index
+raises OutOfBoundsError on every path); and, for smooth programs with
 finite inputs, the raw gradients in float64 against central finite
 differences. Findings are returned as :class:`Finding` records (seed, kind,
 message, program text), so a run reports all of them, not the first.
@@ -540,6 +542,56 @@ def _check_native(p, kernel, arrays, got, findings):
                                      f":\n driver {a!r}\n kernel {b!r}"))
 
 
+#: kernels the fuzzer also ran as PyTorch operators (texpr.torch.op)
+TORCH_RUNS = [0]
+
+
+def torch_outputs(kernel, arrays, strided=False):
+    """The outputs of ``kernel`` run as a ``texpr.torch.op`` of its outputs on
+    ``arrays`` as CPU tensors (``strided``: every input a non-contiguous view
+    of the same values, which the op makes contiguous), as numpy arrays; None
+    without torch. The op's spec is given ``kernel`` (the same units: nothing
+    is compiled again). Its outputs are fresh ``torch.empty`` tensors written
+    through their data pointers by the compiled driver, or, for a kernel with a
+    GEMM unit, numpy views of the tensors. Raises what the kernel raises."""
+    try:
+        import torch
+
+        import texpr.torch as tt
+    except ImportError:
+        return None
+    op = tt.op(list(kernel.outputs), list(kernel.inputs))
+    op.spec._kernel = kernel
+    xs = []
+    for a in arrays:
+        t = torch.from_numpy(np.array(a, copy=True))
+        if strided and t.ndim:
+            # the same values, every other element of a buffer twice as long
+            wide = torch.empty((2,) + tuple(t.shape), dtype=t.dtype)
+            wide[0] = t
+            t = wide.movedim(0, -1)[..., 0]
+        xs.append(t)
+    with torch.no_grad():
+        res = op(*xs)
+    return [r.numpy() for r in (res if isinstance(res, tuple) else (res,))]
+
+
+def _check_torch(p, kernel, arrays, got, findings, strided):
+    """The PyTorch operator's outputs equal the kernel's, bit for bit."""
+    try:
+        res = torch_outputs(kernel, arrays, strided)
+    except Exception:  # noqa: BLE001
+        findings.append(_finding(p, "torch-op", traceback.format_exc(limit=-3)))
+        return
+    if res is None:
+        return
+    TORCH_RUNS[0] += 1
+    for k, (a, b) in enumerate(zip(res, got)):
+        if a.shape != b.shape or not np.array_equal(a, b, equal_nan=True):
+            findings.append(_finding(p, "torch-op", f"output {k} ({kernel.outputs[k].name})"
+                                     f":\n torch op {a!r}\n kernel {b!r}"))
+
+
 def _check_kernel(qs, findings, mode="default"):
     """One kernel for all ``qs`` (none expecting OOB); on a build error, one per
     program. ``mode`` (a key of :data:`_MODES`): ``"blas"``, every contraction
@@ -565,6 +617,7 @@ def _check_kernel(qs, findings, mode="default"):
         findings.append(_finding(q.p, "kernel-error", traceback.format_exc(limit=-3)))
         return
     _check_native(qs[0].p, kernel, arrays, got, findings)
+    _check_torch(qs[0].p, kernel, arrays, got, findings, strided=mode == "cse")
     pos = 0
     for q in qs:
         p = q.p
@@ -590,8 +643,10 @@ def _check_kernel_oob(q, findings, mode="default"):
         findings.append(_finding(p, "kernel-error", traceback.format_exc(limit=-3)))
         return
     arrays = [p.feed[t] for t in p.inputs]
-    # the compiled driver (None: this kernel does not run in it), then the kernel
+    # the compiled driver (None: this kernel does not run in it), the PyTorch
+    # operator (None: no torch), then the kernel
     for what, run in (("compiled driver", lambda: native_outputs(kernel, arrays)),
+                      ("PyTorch operator", lambda: torch_outputs(kernel, arrays)),
                       ("kernel", lambda: kernel(*arrays))):
         try:
             got = run()
@@ -601,7 +656,7 @@ def _check_kernel_oob(q, findings, mode="default"):
             findings.append(_finding(p, "oob-path", f"the {what} raised something else than "
                                      "OutOfBoundsError:\n" + traceback.format_exc(limit=-3)))
             return
-        if got is None and what == "compiled driver":
+        if got is None and what != "kernel":
             continue
         findings.append(_finding(p, "oob-path", "the forward raises OutOfBoundsError in "
                                  f"te.evaluate but the {what} returns values"))

@@ -67,8 +67,13 @@ def _report(findings):
 
 def test_fuzz_ci_profile():
     seeds = range(CI_SEED, CI_SEED + CI_PROGRAMS)
+    runs = fuzz.NATIVE_RUNS[0], fuzz.TORCH_RUNS[0], fuzz.BLAS_UNITS[0]
     findings = fuzz.check_programs(seeds, compile_every=CI_COMPILE_EVERY)
     assert not findings, _report(findings)
+    # every path was exercised: the compiled driver, the PyTorch operator, GEMM units
+    assert fuzz.NATIVE_RUNS[0] > runs[0]
+    assert fuzz.TORCH_RUNS[0] > runs[1]
+    assert fuzz.BLAS_UNITS[0] > runs[2]
 
 
 def test_fuzz_regression_seeds():
