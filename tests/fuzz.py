@@ -487,6 +487,21 @@ def every_contraction_on_blas():
     return _patched(contraction, cost_ok=lambda plan: True)
 
 
+@contextlib.contextmanager
+def split_gemms():
+    """Kernel runs inside cut every GEMM into two parts on the worker threads, each
+    a one-thread BLAS call (``GEMM_THREADS = 2``, the oversubscribed machine's
+    mode), however small the GEMM."""
+    from texpr.codegen import contraction
+
+    old = contraction.GEMM_THREADS, contraction.GEMM_SPLIT_MIN
+    contraction.GEMM_THREADS, contraction.GEMM_SPLIT_MIN = 2, 0
+    try:
+        yield
+    finally:
+        contraction.GEMM_THREADS, contraction.GEMM_SPLIT_MIN = old
+
+
 def every_subexpression_hoisted():
     """Builds inside run :mod:`texpr.codegen.cse` at its smallest thresholds: every
     repeated subexpression of two or more nodes gets a temporary and every
@@ -497,11 +512,14 @@ def every_subexpression_hoisted():
     return _patched(cse, MIN_NODES=2, SPLIT_NODES=4)
 
 
-#: BLAS units built by the fuzzer's kernels so far (to know the path is exercised)
+#: BLAS units built by the fuzzer's kernels so far (to know the path is exercised),
+#: and those also run with their GEMMs split (:func:`split_gemms`)
 BLAS_UNITS = [0]
+SPLIT_BLAS_UNITS = [0]
 
-#: how a batch's kernel is built: the default rules, every contraction on BLAS,
-#: every repeated subexpression hoisted
+#: how a batch's kernel is built: the default rules, every contraction on BLAS
+#: (then run twice: GEMMs in one call, and split on worker threads), every
+#: repeated subexpression hoisted
 _MODES = {"default": contextlib.nullcontext, "blas": every_contraction_on_blas,
           "cse": every_subexpression_hoisted}
 
@@ -601,11 +619,17 @@ def _check_kernel(qs, findings, mode="default"):
     outs = [t for q in qs for t in q.outputs]
     ins = [t for q in qs for t in q.p.inputs]
     try:
+        arrays = [q.p.feed[t] for q in qs for t in q.p.inputs]
         with _MODES[mode]():
             kernel = codegen.build(outs, ins)
-        BLAS_UNITS[0] += sum(1 for u in kernel.units if u.kind == "blas")
-        arrays = [q.p.feed[t] for q in qs for t in q.p.inputs]
         got = kernel(*arrays)
+        n_blas = sum(1 for u in kernel.units if u.kind == "blas")
+        BLAS_UNITS[0] += n_blas
+        runs = [got]
+        if n_blas:
+            with split_gemms():
+                runs.append(kernel(*arrays))
+            SPLIT_BLAS_UNITS[0] += n_blas
     except Exception as exc:  # noqa: BLE001 - isolate the program at fault
         if len(qs) > 1:
             for q in qs:
@@ -618,18 +642,19 @@ def _check_kernel(qs, findings, mode="default"):
         return
     _check_native(qs[0].p, kernel, arrays, got, findings)
     _check_torch(qs[0].p, kernel, arrays, got, findings, strided=mode == "cse")
-    pos = 0
-    for q in qs:
-        p = q.p
-        n = len(q.outputs)
-        mine = got[pos:pos + n]
-        pos += n
-        wants = list(q.ref_fwd_simp) + list(q.ref_simp)
-        names = [p.y.name, p.loss.name] + [f"d{p.loss.name}/d{x.name}" for x in p.floats]
-        for g, w, nm in zip(mine, wants, names):
-            msg = compare(g, w, p.dtype, f"kernel vs te.evaluate of {nm}")
-            if msg:
-                findings.append(_finding(p, "kernel-vs-evaluate", msg))
+    for run, how in zip(runs, ("", ", GEMMs split on worker threads")):
+        pos = 0
+        for q in qs:
+            p = q.p
+            n = len(q.outputs)
+            mine = run[pos:pos + n]
+            pos += n
+            wants = list(q.ref_fwd_simp) + list(q.ref_simp)
+            names = [p.y.name, p.loss.name] + [f"d{p.loss.name}/d{x.name}" for x in p.floats]
+            for g, w, nm in zip(mine, wants, names):
+                msg = compare(g, w, p.dtype, f"kernel{how} vs te.evaluate of {nm}")
+                if msg:
+                    findings.append(_finding(p, "kernel-vs-evaluate", msg))
 
 
 def _check_kernel_oob(q, findings, mode="default"):
@@ -684,7 +709,8 @@ def check_programs(seeds, batch=8, fd=True, compile_every=1, log=None, reshape=T
     (by position) is compiled (none for 0); the rest get the evaluator checks only.
     Batches take turns: codegen.cse at its smallest thresholds, the default
     rules (loop nests at these sizes), every contraction stage on BLAS (the
-    last batch too); a program expecting OutOfBoundsError is built alternately
+    last batch too; its kernel runs twice, GEMMs in one call and split on
+    worker threads); a program expecting OutOfBoundsError is built alternately
     with the default rules and with the smallest CSE thresholds (the first
     failing check must still be an OutOfBoundsError). ``reshape``: as for
     :func:`make_program`.

@@ -67,10 +67,13 @@ def _report(findings):
 
 def test_fuzz_ci_profile():
     seeds = range(CI_SEED, CI_SEED + CI_PROGRAMS)
-    runs = fuzz.NATIVE_RUNS[0], fuzz.TORCH_RUNS[0], fuzz.BLAS_UNITS[0]
+    runs = (fuzz.NATIVE_RUNS[0], fuzz.TORCH_RUNS[0], fuzz.BLAS_UNITS[0],
+            fuzz.SPLIT_BLAS_UNITS[0])
     findings = fuzz.check_programs(seeds, compile_every=CI_COMPILE_EVERY)
     assert not findings, _report(findings)
-    # every path was exercised: the compiled driver, the PyTorch operator, GEMM units
+    # every path was exercised: the compiled driver, the PyTorch operator, GEMM
+    # units in one call and split over worker threads
+    assert fuzz.SPLIT_BLAS_UNITS[0] > runs[3]
     assert fuzz.NATIVE_RUNS[0] > runs[0]
     assert fuzz.TORCH_RUNS[0] > runs[1]
     assert fuzz.BLAS_UNITS[0] > runs[2]
