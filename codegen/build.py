@@ -236,26 +236,27 @@ def _check_out(outputs, out, args):
         raise FeedError(f"kernel: out= has {len(out)} entries for {len(outputs)} outputs "
                         f"({', '.join(t.name for t in outputs)}); use None to allocate one")
     seen = []
-    for t, o in zip(outputs, out):
+    for k, (t, o) in enumerate(zip(outputs, out)):
+        who = f"out[{k}] (the buffer of output {k}, {t.name})"
         if o is None:
             continue
         if not isinstance(o, np.ndarray):
-            raise FeedError(f"kernel: out= buffer for {t.name} must be a numpy array, got "
+            raise FeedError(f"kernel: {who} must be a numpy array, got "
                             f"{type(o).__name__}")
         if o.shape != tuple(t.shape):
-            raise FeedError(f"kernel: out= buffer for {t.name} has shape {o.shape}, "
+            raise FeedError(f"kernel: {who} has shape {o.shape}, "
                             f"expected {tuple(t.shape)}")
         if o.dtype.name != t.dtype:
-            raise FeedError(f"kernel: out= buffer for {t.name} has dtype {o.dtype.name}, "
+            raise FeedError(f"kernel: {who} has dtype {o.dtype.name}, "
                             f"expected {t.dtype}")
         if not o.flags.c_contiguous:
-            raise FeedError(f"kernel: out= buffer for {t.name} is not C-contiguous "
+            raise FeedError(f"kernel: {who} is not C-contiguous "
                             "(pass np.ascontiguousarray storage)")
         if not o.flags.writeable:
-            raise FeedError(f"kernel: out= buffer for {t.name} is read-only")
+            raise FeedError(f"kernel: {who} is read-only")
         for other in list(args) + seen:
             if o.size and np.may_share_memory(o, other):
-                raise FeedError(f"kernel: out= buffer for {t.name} overlaps an input or "
+                raise FeedError(f"kernel: {who} overlaps an input or "
                                 "another out= buffer")
         seen.append(o)
     return out

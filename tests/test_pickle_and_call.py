@@ -147,7 +147,7 @@ def test_out_for_an_output_listed_twice_and_a_placeholder_output():
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda x: (np.empty((3, 4), np.float32), None), "has shape"),
+    (lambda x: (np.empty((3, 4), np.float32), None), r"out\[0\] \(the buffer of output 0, .*\) has shape"),
     (lambda x: (np.empty((4, 3), np.float64), None), "has dtype float64"),
     (lambda x: (np.empty((3, 4), np.float32).T, None), "not C-contiguous"),
     (lambda x: (None,), "1 entries for 2 outputs"),
