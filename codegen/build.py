@@ -249,6 +249,10 @@ def _check_out(outputs, out, args):
         if o.dtype.name != t.dtype:
             raise FeedError(f"kernel: {who} has dtype {o.dtype.name}, "
                             f"expected {t.dtype}")
+        if o.dtype != np.dtype(t.dtype):
+            # '>f4' is named float32 too: the kernel writes native-order bytes
+            raise FeedError(f"kernel: {who} has byte order {o.dtype.str!r}, expected the "
+                            f"machine's ({np.dtype(t.dtype).str!r})")
         if not o.flags.c_contiguous:
             raise FeedError(f"kernel: {who} is not C-contiguous "
                             "(pass np.ascontiguousarray storage)")

@@ -232,7 +232,9 @@ class ContractionPlan:
         of its domain is NaN (a NaN factor, or an infinity times zero), +inf or
         -inf, found by GEMMs of 0/1 indicators (padding and masks stay absent,
         as in the loop nest, which never visits those terms); NaN where both
-        infinities occur (IEEE: the order of the terms does not matter)."""
+        infinities occur (IEEE: the order of the terms does not matter). That
+        infinity (or NaN) is added to the finite terms' result, so a finite
+        product that overflowed to an infinity of the other sign gives NaN."""
         with _blas_threads_limited():
             return self._non_finite_now(arrays, out, keys)
 
@@ -275,10 +277,13 @@ class ContractionPlan:
         nan = count([("nan", "any"), ("any", "nan"), ("inf", "zero"), ("zero", "inf")])
         pinf = count([("pinf", "pos"), ("minf", "neg"), ("pos", "pinf"), ("neg", "minf")])
         minf = count([("pinf", "neg"), ("minf", "pos"), ("pos", "minf"), ("neg", "pinf")])
-        with np.errstate(invalid="ignore"):
+        with np.errstate(invalid="ignore", over="ignore"):
             special = np.where(nan | (pinf & minf), np.nan, np.where(pinf, np.inf, -np.inf))
             special = (special * self.scale).astype(dt_)
-        np.copyto(out, special, where=nan | pinf | minf)
+            # added to the finite terms' sum, not written over it: a finite product
+            # that overflowed to +inf meets a -inf term as NaN, as in the loop nest
+            hit = nan | pinf | minf
+            out[hit] += special[hit]
         return out
 
     def __repr__(self):
@@ -517,8 +522,16 @@ _TREE_OPS = {E.Add: np.add, E.Sub: np.subtract, E.Mul: np.multiply, E.Div: np.tr
              E.And: np.logical_and, E.Or: np.logical_or}
 
 
+#: operations whose integer results the evaluator checks against the dtype's range
+_TREE_EXACT_INT = (E.Add, E.Sub, E.Mul)
+
+
 def _eval_tree(t, grid, arrays):
-    """The value of an expression tree (:func:`_tree`) on the grid of axis values."""
+    """The value of an expression tree (:func:`_tree`) on the grid of axis values,
+    by ``te.evaluate``'s rules (texpr/evaluate.py): every node's value in the
+    node's dtype, a float operation's constants at its precision, ``/`` on
+    operands cast to its dtype first, integer ``+ - *`` outside the dtype's
+    range an error (never a wrapped value), integer division by zero an error."""
     kind = t[0]
     if kind == "c":
         return np.asarray(t[1], dtype=t[2])
@@ -535,16 +548,33 @@ def _eval_tree(t, grid, arrays):
     if kind == "not":
         return np.logical_not(_eval_tree(t[1], grid, arrays))
     if kind == "sel":
-        return np.where(*(_eval_tree(x, grid, arrays) for x in t[1:]))
+        c, a, b = (_eval_tree(x, grid, arrays) for x in t[1:4])
+        return np.where(c, a, b).astype(t[4], copy=False)
     if kind == "cast":
         return _eval_tree(t[1], grid, arrays).astype(t[2])
     if kind == "abs":
-        return np.abs(_eval_tree(t[1], grid, arrays))
-    fn = _TREE_OPS[kind]
-    a, b = (_eval_tree(x, grid, arrays) for x in t[1:])
+        return np.abs(_eval_tree(t[1], grid, arrays)).astype(t[2], copy=False)
+    fn, dtype = _TREE_OPS[kind], np.dtype(t[3])
+
+    def operand(x):
+        if x[0] == "c" and dtype.kind == "f" and not isinstance(x[1], bool):
+            return np.asarray(x[1], dtype=dtype)  # a weak constant, as the evaluator
+        return _eval_tree(x, grid, arrays)
+    a, b = operand(t[1]), operand(t[2])
+    if kind is E.Div:
+        a, b = a.astype(dtype, copy=False), b.astype(dtype, copy=False)
     if kind in (E.FloorDiv, E.FloorMod) and np.any(b == 0):
         raise TexprError("contraction: integer division by zero in a condition")
-    return fn(a, b)
+    if kind in _TREE_EXACT_INT and dtype.kind in "iu":
+        with np.errstate(over="ignore"):
+            out = fn(a, b)
+        approx = fn(np.asarray(a, np.float64), np.asarray(b, np.float64))
+        if np.any(np.abs(approx) >= 2.0 ** (dtype.itemsize * 8 - 2)):
+            raise TexprError("contraction: integer arithmetic in a condition leaves the range "
+                             f"of {dtype.name}")
+        return out.astype(dtype, copy=False)
+    with np.errstate(all="ignore"):
+        return np.asarray(fn(a, b)).astype(dtype, copy=False)
 
 
 def _pack(v, axes, groups):
@@ -1048,15 +1078,15 @@ def _tree(e, axes, space, box):
         if isinstance(x, E.Not):
             return ("not", go(x.a))
         if isinstance(x, E.Select):
-            return ("sel", go(x.cond), go(x.true_value), go(x.false_value))
+            return ("sel", go(x.cond), go(x.true_value), go(x.false_value), x.dtype)
         if isinstance(x, E.Cast):
             return ("cast", go(x.value), x.dtype)
         if isinstance(x, E.Call) and x.name == "abs":
-            return ("abs", go(x.args[0]))
+            return ("abs", go(x.args[0]), x.dtype)
         if type(x) in _TREE_OPS:
             if isinstance(x, (E.FloorDiv, E.FloorMod)) and dt.is_float(x.dtype):
                 raise _NoMatch("a float floor division in a condition", "other")
-            return (type(x), go(x.a), go(x.b))
+            return (type(x), go(x.a), go(x.b), x.dtype)
         raise _NoMatch(f"a condition with {type(x).__name__}", "other")
     return go(e)
 

@@ -586,3 +586,66 @@ def test_recorded_views_refuse_a_different_buffer():
                                atol=1e-5)
     assert not C._run_recorded(piece._recorded, {"A": a[:8].reshape(-1), "B": b.reshape(-1)},
                                {"A": a[:8].reshape(-1), "B": b.reshape(-1)}, out, "float32")
+
+
+@pytest.mark.parametrize("dtype, big, factor, other, want", [
+    ("float32", 3e38, 10.0, -np.inf, "nan"),    # finite product overflows to +inf, then -inf
+    ("float32", 3e38, -10.0, np.inf, "nan"),    # -inf overflow meets +inf
+    ("float32", 3e38, 10.0, np.inf, "+inf"),    # same sign: the infinity
+    ("float64", 1e308, 10.0, -np.inf, "nan"),
+])
+def test_non_finite_operand_meets_an_overflowed_finite_product(dtype, big, factor, other, want):
+    """The exact non-finite path adds its infinity to the finite terms' GEMM result:
+    a finite product that overflowed to an infinity of the other sign gives NaN,
+    as the loop nest and te.evaluate do (it used to overwrite it: -inf)."""
+    A = te.placeholder((32, 64), "A", dtype)
+    B = te.placeholder((32, 64), "B", dtype)
+    Y = nn.dense(A, B)
+    kb = codegen.build([Y], [A, B])
+    assert [u.kind for u in kb.units] == ["blas"]
+    s = create_schedule([Y])
+    s[Y].blas(False)
+    kl = codegen.build([Y], [A, B], s)
+    a, b = np.zeros((32, 64), dtype), np.zeros((32, 64), dtype)
+    a[0, 0], b[0, 0] = big, factor
+    a[0, 1], b[0, 1] = other, 1.0
+    a[1, 5], b[3, 5] = 2.0, 3.0  # finite elements elsewhere
+    with np.errstate(all="ignore"):
+        ref = te.evaluate(Y, {A: a, B: b})
+        got_b, got_l = kb(a, b)[0], kl(a, b)[0]
+    expect = {"nan": np.nan, "+inf": np.inf}[want]
+    np.testing.assert_array_equal(got_b[0, 0], expect)
+    _assert_close(got_b, ref, "BLAS vs evaluate")
+    _assert_close(got_l, ref, "loop nest vs evaluate")
+
+
+@pytest.mark.parametrize("cond", [
+    lambda a, i, k: a[i, k] > k / 3,            # int / int is float32 in texpr
+    lambda a, i, k: a[i, k] * 3 >= k,           # a float32 product, not float64
+    lambda a, i, k: a[i, k] - k / 3 == 0.0,
+])
+def test_data_masks_follow_the_evaluators_dtypes(cond):
+    """A condition that reads data is evaluated on the GEMM path with texpr's dtype
+    rules (each node in its dtype, a float operation's constants at its
+    precision, '/' on operands cast first), not numpy's promotion to float64:
+    values on the float32 boundary (A = float32(k) / 3) keep or drop the same
+    terms as the loop nest and te.evaluate."""
+    A = te.placeholder((32, 64), "A", "float32")
+    B = te.placeholder((64, 32), "B", "float32")
+    k = te.reduce_axis(64, "k")
+    Y = te.compute((32, 32), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k,
+                                                 where=cond(A, i, k)), name="Y")
+    kb = codegen.build([Y], [A, B])
+    assert [u.kind for u in kb.units] == ["blas"]
+    s = create_schedule([Y])
+    s[Y].blas(False)
+    kl = codegen.build([Y], [A, B], s)
+    ks = np.arange(64)
+    a = np.empty((32, 64), "float32")
+    a[:] = (ks.astype("float32") / np.float32(3))[None, :]
+    a[1::3] = np.nextafter(a[1::3], np.float32(np.inf))   # one ulp above
+    a[2::3] = np.nextafter(a[2::3], np.float32(-np.inf))  # one ulp below
+    b = np.ones((64, 32), "float32")
+    ref = te.evaluate(Y, {A: a, B: b})
+    np.testing.assert_allclose(kl(a, b)[0], ref, rtol=1e-6)
+    np.testing.assert_allclose(kb(a, b)[0], ref, rtol=1e-6)

@@ -150,6 +150,9 @@ def test_out_for_an_output_listed_twice_and_a_placeholder_output():
     (lambda x: (np.empty((3, 4), np.float32), None), r"out\[0\] \(the buffer of output 0, .*\) has shape"),
     (lambda x: (np.empty((4, 3), np.float64), None), "has dtype float64"),
     (lambda x: (np.empty((3, 4), np.float32).T, None), "not C-contiguous"),
+    # '>f4' is named float32 too, but the kernel writes native-order bytes
+    (lambda x: (np.empty((4, 3), ">f4"), None), r"out\[0\] .* byte order '>f4'"),
+    (lambda x: (None, np.empty(4, ">f4")), r"out\[1\] .* byte order '>f4'"),
     (lambda x: (None,), "1 entries for 2 outputs"),
     (lambda x: ([[0.0] * 3] * 4, None), "must be a numpy array"),
 ])
