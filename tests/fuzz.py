@@ -14,6 +14,8 @@ differences). It covers
 * data-dependent gathers ``X[I[...]]``, guarded or not, whose index lists may
   hold out-of-range entries (then every path must raise OutOfBoundsError);
 * elementwise selects on data, intrinsics, non-finite inputs (inf, -inf, nan);
+* reduction domains that read data (``where=src > k / 3 - 1``) and finite
+  inputs near the dtype's largest value (their products overflow);
 * placeholder and stage names with odd (printable) characters.
 
 :func:`check_programs` runs, for a batch of programs: ``te.evaluate`` of the
@@ -108,6 +110,9 @@ class _Gen:
         self.rng2 = random.Random(seed * 7919 + 17)
         # a third for reshape loads (a flat position split back into indices)
         self.rng3 = random.Random(seed * 104729 + 31)
+        # a fourth for conditions that read data (with int / int arithmetic) and
+        # finite inputs near the dtype's largest value (products overflow)
+        self.rng4 = random.Random(seed * 1299709 + 7)
         self.big = False
         # draw the dtype even when it is given: the twin must draw the same program
         self.dtype = self.rng.choice(["float32", "float64"])
@@ -256,6 +261,12 @@ class _Gen:
             vars = list(ax) + ks
             src = self.value(sources, vars)
             where = self.where(ax[0], ks[0]) if ax else None
+            if self.reshape and self.rng4.random() < 0.15:
+                # a condition on data: the GEMM path evaluates it by numpy (texpr's
+                # dtypes, not numpy's promotion: k / 3 is float32)
+                self.smooth = False
+                data = src > ks[0] / self.rng4.choice([2, 3, 7]) - 1
+                where = data if where is None else te.all(where, data)
             if kind == "sum":
                 return te.sum(src, axis=ks, where=where)
             self.smooth = False
@@ -318,6 +329,11 @@ def make_program(seed, dtype=None, reshape=True):
             finite = False
             for _ in range(r.randint(1, 2)):
                 a.flat[r.randrange(x.size)] = r.choice([np.inf, -np.inf, np.nan])
+        if reshape and x.size and g.rng4.random() < 0.1:
+            # finite, but a product with it overflows to an infinity
+            finite = False
+            a.flat[g.rng4.randrange(x.size)] = g.rng4.choice([1, -1]) * float(
+                np.finfo(g.dtype).max) / 2
         feed[x] = a.astype(g.dtype)
     feed[C] = frng.uniform(-1, 1, C.shape).astype(g.dtype)
     feed.update(g.int_values)
