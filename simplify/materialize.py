@@ -71,6 +71,46 @@ def scan_init_only(consumer, op):
             and not any(t.op is op for t in consumer.externals))
 
 
+def _unconditional_loads(e):
+    """The loads of ``e`` that every evaluation of ``e`` performs: not inside a
+    select's branches nor the right side of ``&&`` / ``||`` (evaluated only
+    where the left side lets it)."""
+    out, stack = [], [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, E.Load):
+            out.append(x)
+        if isinstance(x, E.Select):
+            stack.append(x.cond)
+        elif isinstance(x, (E.And, E.Or)):
+            stack.append(x.args[0])
+        else:
+            stack.extend(x.args)
+    return out
+
+
+def _index_stays_checked(op, ld):
+    """Whether inlining the elementwise stage ``op`` at the load ``ld`` keeps the
+    bounds check of each data-dependent index (``P[I[k]]``: an out-of-range
+    ``I[k]`` must raise on every path): the inlined body then reads, whatever
+    the data, a tensor of the same extent at that axis (``P[i] = X[i] * H[i]``
+    becomes ``X[I[k]] * H[I[k]]``). A body that does not read that axis (a
+    constant stage), or reads it only under a condition or into a longer
+    tensor, would let the index through unchecked: ``op`` stays materialised."""
+    body = op.body[0]
+    plain = None
+    for d, (arg, ax) in enumerate(zip(ld.args, op.axis)):
+        if not any(isinstance(n, E.Load) for n in post_order(arg)):
+            continue
+        if plain is None:
+            plain = _unconditional_loads(body)
+        n = ax.dom[1] - ax.dom[0]
+        if not any(ix is ax and ax.dom[0] == 0 and t_n == n
+                   for other in plain for ix, t_n in zip(other.args, other.tensor.shape)):
+            return False
+    return True
+
+
 def should_inline(op, accs, output_ids):
     """Whether the stage ``op`` is inlined into its consumers.
 
@@ -88,6 +128,8 @@ def should_inline(op, accs, output_ids):
         # a cheap scan init: computed straight into the scan's first steps
         return is_cheap(op.body[0])
     if any(ld is None for _c, ld in accs):  # the init of a scatter-add, a scan's input
+        return False
+    if not all(_index_stays_checked(op, ld) for _c, ld in accs):
         return False
     if is_cheap(op.body[0]):
         return True

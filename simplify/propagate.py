@@ -9,7 +9,9 @@ stride-2 convolution's input is zero on odd rows when the kernel is 1 wide).
 it, so that :func:`texpr.simplify.lift.lift_conditions` moves the condition into the
 consumer's domain: the next layer's weight gradient then visits only the
 points where the adjoint can be nonzero. Only the affine part of the
-producer's condition is used (a data-dependent guard cannot be projected).
+producer's condition is used (a data-dependent guard cannot be projected),
+and loads at data-dependent indices are left alone (their bounds check must
+stay: an out-of-range index is an error on every path).
 A support stage (:mod:`texpr.simplify.support`: an elementwise stage written as an
 identity scatter-add over its nonzero region) is zero outside its ``where``,
 and its loads are guarded the same way.
@@ -17,7 +19,7 @@ and its loads are guarded the same way.
 
 from texpr import expr as E
 from texpr.expr import Load
-from texpr.visitor import substitute, transform
+from texpr.visitor import post_order, substitute, transform
 
 from .domain import Domain
 from .graph import is_sum_stage, rebuild
@@ -67,6 +69,10 @@ def propagate_zero_conditions(tensors):
             nonlocal dom
             if not isinstance(node, Load) or not (is_sum_stage(node.tensor.op)
                                                   or is_support_stage(node.tensor.op)):
+                return None
+            if any(isinstance(n, Load) for a in node.args for n in post_order(a)):
+                # a gather P[I[k]]: the guard would also skip the bounds check of an
+                # out-of-range I[k] (an error on every path), e.g. of an empty P
                 return None
             cond = _support(node.tensor.op, cache)
             if cond is None:

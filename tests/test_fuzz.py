@@ -32,6 +32,13 @@ CI_COMPILE_EVERY = 10
 #: kernel is checked against the simplified graph it computes)
 REGRESSIONS = (20261140, 20261160, 20261180, 20261210, 20261230, 20261280,
                20261242, 20261319, 20263039, 749189702348, 309414454992, 392882972644)
+#: from long runs with today's generator (reshape loads, data-reading domains),
+#: compiled: a constant stage read at an out-of-range data index, its load folded
+#: to 0 by the zero-condition guard and by inlining (no OutOfBoundsError after
+#: simplification); a stage inlined at a data index into a select chain numba
+#: ran out of memory on; an empty min's +inf times a select zero in a forward
+#: stage (symbolic zero, docs/conventions.md)
+LONG_RUN_REGRESSIONS = (7000003194, 7000003318, 7000002969)
 #: compiled in long runs only: its program's argmax unit inlines a cheap stage into
 #: a 15 KB select chain whose hundreds of inlined check helpers take numba about
 #: 90 s (a compile-time case for issue 11); CI runs its evaluator checks
@@ -82,6 +89,7 @@ def test_fuzz_ci_profile():
 def test_fuzz_regression_seeds():
     # found before the generator drew reshape loads: their programs without them
     findings = fuzz.check_programs(REGRESSIONS, reshape=False)
+    findings += fuzz.check_programs(LONG_RUN_REGRESSIONS, batch=1)
     findings += fuzz.check_programs(REFERENCE_REGRESSIONS, compile_every=0, reshape=False)
     assert not findings, _report(findings)
 

@@ -105,3 +105,48 @@ def test_second_order_through_a_raw_gather():
     (ddX,) = te.differentiate(G, [X], simplify=False)
     with pytest.raises(OutOfBoundsError):
         te.evaluate(ddX, {X: X_VAL, I: np.array([1, 4, 8, 0])})
+
+
+def _inlined_gather(kind):
+    """``Y[k] = P[I[k]] * X[k]`` with an elementwise stage ``P`` the simplifier
+    inlines elsewhere: ``const`` -- a sum over an empty domain (the identity,
+    0, once simplified: its body reads nothing); ``no_axis`` -- ``P[i] = X[0]
+    * 2`` (does not read ``i``); ``longer`` -- ``P[i<2] = X[i] * 2`` with ``X``
+    of 5 (inlined, ``I[k]`` would be checked against 5, not 2)."""
+    X = te.placeholder((5,), name="X", dtype="float64")
+    I = te.placeholder((3,), name="I", dtype="int64")
+    if kind == "const":
+        r = te.reduce_axis(2, "r")
+        P = te.compute((2,), lambda i: te.sum(X[r + i], axis=r, where=r * 2 + i < 0), name="P")
+    elif kind == "no_axis":
+        P = te.compute((2,), lambda i: X[0] * 2.0, name="P")
+    else:
+        P = te.compute((2,), lambda i: X[i] * 2.0, name="P")
+    Y = te.compute((3,), lambda k: P[I[k]] * X[k], name="Y")
+    k2 = te.reduce_axis(3, "k2")
+    L = te.compute((), lambda: te.sum(Y[k2] * (k2 + 1.0), axis=k2), name="L")
+    return X, I, L
+
+
+@pytest.mark.parametrize("kind", ["const", "no_axis", "longer"])
+def test_inlining_never_drops_a_data_index_check(kind):
+    """A stage read at a data-dependent index is inlined only where the inlined
+    body still checks that index against the same extent (fuzz seed
+    7000003194: a constant stage read at an out-of-range index gave values
+    after simplification, an OutOfBoundsError before)."""
+    X, I, L = _inlined_gather(kind)
+    (dX,) = te.differentiate(L, [X]).result
+    x = np.linspace(-1.0, 1.0, 5)
+    bad = {X: x, I: np.array([0, 3, 1])}
+    with pytest.raises(OutOfBoundsError):
+        te.evaluate(L, bad)
+    with pytest.raises(OutOfBoundsError):
+        te.evaluate(dX, bad)
+    kernel = codegen.build([L, dX], [X, I])
+    with pytest.raises(OutOfBoundsError):
+        kernel(x, bad[I])
+    good = {X: x, I: np.array([0, 1, 1])}
+    want = te.evaluate([L, dX], good)
+    for got, ref in zip(kernel(x, good[I]), want):
+        np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
+    check_gradients(L, [X], good)
