@@ -237,6 +237,20 @@ def _set_threads(n):
         pass
 
 
+def markdown_table(rows):
+    """README.md's benchmark table of ``rows`` (:func:`bench_case` results, timed
+    with ``loops``): median ms per framework, ratios to the best peer, GEMMs."""
+    lines = ["| case | texpr ms | loops only ms | jax ms | torch ms | loops only ÷ best "
+             "| texpr ÷ best | GEMMs |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        best = min(r[k] for k in ("jax_ms", "torch_ms") if r.get(k))
+        loops = r.get("loops_ms", float("nan"))
+        lines.append(f"| {r['case']} | {r['texpr_ms']:.2f} | {loops:.2f} | "
+                     f"{r.get('jax_ms', float('nan')):.2f} | {r.get('torch_ms', float('nan')):.2f}"
+                     f" | {loops / best:.2f} | {r['texpr_ms'] / best:.2f} | {r['blas_stages']} |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
@@ -250,6 +264,8 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2, help="threads of every framework")
     ap.add_argument("--loops", action="store_true",
                     help="also time texpr with every stage on its loop nest (no GEMMs)")
+    ap.add_argument("--markdown", action="store_true",
+                    help="also print the results as README.md's table (needs --loops)")
     args = ap.parse_args(argv)
     _set_threads(args.threads)
 
@@ -332,6 +348,9 @@ def main(argv=None):
         for d in detail[name]:
             print(f"  {d['kernel']:8s} {d['ms']:8.2f} ms  {d['gflops']:6.1f} GFLOP/s "
                   f"({100 * d['gflops'] / rate:.0f}% of SGEMM){' BLAS' if d['blas'] else ''}")
+    if args.markdown:
+        print()
+        print(markdown_table(rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "kernels": detail, "cache_dir": cache,
