@@ -72,6 +72,7 @@ import numpy as np
 
 from texpr.simplify.isl_bridge import VarSpace, box_set, card, isl, to_pwaff, to_set
 from texpr.simplify import loop_ast as LA
+from texpr.simplify.sympy_bridge import constant_difference
 from texpr import dtypes as dt
 from texpr import expr as E
 from texpr.errors import TexprError
@@ -810,7 +811,7 @@ class _StageLowering:
                     s = node.stride
                     w(depth, f"for {v}_t in prange(({hi} - {lo} + {s - 1}) // {s}):")
                     w(depth + 1, f"{v} = {lo} + {v}_t * {s}")
-            elif (self.unroll is not None and node.stride == 1 and (
+            elif (self.unroll is not None and node.stride == 1 and self._long(node) and (
                     (isinstance(node.body, LA.Stmt) and node.body.name.startswith("U"))
                     or (isinstance(node.body, LA.For) and self._is_lane_loop(node.body)
                         and isinstance(node.body.body, LA.Stmt)
@@ -829,6 +830,14 @@ class _StageLowering:
                 self._emit_tree(node.orelse, depth + 1, par_vars, stmt_vars, stmt_code)
         else:
             self._emit_stmt(node, depth, stmt_vars, stmt_code)
+
+    def _long(self, node):
+        """Whether the loop ``node`` may run ``2 * u_n`` times or more (its trip count
+        ``hi - lo`` is not a smaller constant): unrolling a loop that always runs
+        fewer times than it has copies (upsample2's dX: 2 of a 28-value axis per
+        output) only adds code for numba to compile."""
+        trips = constant_difference(node.hi, node.lo)
+        return trips is None or trips >= 2 * self.unroll[3]
 
     def _is_lane_loop(self, node):
         if self.lanes is not None:

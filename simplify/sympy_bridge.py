@@ -17,7 +17,7 @@ from texpr import expr as E
 
 from .isl_bridge import dim_name
 
-__all__ = ["to_sympy", "from_sympy", "canonical_index", "proves_equal"]
+__all__ = ["to_sympy", "from_sympy", "canonical_index", "proves_equal", "constant_difference"]
 
 _INT = ("int32", "int64")
 
@@ -175,3 +175,19 @@ def proves_equal(a, b):
         return bool(sympy.simplify(sa - sb) == 0)
     except Exception:  # noqa: BLE001 - not proved
         return False
+
+
+def constant_difference(a, b):
+    """``a - b`` as a Python int when SymPy's expansion of the integer
+    expressions ``a`` and ``b`` makes it a constant (``2*c + 2`` minus ``2*c``:
+    2), else None (not index arithmetic, or not provably constant this cheaply:
+    no ``simplify``, so a ``None`` is never an error, only "unknown")."""
+    symbols = {}
+    try:
+        sa, sb = to_sympy(a, symbols), to_sympy(b, symbols)
+        if sa is None or sb is None:
+            return None
+        d = sympy.expand(sa - sb)
+        return int(d) if d.is_Integer else None
+    except Exception:  # noqa: BLE001 - unknown
+        return None

@@ -81,3 +81,21 @@ def test_strided_conv_weight_gradient_blocks_input_channels(case):
     dK = outs[-1]
     src = kernel.source[kernel.source.index(f"# ---- stage {dK.op.name}:"):]
     assert f"_l{JAM - 1} " in src.split("# ---- stage", 2)[1], src
+
+
+def test_a_sum_loop_with_a_short_constant_trip_count_is_not_unrolled():
+    # upsample's dX: each output sums a 2x2 window of a 28-wide axis; isl gives the
+    # innermost loop the bounds 2*j .. 2*j + 2, two trips, never the 16 an unrolled
+    # sum needs (the copies were compile time for nothing); a long innermost
+    # loop in the same stage shape is still unrolled
+    rng = np.random.default_rng(3)
+    for width, unrolled in ((2, False), (24, True)):
+        H = te.placeholder((3, 4 * width), "H", "float64")
+        r = te.reduce_axis(4 * width, "r")
+        D = te.compute((3, 4), lambda i, j: te.sum(H[i, r], axis=r,
+                                                   where=(r >= width * j) & (r < width * j + width)),
+                       name="D")
+        kern = codegen.build([D], [H])
+        assert ("_m = " in kern.source) == unrolled, kern.source
+        h = rng.standard_normal((3, 4 * width))
+        np.testing.assert_allclose(kern(h)[0], te.evaluate(D, {H: h}), rtol=RTOL, atol=ATOL)
