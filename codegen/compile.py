@@ -30,17 +30,24 @@ The directory is ``$TEXPR_CACHE_DIR``, else ``$XDG_CACHE_HOME/texpr``, else
 ``~/.cache/texpr``.
 
 Concurrent compilation (:func:`compile_units`): the units of a build that are
-neither in memory nor loadable from numba's disk cache are compiled by worker
-processes when at least two are missing and the disk cache is usable: a
-persistent :class:`concurrent.futures.ProcessPoolExecutor` (``spawn`` context,
-started on first use, ``min(workers, missing)`` processes, ``workers`` =
-``$TEXPR_COMPILE_WORKERS`` or ``os.cpu_count()``; ``0`` disables them). A
-worker compiles with ``cache=True`` into the disk cache; the parent then loads
-the machine code from there (milliseconds). Anything that goes wrong with the
-pool (a worker that fails, dies, or takes longer than
+neither in memory nor loadable from numba's disk cache are shared between this
+process and worker processes (when the disk cache is usable): a persistent
+:class:`concurrent.futures.ProcessPoolExecutor` (``spawn`` context, started on
+first use, ``workers`` = ``$TEXPR_COMPILE_WORKERS`` or one fewer than
+``os.cpu_count()``; ``0`` disables them). :func:`split_units` places the
+units longest first (:func:`estimate_seconds`, from the text) on whichever of
+this process and the workers would finish them first, a fresh worker counted
+from the end of its start-up (``WORKER_START_SECONDS``: a new interpreter,
+numpy, numba and numba's first compile, about 1.1 s here). So a build of a few
+small units compiles them here (a suite case's 2 parallel units: 1.4-1.8 s
+through two fresh workers, 1.0-1.1 s here), and a model's dozens of units keep
+both cores busy, this process compiling its share while the workers compile
+theirs. A worker compiles with ``cache=True`` into the disk cache; this
+process then loads the machine code from there (milliseconds). Anything that
+goes wrong with the pool (a worker that fails, dies, or takes longer than
 ``$TEXPR_COMPILE_TIMEOUT`` seconds, default 600: the pool is then killed)
-falls back to compiling in the parent: the pool never raises, and a unit that
-numba rejects still gives a :class:`CompileError` naming its stage.
+falls back to compiling here: the pool never raises, and a unit that numba
+rejects still gives a :class:`CompileError` naming its stage.
 :func:`stats` counts the units compiled, loaded and reused.
 """
 
@@ -71,7 +78,7 @@ from texpr import cache as _cache  # noqa: E402
 from texpr.errors import TexprError, TexprWarning  # noqa: E402
 
 __all__ = ["CompileError", "CacheWarning", "cache_dir", "compile_source", "compile_units",
-           "clear_memory_cache", "stats"]
+           "clear_memory_cache", "stats", "estimate_seconds", "split_units"]
 
 _MEMORY = {}
 _WARNED = set()
@@ -343,10 +350,11 @@ _DEFAULT_TIMEOUT = 600.0
 
 
 def _workers_allowed():
-    """``$TEXPR_COMPILE_WORKERS`` (0 disables the workers), else ``os.cpu_count()``."""
+    """``$TEXPR_COMPILE_WORKERS`` (0 disables the workers), else one fewer than
+    ``os.cpu_count()`` (at least one): this process compiles too."""
     v = os.environ.get("TEXPR_COMPILE_WORKERS", "").strip()
     if not v:
-        return os.cpu_count() or 1
+        return max(1, (os.cpu_count() or 1) - 1)
     try:
         return max(0, int(v))
     except ValueError:
@@ -469,13 +477,63 @@ def _disk_ready(d, key, data):
     return any(p.endswith(".nbi") for p in _numba_files(d, modname))
 
 
-def _compile_in_workers(jobs):
-    """Compile the ``jobs`` (``key -> (source, arg_specs, entry)``) in worker
-    processes into the disk cache; ``key -> seconds`` of those that succeeded
-    (empty when the workers are disabled, the disk cache is unusable or fewer
-    than two units are missing). Never raises."""
+#: estimated seconds of a fresh worker before its first unit: ``spawn`` of a new
+#: interpreter, its imports (numpy, numba) and numba's first compile in the
+#: process (measured on a quiet 2-core machine: 0.64 s to a worker answering,
+#: about 0.45 s more for numba's start); 0 once the pool has compiled a unit
+WORKER_START_SECONDS = 1.1
+#: numba's first compile in a process (its target's start-up), paid once by
+#: whichever process compiles first (the parent, or each worker)
+NUMBA_START_SECONDS = 0.45
+#: tests: False sends every missing unit to the workers (the pool's own path)
+PARENT_COMPILES = True
+_STARTED = {"parent": False, "pool": False}
+
+
+def estimate_seconds(source):
+    """A unit's numba compile time (seconds), estimated from its text, for the
+    split of a build's units between this process and the workers: the lines of
+    the unit's function (the shared helpers above it aside) times a rate,
+    higher for a ``parallel=True`` unit (numba's parfor pass). Fitted to the
+    units of the main job and the suite cases compiled one by one on a quiet
+    2-core machine (serial: 0.06 s + 0.013 s a line; parallel: 0.25 s + 0.022 s
+    a line, first compile in a process aside): a guide for the split, not a
+    prediction."""
+    at = source.find("@njit(parallel=")
+    lines = source.count("\n", at if at >= 0 else 0)
+    if "@njit(parallel=True" in source:
+        return 0.25 + 0.022 * lines
+    return 0.06 + 0.013 * lines
+
+
+def split_units(estimates, workers, parent_start, worker_start):
+    """Which units the workers compile: ``estimates`` (key -> seconds, see
+    :func:`estimate_seconds`) are placed longest first, each on whichever of
+    the parent (free at ``parent_start`` seconds) and the ``workers`` (each free
+    at ``worker_start``) would finish it first -- Graham's LPT rule ("Bounds on
+    multiprocessing timing anomalies", SIAM J. Appl. Math. 1969). Returns
+    ``(keys for the workers, number of workers used)``: a build of a few small
+    units keeps them all here, where a fresh worker's start would cost more than
+    the unit."""
+    free = [parent_start] + [worker_start] * workers
+    to_workers = []
+    used = set()
+    for key, est in sorted(estimates.items(), key=lambda kv: -kv[1]):
+        slot = min(range(len(free)), key=lambda i: (free[i] + est, i))
+        free[slot] += est
+        if slot:
+            to_workers.append(key)
+            used.add(slot)
+    return to_workers, len(used)
+
+
+def _start_workers(jobs):
+    """Submit the ``jobs`` (``key -> (source, arg_specs, entry)``, none of them in
+    memory) that the workers should compile into the disk cache; ``key ->
+    future`` (empty when the workers are disabled, the disk cache is unusable,
+    or the split keeps every unit in this process). Never raises."""
     allowed = _workers_allowed()
-    if len(jobs) < 2 or allowed < 1:
+    if not jobs or allowed < 1:
         return {}
     try:
         d = cache_dir()
@@ -485,29 +543,57 @@ def _compile_in_workers(jobs):
                 if not _disk_ready(d, k, j[0].encode("utf-8"))}
     except OSError:
         return {}
-    n = min(allowed, len(todo))
-    if len(todo) < 2 or n < 1:
+    if not todo:
         return {}
-    done = {}
+    if PARENT_COMPILES:
+        warm = _POOL is not None and _STARTED["pool"]
+        keys, n = split_units({k: estimate_seconds(j[0]) for k, j in todo.items()}, allowed,
+                              0.0 if _STARTED["parent"] else NUMBA_START_SECONDS,
+                              0.0 if warm else WORKER_START_SECONDS)
+        if _POOL is not None:
+            n = max(n, min(_POOL[1], allowed))  # a running pool keeps its size
+    else:
+        keys, n = list(todo), min(allowed, len(todo))
+        if len(todo) < 2:
+            return {}
+    if not keys:
+        return {}
     try:
         ex = _pool(n)
         with _NoMain():
-            futs = {ex.submit(_WORKER_FN, d, k, src, specs, entry): k
-                    for k, (src, specs, entry) in todo.items()}
-        finished, pending = _futures.wait(futs, timeout=_timeout())
-        for f in finished:
+            return {k: ex.submit(_WORKER_FN, d, k, *todo[k]) for k in keys}
+    except BaseException as exc:  # noqa: BLE001 - a broken pool: compile here
+        _shutdown_pool(kill=True)
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return {}
+
+
+def _collect_workers(futs):
+    """Wait for the workers' ``futs`` (``key -> future``); ``key -> seconds`` of
+    the units compiled. A failed or stuck worker's units are left for this
+    process to compile (a stuck pool is killed after ``$TEXPR_COMPILE_TIMEOUT``
+    seconds). Never raises but KeyboardInterrupt."""
+    if not futs:
+        return {}
+    done = {}
+    try:
+        finished, pending = _futures.wait(list(futs.values()), timeout=_timeout())
+        for k, f in futs.items():
+            if f not in finished:
+                continue
             try:
-                done[futs[f]] = float(f.result())
+                done[k] = float(f.result())
+                _STARTED["pool"] = True
             except BaseException:  # noqa: BLE001 - any worker failure: compile here
                 _STATS["worker_failures"] += 1
         if pending:
             _STATS["worker_failures"] += len(pending)
             _shutdown_pool(kill=True)
     except BaseException as exc:  # noqa: BLE001 - a broken pool: compile here
-        if isinstance(exc, KeyboardInterrupt):
-            _shutdown_pool(kill=True)
-            raise
         _shutdown_pool(kill=True)
+        if isinstance(exc, KeyboardInterrupt):
+            raise
     return done
 
 
@@ -528,18 +614,25 @@ def compile_units(units):
     for k, (src, specs, _, entry) in zip(keys, units):
         if k not in _MEMORY and k not in missing:
             missing[k] = (src, specs, entry)
-    worker_seconds = _compile_in_workers(missing)
-    out = []
-    for k, (src, specs, describe, entry) in zip(keys, units):
-        fresh = k not in _MEMORY
-        c = compile_source(src, specs, describe, entry)
-        if fresh and k in worker_seconds:
-            if c.from_disk_cache:
-                _STATS["from_disk"] -= 1
-                _STATS["compiled"] += 1
-            _STATS["in_workers"] += 1
-            c.compile_seconds += worker_seconds[k]
-            c.from_disk_cache, c.in_worker = False, True
-            _MEMORY[k].from_disk_cache, _MEMORY[k].in_worker = False, True
-        out.append(c)
+    futs = _start_workers(missing)
+    out = [None] * len(units)
+    # this process compiles (or loads) its share while the workers compile theirs,
+    # then loads the workers' units from the disk cache
+    for late in (False, True):
+        worker_seconds = _collect_workers(futs) if late else {}
+        for i, (k, (src, specs, describe, entry)) in enumerate(zip(keys, units)):
+            if (k in futs) != late or out[i] is not None:
+                continue
+            fresh = k not in _MEMORY
+            c = compile_source(src, specs, describe, entry)
+            _STARTED["parent"] = True
+            if fresh and k in worker_seconds:
+                if c.from_disk_cache:
+                    _STATS["from_disk"] -= 1
+                    _STATS["compiled"] += 1
+                _STATS["in_workers"] += 1
+                c.compile_seconds += worker_seconds[k]
+                c.from_disk_cache, c.in_worker = False, True
+                _MEMORY[k].from_disk_cache, _MEMORY[k].in_worker = False, True
+            out[i] = c
     return out

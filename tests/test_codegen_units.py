@@ -178,6 +178,7 @@ def _feed():
 
 def test_worker_and_in_process_paths_agree(fresh, tmp_path, monkeypatch):
     monkeypatch.setenv("TEXPR_COMPILE_WORKERS", "2")
+    monkeypatch.setattr(cmp, "PARENT_COMPILES", False)  # every unit to the workers
     ins, outs = _two_unit_graph()
     pooled = codegen.build(outs, ins)
     d = _delta(fresh)
@@ -207,6 +208,42 @@ def test_worker_and_in_process_paths_agree(fresh, tmp_path, monkeypatch):
     assert again.from_disk_cache and again.units_compiled == 0
 
 
+def test_the_split_keeps_small_builds_here_and_shares_large_ones():
+    # Graham's LPT over this process (free at once) and one worker (free after its
+    # start): three small units stay here; many units are shared, longest first
+    few = {"a": 0.3, "b": 0.2, "c": 0.1}
+    assert cmp.split_units(few, 1, 0.0, 1.1) == ([], 0)
+    many = {f"u{i}": 0.4 for i in range(12)}
+    keys, n = cmp.split_units(many, 1, 0.45, 1.1)
+    assert n == 1 and 3 <= len(keys) <= 5  # 12 * 0.4 + 0.45 + 1.1 over two: ~3.2 s each
+    assert cmp.split_units({"big": 5.0, "s": 0.1}, 1, 0.0, 1.1) == (["s"], 1)
+    # a warm pool (start 0) takes its share at once
+    assert len(cmp.split_units(many, 1, 0.0, 0.0)[0]) == 6
+    # the text: parfor units cost more than serial ones of the same length
+    serial = "import numpy\n@njit(parallel=False)\ndef unit():\n" + "    x = 1\n" * 40
+    assert cmp.estimate_seconds(serial.replace("parallel=False", "parallel=True")) \
+        > 1.5 * cmp.estimate_seconds(serial) > 0
+
+
+def test_this_process_and_the_workers_share_a_build(fresh, tmp_path, monkeypatch):
+    # the default split: with the worker's start taken as free, this process and
+    # one worker each compile part of the units; values as in one process
+    monkeypatch.setenv("TEXPR_COMPILE_WORKERS", "1")
+    monkeypatch.setattr(cmp, "WORKER_START_SECONDS", 0.0)
+    monkeypatch.setattr(cmp, "NUMBA_START_SECONDS", 0.0)
+    ins, outs = _two_unit_graph()
+    kernel = codegen.build(outs, ins)
+    d = _delta(fresh)
+    n = len(kernel.units)
+    assert n >= 3 and d["compiled"] == n and d["worker_failures"] == 0
+    assert 1 <= d["in_workers"] < n
+    assert sum(u.in_worker for u in kernel.units) == d["in_workers"]
+    feed = _feed()
+    ref = te.evaluate(outs, dict(zip(ins, feed)))
+    for g, r in zip(kernel(*feed), ref):
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)
+
+
 def _hang(*args):
     time.sleep(120)
 
@@ -218,6 +255,7 @@ def test_worker_failure_falls_back_to_compiling_here(fresh, monkeypatch, how):
     compiled in the process, the values are right, no exception escapes."""
     monkeypatch.setenv("TEXPR_COMPILE_WORKERS", "2")
     monkeypatch.setenv("TEXPR_COMPILE_TIMEOUT", "3")
+    monkeypatch.setattr(cmp, "PARENT_COMPILES", False)
     monkeypatch.setattr(cmp, "_WORKER_FN", divmod if how == "fails" else _hang)
     ins, outs = _two_unit_graph()
     t0 = time.monotonic()
