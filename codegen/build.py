@@ -347,7 +347,13 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
     simp, rule = _simplifier()
     if schedule is None:
         outs = list(simp(outs))
+        packed = []
+        if parallel:  # (serial builds keep every stage on loop nests)
+            from .operands import pack_operands
+            outs, packed = pack_operands(outs)
         schedule = create_schedule(outs)
+        for op in packed:  # a GEMM reads it: computed once, not inlined at every tap
+            schedule[op].compute_root()
     else:
         if not isinstance(schedule, Schedule):
             raise ScheduleError(f"build: schedule must come from create_schedule, got {schedule!r}")

@@ -500,7 +500,7 @@ def _operand(view, arrays, piece_axes, dtype, real=None, padded=None):
     if view.masks:
         v = np.where(_mask_array(view.masks, view.axes, piece_axes, shape), v,
                      np.zeros((), dtype=v.dtype))
-    if view.data_masks:
+    if view.data_masks and (real is not None or not getattr(view, "masks_only_non_finite", False)):
         grid = {}
         for d, q in enumerate(view.axes):
             lo, ext, _ = piece_axes[q]
@@ -537,12 +537,15 @@ def _eval_tree(t, grid, arrays):
         return np.asarray(t[1], dtype=t[2])
     if kind == "v":
         return grid[t[1]]
-    if kind == "ld":
+    if kind in ("ld", "ldc"):
         _, key, shape, dtype, idx = t
         flat = np.zeros((), dtype=np.int64)
         stride = 1
         for d in range(len(shape) - 1, -1, -1):
-            flat = flat + _eval_tree(idx[d], grid, arrays).astype(np.int64) * stride
+            i = _eval_tree(idx[d], grid, arrays).astype(np.int64)
+            if kind == "ldc":
+                i = np.clip(i, 0, shape[d] - 1)
+            flat = flat + i * stride
             stride *= shape[d]
         return np.asarray(arrays[key]).reshape(-1)[flat]
     if kind == "not":
@@ -842,10 +845,11 @@ class _Instance:
     what has been tried (``split``, ``tapped``)."""
 
     def __init__(self, spatial, out_strides, out_offset, reduce_, loads, conjuncts,
-                 split=False, tapped=False):
+                 split=False, tapped=False, packed=False):
         self.spatial, self.out_strides, self.out_offset = list(spatial), list(out_strides), out_offset
         self.reduce, self.loads, self.conjuncts = list(reduce_), list(loads), list(conjuncts)
         self.split, self.tapped = split, tapped
+        self.packed = packed  # the stage's packed operands apply its data masks
 
     @property
     def axes(self):
@@ -854,7 +858,7 @@ class _Instance:
     def subst(self, mapping, spatial, out_strides, out_offset, reduce_, extra=(), **flags):
         loads = [(t, tuple(substitute(a, mapping) for a in args)) for t, args in self.loads]
         conj = [substitute(c, mapping) for c in self.conjuncts] + list(extra)
-        kw = dict(split=self.split, tapped=self.tapped)
+        kw = dict(split=self.split, tapped=self.tapped, packed=self.packed)
         kw.update(flags)
         return _Instance(spatial, out_strides, out_offset, reduce_, loads, conj, **kw)
 
@@ -916,7 +920,8 @@ def _contraction_of(op, inlined):
     shape = op.output(0).shape
     strides = [int(np.prod(shape[d + 1:], dtype=np.int64)) for d in range(len(shape))]
     inst = _Instance(list(op.axis), strides, 0, list(body.axes),
-                     [(ld.tensor, tuple(ld.args)) for ld in loads], conj)
+                     [(ld.tensor, tuple(ld.args)) for ld in loads], conj,
+                     packed=bool(op.attrs.get("texpr.packed_operands")))
     if len(set(id(a) for a in inst.axes)) != len(inst.axes):
         raise _NoMatch("an axis appears twice")
     return inst, scale, dtype
@@ -993,7 +998,7 @@ def _analyze(inst):
         side = next((i for i in (0, 1) if cvars <= load_axes[i]), None)
         if side is None:
             raise _NoMatch("a data-dependent condition not on one operand's axes", "other")
-        op_data[side].append(_tree(c, axes, space, box))
+        op_data[side].append(_tree(c, axes, space, box, clip=inst.packed))
     for c in inst.conjuncts:
         if any(c is d for d in data):
             continue
@@ -1051,11 +1056,15 @@ def _analyze(inst):
     return piece
 
 
-def _tree(e, axes, space, box):
+def _tree(e, axes, space, box, clip=False):
     """A data-dependent condition as a plain tree over axis positions (picklable,
     evaluated by numpy on an operand's grid: :func:`_eval_tree`); loads must
     have quasi-affine indices inside their tensors over the whole box (the mask
-    is evaluated there). Loads hold the Tensor until :func:`match` gives keys."""
+    is evaluated there), unless ``clip``: then a load that may leave its tensor
+    reads at its indices clipped into range (``"ldc"``; only for the masks of a
+    stage with packed operands, applied where an operand is non-finite: outside
+    the tensor the padded operand is absent whatever the mask says). Loads
+    hold the Tensor until :func:`match` gives keys."""
     pos = {id(a): k for k, a in enumerate(axes)}
 
     def go(x):
@@ -1070,11 +1079,15 @@ def _tree(e, axes, space, box):
                 pa = to_pwaff(ix, space)
                 if pa is None:
                     raise _NoMatch("a condition loads at a data-dependent index", "other")
-                lo, hi = _range(pa, box)
-                if lo < 0 or hi >= n:
-                    raise _NoMatch(f"a condition may read {x.tensor.name} outside its shape",
-                                   "other")
-            return ("ld", x.tensor, tuple(x.tensor.shape), x.dtype, tuple(go(i) for i in x.args))
+            outside = False
+            for ix, n in zip(x.args, x.tensor.shape):
+                lo, hi = _range(to_pwaff(ix, space), box)
+                outside = outside or lo < 0 or hi >= n
+            if outside and not clip:
+                raise _NoMatch(f"a condition may read {x.tensor.name} outside its shape",
+                               "other")
+            return ("ldc" if outside else "ld", x.tensor, tuple(x.tensor.shape), x.dtype,
+                    tuple(go(i) for i in x.args))
         if isinstance(x, E.Not):
             return ("not", go(x.a))
         if isinstance(x, E.Select):
@@ -1093,8 +1106,8 @@ def _tree(e, axes, space, box):
 
 def _keyed(t, key):
     """A tree with its Tensors replaced by buffer keys."""
-    if t[0] == "ld":
-        return ("ld", key(t[1]), t[2], t[3], tuple(_keyed(i, key) for i in t[4]))
+    if t[0] in ("ld", "ldc"):
+        return (t[0], key(t[1]), t[2], t[3], tuple(_keyed(i, key) for i in t[4]))
     return tuple(_keyed(x, key) if isinstance(x, tuple) else x for x in t)
 
 
@@ -1279,10 +1292,14 @@ def match(op, inlined=(), key=None, why=None):
         if why is not None:
             why.append(f"isl: {exc}")
         return None
+    # a stage whose packed operands are zero wherever its data-dependent conjuncts
+    # fail (codegen.operands): those masks matter only on the exact non-finite path
+    packed = bool(op.attrs.get("texpr.packed_operands"))
     for p in pieces:
         for v in (p.a, p.b):
             v.key = key(v.key)
             v.data_masks = [_keyed(t, key) for t in v.data_masks]
+            v.masks_only_non_finite = packed
     out = op.output(0)
     return ContractionPlan(op.name, key(out), out.shape, dtype, scale, pieces,
                            not _partition(pieces, out.shape))
@@ -1350,7 +1367,7 @@ class ContractionUnitSource:
 
 
 def _tree_keys(t):
-    out = {t[1]} if t[0] == "ld" else set()
+    out = {t[1]} if t[0] in ("ld", "ldc") else set()
     for x in t[1:]:
         if isinstance(x, tuple) and x and isinstance(x[0], (str, type)):
             out |= _tree_keys(x)

@@ -1,0 +1,146 @@
+"""Packed operands (codegen/operands.py): a contraction whose operand is computed
+(a convolution of ``relu(conv + b)``, a weight gradient of a masked head) runs as
+a GEMM over a packed stage, with the values of the loop nest it replaces --
+against the evaluator (finite and non-finite inputs), finite differences and
+PyTorch."""
+
+import contextlib
+
+import numpy as np
+import pytest
+
+import texpr as te
+from texpr import codegen, simplify
+from texpr.codegen import contraction
+from texpr.codegen.operands import PACKED, pack_operands
+from texpr.testing import numeric_gradient
+
+nn = te.nn
+
+
+@contextlib.contextmanager
+def blas_at_any_size():
+    """The cost rule off: these stages are far below the sizes where BLAS pays."""
+    old = contraction.cost_ok
+    contraction.cost_ok = lambda plan: True
+    try:
+        yield
+    finally:
+        contraction.cost_ok = old
+
+
+def _block(dtype="float64"):
+    """conv -> bias -> relu -> conv -> sum(out * H): the CNN block whose second
+    convolution reads relu(conv0 + b) (the simplifier lifts the relu's select
+    into that convolution's where)."""
+    X = te.placeholder((2, 3, 6, 6), "X", dtype)
+    W0 = te.placeholder((4, 3, 3, 3), "W0", dtype)
+    b0 = te.placeholder((4,), "b0", dtype)
+    W1 = te.placeholder((5, 4, 3, 3), "W1", dtype)
+    H = te.placeholder((2, 5, 6, 6), "H", dtype)
+    h = nn.relu(nn.conv2d(X, W0, b0, padding=1, name="conv0"), name="relu0")
+    y = nn.conv2d(h, W1, padding=1, name="conv1")
+    n, c, i, j = (te.reduce_axis(s, a) for s, a in zip(y.shape, "ncij"))
+    L = te.compute((), lambda: te.sum(y[n, c, i, j] * H[n, c, i, j], axis=[n, c, i, j]),
+                   name="L")
+    return L, [X, W0, b0, W1, H]
+
+
+def _feed(ins, seed=0):
+    rng = np.random.default_rng(seed)
+    return {t: rng.standard_normal(t.shape) for t in ins}
+
+
+def test_the_second_convolution_reads_a_packed_relu():
+    L, ins = _block()
+    X, W0, b0, W1, H = ins
+    grads = list(te.differentiate(L, [W0, W1]).result)
+    outs = simplify.simplify([L] + grads)
+    with blas_at_any_size():
+        packed_outs, packed = pack_operands(outs)
+    names = sorted(op.name for op in packed)
+    # relu(conv0 + b0): read by conv1 and by W1's gradient, packed once
+    assert any(n.startswith("conv1_packed") for n in names), names
+    relus = [op for op in packed if "conv0_b" in str(op.body[0]) or
+             any(t.name == "b0" for t in op.input_tensors())]
+    assert len(relus) == 1
+    from texpr.tensor import topo_order
+    rewritten = [op for op in topo_order(packed_outs) if getattr(op, "attrs", {}).get(PACKED)]
+    assert rewritten and all(contraction.match(op) is not None for op in rewritten)
+    feed = _feed(ins)
+    for a, b in zip(te.evaluate(packed_outs, feed), te.evaluate(outs, feed)):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.fixture(scope="module")
+def block_kernel():
+    L, ins = _block()
+    X, W0, b0, W1, H = ins
+    grads = list(te.differentiate(L, [X, W0, b0, W1]).result)
+    with blas_at_any_size():
+        kernel = codegen.build([L] + grads, ins)
+    return kernel, L, grads, ins
+
+
+def test_packed_gemms_match_the_evaluator_and_finite_differences(block_kernel):
+    kernel, L, grads, ins = block_kernel
+    blas = {u.stage for u in kernel.units if u.kind == "blas"}
+    assert "conv1" in blas, [(u.stage, u.kind) for u in kernel.units]
+    assert any(u.stage.startswith("conv1_packed") for u in kernel.units)
+    feed = _feed(ins, 1)
+    got = kernel(*[feed[t] for t in ins])
+    want = te.evaluate([L] + grads, feed)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
+    X, W0, b0, W1, H = ins
+    for t, g in zip([X, W0, b0, W1], got[1:]):
+        np.testing.assert_allclose(g, numeric_gradient(L, t, feed), rtol=1e-5, atol=1e-6)
+
+
+def test_packed_gemms_match_pytorch(block_kernel):
+    torch = pytest.importorskip("torch")
+    kernel, L, grads, ins = block_kernel
+    feed = _feed(ins, 2)
+    got = kernel(*[feed[t] for t in ins])
+    tx, tw0, tb0, tw1 = (torch.tensor(feed[t], requires_grad=True) for t in ins[:4])
+    y = torch.nn.functional.conv2d(torch.relu(torch.nn.functional.conv2d(tx, tw0, tb0, padding=1)),
+                                   tw1, padding=1)
+    loss = (y * torch.tensor(feed[ins[4]])).sum()
+    loss.backward()
+    np.testing.assert_allclose(got[0], loss.item(), rtol=1e-10)
+    for g, t in zip(got[1:], (tx, tw0, tb0, tw1)):
+        np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("where", ["inactive", "active", "nan"])
+def test_non_finite_weights_give_the_loop_nests_values(block_kernel, where):
+    # a term the relu masks is absent (the simplified graph never visits it), not
+    # 0 * inf: an infinite weight at a tap whose inputs the relu zeroes leaves the
+    # output finite; where the relu is active it gives the infinity (or NaN)
+    kernel, L, grads, ins = block_kernel
+    X, W0, b0, W1, H = ins
+    feed = _feed(ins, 3)
+    if where == "inactive":
+        feed[b0] = np.full(4, -100.0)  # relu0 is zero everywhere
+    feed[W1] = feed[W1].copy()
+    feed[W1][1, 2, 0, 1] = np.nan if where == "nan" else np.inf
+    got = kernel(*[feed[t] for t in ins])
+    want = te.evaluate(simplify.simplify([L] + grads), feed)
+    for g, w in zip(got, want):
+        g, w = np.asarray(g), np.asarray(w)
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+        np.testing.assert_array_equal(np.isinf(g), np.isinf(w))
+        ok = np.isfinite(w)
+        np.testing.assert_allclose(g[ok], w[ok], rtol=1e-10, atol=1e-10)
+    if where == "inactive":
+        assert np.isfinite(got[0])
+
+
+def test_a_stage_already_a_contraction_is_kept():
+    X = te.placeholder((8, 6), "X")
+    W = te.placeholder((5, 6), "W")
+    k = te.reduce_axis(6, "k")
+    Y = te.compute((8, 5), lambda i, j: te.sum(X[i, k] * W[j, k], axis=k), name="Y")
+    with blas_at_any_size():
+        (Y2,), packed = pack_operands([Y])
+    assert Y2 is Y and packed == []
