@@ -144,3 +144,42 @@ def test_a_stage_already_a_contraction_is_kept():
     with blas_at_any_size():
         (Y2,), packed = pack_operands([Y])
     assert Y2 is Y and packed == []
+
+
+def test_gradients_through_a_max_pool_pack_the_pooled_head():
+    # conv -> relu -> conv -> relu -> maxpool -> conv: the first two convolutions'
+    # gradients read the pooled head d_pool[n, c, h // 2, w // 2] under the relu's
+    # and the argmax's conditions, whose parity the simplifier writes as
+    # (h + kh + 1) % 2 beside the key's h - kh + 1: one group, packed, on BLAS
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(5)
+    X = te.placeholder((2, 2, 8, 8), "X", "float64")
+    Ws = [te.placeholder(s, f"W{k}", "float64")
+          for k, s in enumerate([(3, 2, 3, 3), (3, 3, 3, 3), (2, 3, 3, 3)])]
+    h = nn.relu(nn.conv2d(X, Ws[0], padding=1, name="conv0"), name="relu0")
+    h = nn.relu(nn.conv2d(h, Ws[1], padding=1, name="conv1"), name="relu1")
+    y = nn.conv2d(nn.max_pool2d(h, 2, name="pool"), Ws[2], padding=1, name="conv2")
+    H = te.placeholder(y.shape, "H", "float64")
+    ax = [te.reduce_axis(s, a) for s, a in zip(y.shape, "ncij")]
+    L = te.compute((), lambda: te.sum(y[tuple(ax)] * H[tuple(ax)], axis=ax), name="L")
+    grads = list(te.differentiate(L, [X] + Ws).result)
+    ins = [X] + Ws + [H]
+    with blas_at_any_size():
+        kernel = codegen.build([L] + grads, ins)
+    blas = {u.stage for u in kernel.units if u.kind == "blas"}
+    assert {"conv1", "conv2"} <= blas, sorted(blas)
+    # every convolution's input and weight gradient: d_relu0__conv1 is conv1's
+    # input gradient through relu1 and the pool
+    assert {"d_X__conv0", "d_relu0__conv1", "d_pool__conv2", "d_W0__conv0", "d_W1__conv1",
+            "d_W2__conv2"} <= blas, sorted(blas)
+    feed = {t: rng.standard_normal(t.shape) for t in ins}
+    got = kernel(*[feed[t] for t in ins])
+    for g, w in zip(got, te.evaluate([L] + grads, feed)):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
+    tx, *tw = (torch.tensor(feed[t], requires_grad=True) for t in [X] + Ws)
+    F = torch.nn.functional
+    t = F.relu(F.conv2d(F.relu(F.conv2d(tx, tw[0], padding=1)), tw[1], padding=1))
+    loss = (F.conv2d(F.max_pool2d(t, 2), tw[2], padding=1) * torch.tensor(feed[H])).sum()
+    loss.backward()
+    for g, tt in zip(got[1:], [tx] + tw):
+        np.testing.assert_allclose(g, tt.grad.numpy(), rtol=1e-9, atol=1e-9)
