@@ -76,7 +76,7 @@ import numpy as np
 from texpr import dtypes as dt
 from texpr import expr as E
 from texpr.errors import TexprError
-from texpr.simplify.isl_bridge import VarSpace, box_set, card, isl, to_pwaff, to_set
+from texpr.simplify.isl_bridge import VarSpace, box_set, card_within, isl, to_pwaff, to_set
 from texpr.tensor import ComputeOp
 from texpr.visitor import post_order, substitute
 
@@ -1047,7 +1047,9 @@ def _analyze(inst):
     if any(any(m[0][nsp:]) for m in out_masks):
         raise _NoMatch("internal: an output mask on a reduction axis", "other")
     out_offset = inst.out_offset + sum(s * a.dom[0] for s, a in zip(inst.out_strides, inst.spatial))
-    points = card(dom)
+    # a cost-model input: bounded (an upper bound, the box's points, where exact
+    # counting would cost too much)
+    points = card_within(dom).value
     piece = GemmPiece(piece_axes, out_offset, inst.out_strides, views[0], views[1],
                       out_masks, points)
     vol = int(np.prod([ax[1] for ax in piece_axes], dtype=np.int64))

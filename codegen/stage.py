@@ -70,7 +70,8 @@ import math
 
 import numpy as np
 
-from texpr.simplify.isl_bridge import VarSpace, box_set, card, isl, to_pwaff, to_set
+from texpr.simplify.isl_bridge import (VarSpace, box_set, card_within, isl,
+                                      projected_cards_within, to_pwaff, to_set)
 from texpr.simplify import loop_ast as LA
 from texpr.simplify.sympy_bridge import constant_difference
 from texpr import dtypes as dt
@@ -179,7 +180,10 @@ def _average_trips(exprs, spatial, reduce_):
     """id(axis) -> the average trip count of a loop over it inside all the other
     loops of the stage's domain (points / points of the projection): the extent,
     unless the reduction's ``where`` ties the axis to others (e.g. a spatial axis
-    ``2*r - 1 <= h <= 2*r + 1`` runs 3 times per value of ``r``)."""
+    ``2*r - 1 <= h <= 2*r + 1`` runs 3 times per value of ``r``). The counts are
+    bounded in cost (:func:`~texpr.simplify.isl_bridge.projected_cards_within`:
+    barvinok took minutes on a 30x300x300 domain with two modulus conditions);
+    an axis whose counts are not exact keeps its extent."""
     axes = list(spatial) + list(reduce_)
     red = next((e for e in exprs if isinstance(e, E.Reduce)), None)
     out = {id(a): float(a.extent) for a in axes}
@@ -188,12 +192,12 @@ def _average_trips(exprs, spatial, reduce_):
     try:
         space = VarSpace(axes)
         dom = box_set(space).intersect(to_set(red.where, space)[0])
-        total = card(dom)
-        if total == 0:
+        total, projs = projected_cards_within(dom)
+        if not total.exact or total.value == 0:
             return out
-        for k, a in enumerate(axes):
-            proj = card(dom.project_out(isl.dim_type.set, k, 1))
-            out[id(a)] = total / max(proj, 1)
+        for a, proj in zip(axes, projs):
+            if proj.exact:
+                out[id(a)] = total.value / max(proj.value, 1)
     except TexprError:
         pass
     return out
@@ -317,9 +321,12 @@ def lift_zero_guards(red, space):
 
 
 def _points(s):
-    """Points of a domain (barvinok), or a huge number when they cannot be counted."""
+    """Points of a domain for the parallel rules, at a bounded cost
+    (:func:`~texpr.simplify.isl_bridge.card_within`: exact, or where counting
+    would cost too much the points of its bounding box, the extents' product),
+    or a huge number when they cannot be counted."""
     try:
-        return card(s)
+        return card_within(s).value
     except TexprError:
         return 1 << 62
 
@@ -454,8 +461,8 @@ class _StageLowering:
         wset, resid = to_set(red.where, space)
         dom = box.intersect(wset)
         self.residues = _residue_candidates(red.where, space, dom)
-        # counting a domain's points can take seconds (barvinok on modulus
-        # conditions): only where the parallel rules need it
+        # counting a domain's points can cost (barvinok on modulus conditions;
+        # _points bounds it): only where the parallel rules need it
         self.stage_points = _points(dom) if par else None
         if not self.stage.parallel_set and par and self.stage_points < PARALLEL_MIN_POINTS:
             par = []
