@@ -11,7 +11,12 @@ milliseconds over ``--repeat`` runs,
 the ratios texpr/JAX and texpr/torch, the largest difference from torch
 (relative to the largest magnitude), and texpr's build time: *cold* (an
 empty cache directory, numba compiles) and *warm* (a second process with the
-same cache directory loads the machine code). Then the forward and
+same cache directory loads the machine code). Each peer is also timed alone, in
+a process of its own that never loads texpr's code generator
+(benchmarks/peer_alone.py: beside texpr, PyTorch's OpenMP workers inherit
+``OMP_WAIT_POLICY=PASSIVE`` and share the cores with numba's, and ran small
+backward passes up to several times slower); the ratios "best peer" take the
+fastest figure of a peer, in this process or alone. Then the forward and
 both gradients as separate kernels, in ms and GFLOP/s.
 
     python benchmarks/bench_suite.py                 # every case, suite sizes
@@ -46,7 +51,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from texpr import codegen  # noqa: E402
 import texpr as te  # noqa: E402
-from cases import make_cases, random_inputs, value_and_grad_graph  # noqa: E402
+from cases import (jax_value_and_grad, make_cases, random_inputs,  # noqa: E402
+                   torch_value_and_grad, value_and_grad_graph)
 
 
 def _median_ms(fn, repeat):
@@ -77,51 +83,6 @@ def texpr_value_and_grad(case, arrays, head, loops_only=False):
     seconds = time.perf_counter() - t
     args = list(arrays) + [head]
     return kernel, seconds, lambda: kernel(*args)
-
-
-def jax_value_and_grad(case, arrays, head):
-    import jax
-    import jax.numpy as jnp
-
-    diff = [k for k, (_, _, _, d) in enumerate(case.inputs) if d]
-
-    def vg(args, h):
-        def f(*d):
-            full = list(args)
-            for k, v in zip(diff, d):
-                full[k] = v
-            return case.jax(*full)
-        out, vjp = jax.vjp(f, *[args[k] for k in diff])
-        return out, vjp(h)
-
-    fn = jax.jit(vg)
-    args = [jnp.asarray(a) for a in arrays]
-    h = jnp.asarray(head)
-
-    def run():
-        out, grads = fn(args, h)
-        jax.block_until_ready((out, grads))
-        return out, grads
-    return run
-
-
-def torch_value_and_grad(case, arrays, head):
-    import torch
-
-    ts = []
-    for a, (_, _, _, d) in zip(arrays, case.inputs):
-        t = torch.from_numpy(a.copy())
-        if d:
-            t.requires_grad_(True)
-        ts.append(t)
-    h = torch.from_numpy(head.copy())
-    diff = [t for t, (_, _, _, d) in zip(ts, case.inputs) if d]
-
-    def run():
-        out = case.torch(*ts)
-        grads = torch.autograd.grad(out, diff, h)
-        return out, grads
-    return run
 
 
 def sgemm_rate(n=2048, repeat=5):
@@ -237,17 +198,55 @@ def _set_threads(n):
         pass
 
 
+PEER_KEYS = ("jax_ms", "torch_ms", "jax_alone_ms", "torch_alone_ms")
+
+
+def best_peer_ms(row, keys=PEER_KEYS):
+    """The fastest peer figure of a row (in this process or alone), or None."""
+    got = [row[k] for k in keys if row.get(k)]
+    return min(got) if got else None
+
+
+def peers_alone(names, args):
+    """``{peer: {case: ms}}``: each peer timed in a process of its own
+    (benchmarks/peer_alone.py: texpr's code generator and its thread settings
+    not loaded there); a peer whose worker fails is left out."""
+    out = {}
+    for peer in [p for p, off in (("jax", args.no_jax), ("torch", args.no_torch),
+                                  ("texpr", False)) if not off]:
+        cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                            "peer_alone.py"), "--peer", peer,
+               "--cases", ",".join(names), "--repeat", str(args.repeat),
+               "--scale", str(args.scale), "--threads", str(args.threads)]
+        proc = subprocess.run(cmd, capture_output=True, text=True,
+                              env=dict(os.environ, TEXPR_CACHE_DIR=args.cache_dir
+                                       or os.environ.get("TEXPR_CACHE_DIR", "")))
+        if proc.returncode == 0:
+            out[peer] = json.loads(proc.stdout.strip().splitlines()[-1])
+        else:
+            print(f"warning: {peer} alone failed: {proc.stderr[-300:]}")
+    return out
+
+
 def markdown_table(rows):
     """README.md's benchmark table of ``rows`` (:func:`bench_case` results, timed
-    with ``loops``): median ms per framework, ratios to the best peer, GEMMs."""
-    lines = ["| case | texpr ms | loops only ms | jax ms | torch ms | loops only ÷ best "
-             "| texpr ÷ best | GEMMs |", "|---|---|---|---|---|---|---|---|"]
+    with ``loops``): median ms per framework (the peers in this process and
+    alone), ratios to the best peer figure, GEMMs."""
+    lines = ["| case | texpr ms | loops only ms | jax ms | torch ms | texpr alone ms "
+             "| jax alone ms | torch alone ms | loops only ÷ best | texpr ÷ best "
+             "| alone ÷ best alone | GEMMs |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    nan = float("nan")
     for r in rows:
-        best = min(r[k] for k in ("jax_ms", "torch_ms") if r.get(k))
-        loops = r.get("loops_ms", float("nan"))
+        best = best_peer_ms(r)
+        loops = r.get("loops_ms", nan)
         lines.append(f"| {r['case']} | {r['texpr_ms']:.2f} | {loops:.2f} | "
-                     f"{r.get('jax_ms', float('nan')):.2f} | {r.get('torch_ms', float('nan')):.2f}"
-                     f" | {loops / best:.2f} | {r['texpr_ms'] / best:.2f} | {r['blas_stages']} |")
+                     f"{r.get('jax_ms', nan):.2f} | {r.get('torch_ms', nan):.2f} | "
+                     f"{r.get('texpr_alone_ms') or nan:.2f} | "
+                     f"{r.get('jax_alone_ms') or nan:.2f} | {r.get('torch_alone_ms') or nan:.2f}"
+                     f" | {loops / best:.2f} | {r['texpr_ms'] / best:.2f} | "
+                     f"{(r.get('texpr_alone_ms') or nan) / (best_peer_ms(r, PEER_KEYS[2:]) or nan):.2f}"
+                     f" | {r['blas_stages']} |")
     return "\n".join(lines)
 
 
@@ -258,6 +257,8 @@ def main(argv=None):
     ap.add_argument("--scale", type=float, default=1.0, help="batch scale (1 = SUITE sizes)")
     ap.add_argument("--no-jax", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--no-alone", action="store_true",
+                    help="skip timing each peer alone in a process of its own")
     ap.add_argument("--cache-dir", default="", help="TEXPR_CACHE_DIR (default: a fresh one: cold)")
     ap.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", default="", help="also write the results to this file")
@@ -321,21 +322,39 @@ def main(argv=None):
           f"warm (second process) {sum(warm.values()):.1f} s")
     for r in rows:
         r["warm_build_s"] = warm.get(r["case"])
+    if not args.no_alone:
+        alone = peers_alone(names, args)
+        print("\npeers alone (each in a process of its own, without texpr's code generator):")
+        print(f"{'case':22s} {'texpr ms':>9s} {'jax ms':>8s} {'torch ms':>9s} "
+              f"{'alone ÷ alone':>14s} {'texpr ÷ best':>13s}")
+        nan = float("nan")
+        for r in rows:
+            for peer, ms in alone.items():
+                r[f"{peer}_alone_ms"] = ms.get(r["case"])
+            j, t, x = r.get("jax_alone_ms"), r.get("torch_alone_ms"), r.get("texpr_alone_ms")
+            best = best_peer_ms(r)
+            best_alone = best_peer_ms(r, PEER_KEYS[2:])
+            print(f"{r['case']:22s} {x or nan:9.2f} {j or nan:8.2f} {t or nan:9.2f} "
+                  f"{x / best_alone if x and best_alone else nan:14.2f} "
+                  f"{r['texpr_ms'] / best if best else nan:13.2f}")
     ratios_j = [r["texpr_ms"] / r["jax_ms"] for r in rows if r.get("jax_ms")]
     ratios_t = [r["texpr_ms"] / r["torch_ms"] for r in rows if r.get("torch_ms")]
     if ratios_j:
         print(f"geometric mean texpr/jax {np.exp(np.mean(np.log(ratios_j))):.2f}")
     if ratios_t:
         print(f"geometric mean texpr/torch {np.exp(np.mean(np.log(ratios_t))):.2f}")
-    best = [r["texpr_ms"] / min(r[k] for k in ("jax_ms", "torch_ms") if r.get(k))
-            for r in rows if r.get("jax_ms") or r.get("torch_ms")]
-    if best:
-        worst = max(zip(best, [r["case"] for r in rows]))
-        print(f"geometric mean texpr/best peer {np.exp(np.mean(np.log(best))):.2f} "
-              f"(worst {worst[1]} {worst[0]:.2f})")
+    for label, keys, mine in (("in this process", PEER_KEYS[:2], "texpr_ms"),
+                              ("in this process or alone", PEER_KEYS, "texpr_ms"),
+                              ("all three alone", PEER_KEYS[2:], "texpr_alone_ms")):
+        best = [(r[mine] / best_peer_ms(r, keys), r["case"]) for r in rows
+                if best_peer_ms(r, keys) and r.get(mine)]
+        if best:
+            worst = max(best)
+            print(f"geometric mean texpr/best peer ({label}) "
+                  f"{np.exp(np.mean(np.log([b for b, _ in best]))):.2f} "
+                  f"(worst {worst[1]} {worst[0]:.2f})")
     if args.loops:
-        lb = [r["loops_ms"] / min(r[k] for k in ("jax_ms", "torch_ms") if r.get(k))
-              for r in rows if r.get("jax_ms") or r.get("torch_ms")]
+        lb = [r["loops_ms"] / best_peer_ms(r) for r in rows if best_peer_ms(r)]
         if lb:
             print(f"geometric mean texpr loops only (no GEMMs)/best peer "
                   f"{np.exp(np.mean(np.log(lb))):.2f}")

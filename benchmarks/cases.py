@@ -229,3 +229,50 @@ def random_inputs(case, seed=0):
         else:
             out.append(rng.standard_normal(shape).astype(dtype))
     return out
+
+
+# ---- the peers' value-and-grad (shared by bench_suite.py and peer_alone.py) ----
+
+def jax_value_and_grad(case, arrays, head):
+    import jax
+    import jax.numpy as jnp
+
+    diff = [k for k, (_, _, _, d) in enumerate(case.inputs) if d]
+
+    def vg(args, h):
+        def f(*d):
+            full = list(args)
+            for k, v in zip(diff, d):
+                full[k] = v
+            return case.jax(*full)
+        out, vjp = jax.vjp(f, *[args[k] for k in diff])
+        return out, vjp(h)
+
+    fn = jax.jit(vg)
+    args = [jnp.asarray(a) for a in arrays]
+    h = jnp.asarray(head)
+
+    def run():
+        out, grads = fn(args, h)
+        jax.block_until_ready((out, grads))
+        return out, grads
+    return run
+
+
+def torch_value_and_grad(case, arrays, head):
+    import torch
+
+    ts = []
+    for a, (_, _, _, d) in zip(arrays, case.inputs):
+        t = torch.from_numpy(a.copy())
+        if d:
+            t.requires_grad_(True)
+        ts.append(t)
+    h = torch.from_numpy(head.copy())
+    diff = [t for t, (_, _, _, d) in zip(ts, case.inputs) if d]
+
+    def run():
+        out = case.torch(*ts)
+        grads = torch.autograd.grad(out, diff, h)
+        return out, grads
+    return run

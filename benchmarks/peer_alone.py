@@ -1,0 +1,80 @@
+"""One framework (JAX, PyTorch, or texpr) timed alone in its own process: bench_suite.py's worker.
+
+bench_suite.py times texpr, JAX and PyTorch alternating in one process. That
+process imports texpr's code generator, which sets ``OMP_WAIT_POLICY=PASSIVE``
+for numba's OpenMP workers (texpr/codegen/compile.py), and numba's, OpenBLAS's,
+XLA's and PyTorch's thread pools share two cores there. PyTorch's OpenMP
+workers then sleep between the many small operations of a backward pass: the
+digits CNN's training step took 0.7-1.0 ms in a PyTorch-only process and
+2.8-9 ms beside texpr (2026-12-01, this machine). So bench_suite also runs each
+peer here, in a fresh process that never imports texpr's code generator, with
+the same cases, inputs, head and thread count, and compares texpr with the
+better of the two figures; texpr alone too (``--peer texpr``, its kernels loaded
+from bench_suite's cache directory), so that all three are also compared with
+no other framework in the process. Prints one JSON line: ``{case: median ms}``.
+
+    python benchmarks/peer_alone.py --peer torch --cases dense,conv2d_s1 --repeat 9
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import texpr as te  # noqa: E402  (the IR only: the code generator stays unloaded)
+from cases import jax_value_and_grad, make_cases, random_inputs, torch_value_and_grad  # noqa: E402
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--peer", choices=("jax", "torch", "texpr"), required=True)
+    ap.add_argument("--cases", default="")
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    if args.peer == "torch":
+        import torch
+        torch.set_num_threads(args.threads)
+    if args.peer == "texpr":
+        import numba
+        numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(args.threads)
+    except ImportError:
+        pass
+    cases = make_cases(args.scale)
+    names = [n for n in args.cases.split(",") if n] or list(cases)
+    out = {}
+    for n in names:
+        case = cases[n]
+        arrays = random_inputs(case)
+        phs = [te.placeholder(shape, name, dtype) for name, shape, dtype, _ in case.inputs]
+        head = np.random.default_rng(1).standard_normal(case.texpr(*phs).shape).astype("float32")
+        if args.peer == "texpr":
+            from bench_suite import texpr_value_and_grad
+            run = texpr_value_and_grad(case, arrays, head)[2]
+        else:
+            run = (jax_value_and_grad if args.peer == "jax" else torch_value_and_grad)(
+                case, arrays, head)
+        run()
+        run()
+        ts = []
+        for _ in range(args.repeat):
+            t = time.perf_counter()
+            run()
+            ts.append(time.perf_counter() - t)
+        out[n] = float(np.median(ts)) * 1e3
+    assert args.peer == "texpr" or "texpr.codegen" not in sys.modules
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
