@@ -9,7 +9,10 @@ weight and a plain SGD update (``w -= lr * g``):
 * texpr: one ``codegen.build`` kernel of the loss and its gradients (serial, as
   the example builds it, and ``parallel=True``), then the update in numpy;
 * PyTorch: forward, ``loss.backward()`` and ``torch.optim.SGD.step`` (CPU,
-  ``--threads`` threads).
+  ``--threads`` threads), here and again alone in a process of its own (beside
+  texpr its OpenMP workers inherit ``OMP_WAIT_POLICY=PASSIVE`` and share the
+  cores with numba's: see benchmarks/peer_alone.py); the ratios are printed
+  against both, "PyTorch's best" being the faster.
 
 The steps alternate, ``--repeat`` rounds, and the medians are printed with the
 ratio texpr/PyTorch; the losses of the first step are checked to agree. Run
@@ -28,7 +31,6 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import texpr as te  # noqa: E402
-from texpr import codegen  # noqa: E402
 from texpr.examples import digits  # noqa: E402
 
 LR = 0.05
@@ -39,6 +41,7 @@ def texpr_step(model, params, x, y, parallel):
     names = list(model.weights)
     wts = [model.weights[n] for n in names]
     grads = te.differentiate(model.loss, wts).result
+    from texpr import codegen
     kernel = codegen.build([model.loss] + list(grads), [model.x, model.labels, model.mask] + wts,
                            parallel=parallel)
     mask = np.ones(model.batch, dtype=model.dtype)
@@ -79,15 +82,27 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=200)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2, help="PyTorch's and numba's threads")
+    ap.add_argument("--torch-alone", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    import numba
-    numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
 
     images, labels = digits.load_digits()
     x = digits.Model.inputs(images[:args.batch]).astype("float32")
     y = labels[:args.batch]
     model = digits.Model(args.batch, "float32")
     params = model.init_weights(np.random.default_rng(0))
+    if args.torch_alone:  # the worker: PyTorch in a process without texpr's code generator
+        step = torch_step(params, x, y, args.threads)
+        step()
+        ts = []
+        for _ in range(args.repeat):
+            t = time.perf_counter()
+            step()
+            ts.append(time.perf_counter() - t)
+        assert "texpr.codegen" not in sys.modules
+        print(float(np.median(ts)) * 1e3)
+        return
+    import numba
+    numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
     runs = {"texpr": texpr_step(model, params, x, y, parallel=False),
             "texpr parallel": texpr_step(model, params, x, y, parallel=True),
             "torch": torch_step(params, x, y, args.threads)}
@@ -106,9 +121,19 @@ def main(argv=None):
     torch_ms = float(np.median(times["torch"])) * 1e3
     print(f"digits CNN training step, batch {args.batch}, float32, {args.repeat} steps each, "
           f"alternating (first loss {ref:.6f})")
+    import subprocess
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--torch-alone",
+                           "--repeat", str(args.repeat), "--batch", str(args.batch),
+                           "--threads", str(args.threads)], capture_output=True, text=True)
+    alone = float(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
+    best = min(torch_ms, alone or torch_ms)
     for k, ts in times.items():
         ms = float(np.median(ts)) * 1e3
-        print(f"  {k:15s} {ms:7.3f} ms   {ms / torch_ms:5.2f}x PyTorch")
+        print(f"  {k:15s} {ms:7.3f} ms   {ms / torch_ms:5.2f}x PyTorch here   "
+              f"{ms / best:5.2f}x PyTorch's best")
+    if alone is not None:
+        print(f"  {'torch alone':15s} {alone:7.3f} ms   (a process of its own, without texpr's "
+              "code generator: see benchmarks/peer_alone.py)")
 
 
 if __name__ == "__main__":
