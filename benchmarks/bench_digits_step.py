@@ -29,6 +29,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import texpr as te  # noqa: E402
 from texpr.examples import digits  # noqa: E402
@@ -91,15 +92,10 @@ def main(argv=None):
     model = digits.Model(args.batch, "float32")
     params = model.init_weights(np.random.default_rng(0))
     if args.torch_alone:  # the worker: PyTorch in a process without texpr's code generator
-        step = torch_step(params, x, y, args.threads)
-        step()
-        ts = []
-        for _ in range(args.repeat):
-            t = time.perf_counter()
-            step()
-            ts.append(time.perf_counter() - t)
+        from cases import median_ms
+        ms = median_ms(torch_step(params, x, y, args.threads), args.repeat)
         assert "texpr.codegen" not in sys.modules
-        print(float(np.median(ts)) * 1e3)
+        print(ms)
         return
     import numba
     numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))

@@ -51,18 +51,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from texpr import codegen  # noqa: E402
 import texpr as te  # noqa: E402
-from cases import (jax_value_and_grad, make_cases, random_inputs,  # noqa: E402
+from cases import (jax_value_and_grad, make_cases, median_ms, random_inputs,  # noqa: E402
                    torch_value_and_grad, value_and_grad_graph)
-
-
-def _median_ms(fn, repeat):
-    fn()
-    ts = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return float(np.median(ts)) * 1e3
 
 
 def texpr_value_and_grad(case, arrays, head, loops_only=False):
@@ -175,7 +165,7 @@ def kernel_detail(name, repeat, scale):
         t = time.perf_counter()
         k = codegen.build([out], ins)
         b = time.perf_counter() - t
-        ms = _median_ms(lambda: k(*args), repeat)
+        ms = median_ms(lambda: k(*args), repeat)
         rows.append({"kernel": kname, "ms": ms, "gflops": case.flop / ms / 1e6, "build_s": b,
                      "blas": "# BLAS:" in k.source})
     return rows

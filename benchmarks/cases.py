@@ -276,3 +276,16 @@ def torch_value_and_grad(case, arrays, head):
         grads = torch.autograd.grad(out, diff, h)
         return out, grads
     return run
+
+
+def median_ms(fn, repeat):
+    """Median milliseconds of ``repeat`` calls of ``fn`` (after one untimed call)."""
+    import time
+
+    fn()
+    ts = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return float(np.median(ts)) * 1e3

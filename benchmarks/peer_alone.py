@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -28,7 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import texpr as te  # noqa: E402  (the IR only: the code generator stays unloaded)
-from cases import jax_value_and_grad, make_cases, random_inputs, torch_value_and_grad  # noqa: E402
+from cases import (jax_value_and_grad, make_cases, median_ms, random_inputs,  # noqa: E402
+                   torch_value_and_grad)
 
 
 def main(argv=None):
@@ -65,13 +65,7 @@ def main(argv=None):
             run = (jax_value_and_grad if args.peer == "jax" else torch_value_and_grad)(
                 case, arrays, head)
         run()
-        run()
-        ts = []
-        for _ in range(args.repeat):
-            t = time.perf_counter()
-            run()
-            ts.append(time.perf_counter() - t)
-        out[n] = float(np.median(ts)) * 1e3
+        out[n] = median_ms(run, args.repeat)
     assert args.peer == "texpr" or "texpr.codegen" not in sys.modules
     print(json.dumps(out))
 
