@@ -208,3 +208,19 @@ def test_shared_subexpressions_are_walked_once_per_node():
     Y = te.compute((3,), body, name="Y")
     x = np.array([1.0, -1.0, 1.0000001])
     np.testing.assert_allclose(te.evaluate(Y, {X: x}), x ** (2**30), rtol=1e-6)
+
+
+def test_numeric_gradient_refuses_a_float32_graph():
+    # a step of 1e-6 is rounding noise in float32: the differences were silently
+    # wrong (max error 2.17 on the README tour's dW, a new user's trial)
+    import numpy as np
+    import texpr as te
+    from texpr.testing import numeric_gradient
+    X = te.placeholder((3,), "X")
+    k = te.reduce_axis(3, "k")
+    L = te.compute((), lambda: te.sum(X[k] * X[k], axis=k), name="L")
+    with pytest.raises(te.TexprError, match=r"L is float32.*float64"):
+        numeric_gradient(L, X, {X: np.ones(3, "float32")})
+    # a float32 graph with a step float32 resolves is still allowed
+    got = numeric_gradient(L, X, {X: np.ones(3, "float32")}, eps=1e-2)
+    np.testing.assert_allclose(got, 2.0, rtol=1e-3)

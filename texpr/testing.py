@@ -39,8 +39,15 @@ def random_feed(tensors, seed=0, dtype=None, low=-1.0, high=1.0, int_high=None):
 def numeric_gradient(loss, wrt, feed, eps=1e-6):
     """Central finite differences of a scalar (shape ``()``) ``loss`` w.r.t. ``wrt``.
 
-    ``feed`` must hold float64 arrays for accurate results. Returns an array of
-    ``wrt``'s shape (float64). Costs two evaluations per element of ``wrt``.
+    The graph must be float64 (``loss`` and ``wrt``), and ``feed`` hold float64
+    arrays: a step of ``eps`` = 1e-6 is below float32's resolution (the
+    differences would be rounding noise). Returns an array of ``wrt``'s shape
+    (float64). Costs two evaluations per element of ``wrt``.
+
+    Raises:
+        TexprError: ``loss`` is not a scalar, or ``loss`` or ``wrt`` is not
+        float64 while ``eps`` is below 1e-3 (build the graph with
+        ``dtype="float64"``).
     """
     if loss.shape != ():
         raise TexprError(f"numeric_gradient: loss {loss.name} must be a scalar, got shape {loss.shape}")
@@ -49,7 +56,15 @@ def numeric_gradient(loss, wrt, feed, eps=1e-6):
 
 def numeric_jacobian(output, wrt, feed, eps=1e-6):
     """Central finite differences of any ``output`` w.r.t. ``wrt``: an array of shape
-    ``output.shape + wrt.shape`` (float64)."""
+    ``output.shape + wrt.shape`` (float64). The graph must be float64 (see
+    :func:`numeric_gradient`; TexprError otherwise, for ``eps`` below 1e-3)."""
+    if eps < 1e-3:
+        for t in (output, wrt):
+            if getattr(t, "dtype", "float64") != "float64":
+                raise TexprError(
+                    f"numeric_gradient: {t.name} is {t.dtype}; central differences with "
+                    f"eps={eps:g} need a float64 graph (in {t.dtype} the step is rounding "
+                    "noise): build the graph with dtype=\"float64\" and feed float64 arrays")
     base = np.array(feed[wrt], dtype=np.float64, copy=True)
     jac = np.zeros(output.shape + base.shape, dtype=np.float64)
     f = dict(feed)

@@ -59,7 +59,8 @@ def max_pool2d(x, kernel, stride=None, padding=0, dilation=1, name="max_pool2d")
 
     ``Y[n, c, h, w] = max_{kh, kw} Xpad[n, c, h*sh + kh*dh - ph, w*sw + kw*dw - pw]``
     with ``Xpad`` padded by ``-inf`` (a select inside the reduction).
-    Gradient: the subgradient rule of ``te.max`` (tied maxima share the adjoint).
+    Gradient: the subgradient rule of ``te.max``: the first maximum of a window (row-major
+    order) receives the whole adjoint, tied ones 0 (docs/conventions.md, "Ties").
 
     Args:
         x: ``(N, C, H, W)``. kernel: int or pair. stride: int or pair (default: kernel).

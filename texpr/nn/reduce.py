@@ -3,7 +3,8 @@
 As ``numpy.sum(x, axis, keepdims=...)`` and friends. One reduction stage each.
 ``max``/``min`` of an empty extent give ``-inf``/``+inf`` (the reducer's
 identity) rather than an error; their gradient follows ``te.max``'s
-subgradient rule (tied extrema share the adjoint).
+subgradient rule (the first extremum of a tie set receives the whole adjoint,
+docs/conventions.md).
 """
 
 import builtins
