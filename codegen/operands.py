@@ -266,7 +266,11 @@ def _pack(op, key, facs, conds, dtype, shared, k):
             inside = pa.ge_set(space.const(0)).intersect(pa.lt_set(space.const(n)))
             if not box.is_subset(inside):
                 return None
-    sig = (id(t), expr_str(body))
+    # the printed body names tensors and variables by name: two tensors both named
+    # "b" print alike, so the signature holds what it reads by identity too
+    reads = tuple(id(n.tensor) if isinstance(n, Load) else id(n) for n in post_order(body)
+                  if isinstance(n, Load) or (isinstance(n, E.Var) and id(n) not in own))
+    sig = (id(t), expr_str(body), reads)
     hit = shared.get(sig)
     if hit is not None:
         return hit
