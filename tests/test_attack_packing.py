@@ -47,3 +47,25 @@ def test_packed_operands_of_equally_named_tensors_are_not_shared():
     got = kernel(*[feed[t] for t in ins])
     for g, w in zip(got, te.evaluate(simplify.simplify([y1, y2]), feed)):
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
+
+
+def test_a_packed_group_of_several_factors_keeps_the_products_association():
+    # X * W * X is (X * W) * X: packing X's group as X * X and then multiplying by
+    # W reassociates the product; in float32 1e20 * 1e20 overflows where
+    # (1e20 * 0) * 1e20 is 0 (the loop nest's value): the kernel gave NaN (and inf
+    # for W = 1e-30, where the loop nest gives 3e10)
+    X = te.placeholder((2, 3), "X", "float32")
+    W = te.placeholder((3, 2), "W", "float32")
+    k = te.reduce_axis(3, "k")
+    Y = te.compute((2, 2), lambda i, j: te.sum(X[i, k] * W[k, j] * X[i, k], axis=k,
+                                               where=X[i, k] > 0), name="Y")
+    with blas_at_any_size():
+        kernel = codegen.build([Y], [X, W])
+    x = np.full((2, 3), 1e20, "float32")
+    simp = simplify.simplify([Y])
+    for wv in (0.0, 1e-30):
+        w = np.full((3, 2), wv, "float32")
+        (got,) = kernel(x, w)
+        (want,) = te.evaluate(simp, {X: x, W: w})
+        np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
+        np.testing.assert_allclose(got, want, rtol=1e-5)
