@@ -124,17 +124,34 @@ def _packed(op, shared):
     # (a pooled head d_pool[n, c, h // 2, w // 2] beside conv[n, c, h, w])
     roots = [k for k in keys if not any(
         o is not k and _expressible(k, o, axes) and not _expressible(o, k, axes) for o in keys)]
+    originals = list(items)
     items = [_residues_of_keys(x, roots) for x in items]
     data = [_residues_of_keys(x, roots) for x in data]
     groups = {}
-    for x in items + data:
+    for n, x in enumerate(items + data):
         key = next((k for k in roots if _expressible(x, k, axes)), None)
         if key is None:
             return None
-        g = groups.setdefault(id(key), (key, [], []))
-        (g[2] if any(x is d for d in data) else g[1]).append(x)
+        g = groups.setdefault(id(key), (key, [], [], []))
+        if n < len(items):
+            g[1].append(x)
+            g[3].append(originals[n])
+        else:
+            g[2].append(x)
     if len(groups) != 2:
         return None
+    # the packed stage multiplies a group's factors first: only where the summand
+    # does too (else X * W * X, which is (X * W) * X, would become (X * X) * W,
+    # overflowing where the original does not: 1e20 * 0 * 1e20 is 0, not NaN)
+    products = _products(red.source[0])
+    for _key, _fs, _cs, orig in groups.values():
+        if len(orig) > 1:
+            prod = orig[0]
+            for f in orig[1:]:
+                prod = prod * f
+            if id(prod) not in products:
+                return None
+    groups = {k: g[:3] for k, g in groups.items()}
     operands = []
     for key, fs, cs in groups.values():
         if not cs and len(fs) == 1 and fs[0] is key:
@@ -159,6 +176,23 @@ def _packed(op, shared):
     except Exception:  # noqa: BLE001
         return None
     return new
+
+
+def _products(e):
+    """The ids of the products in the summand ``e`` that :func:`contraction._factors`
+    descends through (its factors' products as the summand computes them)."""
+    out, stack = set(), [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, E.Mul):
+            out.add(id(x))
+            stack.extend((x.a, x.b))
+        elif isinstance(x, E.Select) and isinstance(x.false_value, E.Const) \
+                and x.false_value.value == 0:
+            stack.append(x.true_value)
+        elif isinstance(x, E.Cast) and x.dtype == x.value.dtype:
+            stack.append(x.value)
+    return out
 
 
 def _same_load(a, b):
@@ -266,7 +300,11 @@ def _pack(op, key, facs, conds, dtype, shared, k):
             inside = pa.ge_set(space.const(0)).intersect(pa.lt_set(space.const(n)))
             if not box.is_subset(inside):
                 return None
-    sig = (id(t), expr_str(body))
+    # the printed body names tensors and variables by name: two tensors both named
+    # "b" print alike, so the signature holds what it reads by identity too
+    reads = tuple(id(n.tensor) if isinstance(n, Load) else id(n) for n in post_order(body)
+                  if isinstance(n, Load) or (isinstance(n, E.Var) and id(n) not in own))
+    sig = (id(t), expr_str(body), reads)
     hit = shared.get(sig)
     if hit is not None:
         return hit
