@@ -73,7 +73,6 @@ import numpy as np
 from texpr.simplify.isl_bridge import (VarSpace, box_set, card_within, isl,
                                       projected_cards_within, to_pwaff, to_set)
 from texpr.simplify import loop_ast as LA
-from texpr.simplify.sympy_bridge import constant_difference
 from texpr import dtypes as dt
 from texpr import expr as E
 from texpr.errors import TexprError
@@ -843,6 +842,8 @@ class _StageLowering:
         ``hi - lo`` is not a smaller constant): unrolling a loop that always runs
         fewer times than it has copies (upsample2's dX: 2 of a 28-value axis per
         output) only adds code for numba to compile."""
+        from texpr.simplify.sympy_bridge import constant_difference  # (SymPy: a build's
+        # lowering only, never a warm run's, which loads the lowered program)
         trips = constant_difference(node.hi, node.lo)
         return trips is None or trips >= 2 * self.unroll[3]
 
