@@ -30,20 +30,22 @@ The directory is ``$TEXPR_CACHE_DIR``, else ``$XDG_CACHE_HOME/texpr``, else
 ``~/.cache/texpr``.
 
 Concurrent compilation (:func:`compile_units`): the units of a build that are
-neither in memory nor loadable from numba's disk cache are shared between this
-process and worker processes (when the disk cache is usable): a persistent
-:class:`concurrent.futures.ProcessPoolExecutor` (``spawn`` context, started on
-first use, ``workers`` = ``$TEXPR_COMPILE_WORKERS`` or one fewer than
-``os.cpu_count()``; ``0`` disables them). :func:`split_units` places the
-units longest first (:func:`estimate_seconds`, from the text) on whichever of
-this process and the workers would finish them first, a fresh worker counted
-from the end of its start-up (``WORKER_START_SECONDS``: a new interpreter,
-numpy, numba and numba's first compile, about 1.1 s here). So a build of a few
-small units compiles them here (a suite case's 2 parallel units: 1.4-1.8 s
-through two fresh workers, 1.0-1.1 s here), and a model's dozens of units keep
-both cores busy, this process compiling its share while the workers compile
-theirs. A worker compiles with ``cache=True`` into the disk cache; this
-process then loads the machine code from there (milliseconds). Anything that
+neither in memory nor loadable from numba's disk cache are compiled by worker
+processes when at least two are missing and the disk cache is usable: a
+persistent :class:`concurrent.futures.ProcessPoolExecutor` (``spawn`` context,
+started on first use, ``min(workers, missing)`` processes, ``workers`` =
+``$TEXPR_COMPILE_WORKERS`` or ``os.cpu_count()``; ``0`` disables them). A
+worker compiles with ``cache=True`` into the disk cache; this process then
+loads the machine code from there (milliseconds). With ``TEXPR_COMPILE_HERE=1``
+(:data:`PARENT_COMPILES`) this process compiles a share itself:
+:func:`split_units` places the units longest first (:func:`estimate_seconds`,
+from the text) on whichever of this process and the workers would finish them
+first, a fresh worker counted from the end of its start-up
+(``WORKER_START_SECONDS``: a new interpreter, numpy, numba and numba's first
+compile, about 1.1 s here), so a build of a few small units compiles here (a
+suite case's 2 parallel units: 1.4-1.8 s through two fresh workers, 1.0-1.1 s
+here). It is off by default: the kernels of a process that compiled them ran
+up to 2x slower (see :data:`PARENT_COMPILES`). Anything that
 goes wrong with the pool (a worker that fails, dies, or takes longer than
 ``$TEXPR_COMPILE_TIMEOUT`` seconds, default 600: the pool is then killed)
 falls back to compiling here: the pool never raises, and a unit that numba
@@ -350,11 +352,12 @@ _DEFAULT_TIMEOUT = 600.0
 
 
 def _workers_allowed():
-    """``$TEXPR_COMPILE_WORKERS`` (0 disables the workers), else one fewer than
-    ``os.cpu_count()`` (at least one): this process compiles too."""
+    """``$TEXPR_COMPILE_WORKERS`` (0 disables the workers), else ``os.cpu_count()``
+    (one fewer, at least one, when this process compiles too:
+    :data:`PARENT_COMPILES`)."""
     v = os.environ.get("TEXPR_COMPILE_WORKERS", "").strip()
     if not v:
-        return max(1, (os.cpu_count() or 1) - 1)
+        return max(1, (os.cpu_count() or 1) - (1 if PARENT_COMPILES else 0))
     try:
         return max(0, int(v))
     except ValueError:
@@ -485,8 +488,16 @@ WORKER_START_SECONDS = 1.1
 #: numba's first compile in a process (its target's start-up), paid once by
 #: whichever process compiles first (the parent, or each worker)
 NUMBA_START_SECONDS = 0.45
-#: tests: False sends every missing unit to the workers (the pool's own path)
-PARENT_COMPILES = True
+#: whether the building process compiles a share of a build's units itself
+#: (:func:`split_units`); off by default, on with ``TEXPR_COMPILE_HERE=1``. A
+#: process that compiled a stage's unit itself ran that stage's kernels 1.7-2x
+#: slower afterwards than a process that loaded the same machine code from the
+#: cache (measured 2026-12-01 on max_pool2d's value-and-grad: 2.9 vs 1.5 ms on 2
+#: threads, 4.7 vs 2.5 ms on one; the same after reloading the unit from disk in
+#: that process; not the vectoriser settings, malloc's thresholds or the
+#: threading layer; the cause is not known), so by default the workers compile
+#: and this process only loads, whenever at least two units are missing.
+PARENT_COMPILES = os.environ.get("TEXPR_COMPILE_HERE", "").strip() == "1"
 _STARTED = {"parent": False, "pool": False}
 
 

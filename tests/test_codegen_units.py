@@ -226,9 +226,10 @@ def test_the_split_keeps_small_builds_here_and_shares_large_ones():
 
 
 def test_this_process_and_the_workers_share_a_build(fresh, tmp_path, monkeypatch):
-    # the default split: with the worker's start taken as free, this process and
-    # one worker each compile part of the units; values as in one process
+    # the split (TEXPR_COMPILE_HERE=1): with the worker's start taken as free, this
+    # process and one worker each compile part of the units; values as in one process
     monkeypatch.setenv("TEXPR_COMPILE_WORKERS", "1")
+    monkeypatch.setattr(cmp, "PARENT_COMPILES", True)  # (TEXPR_COMPILE_HERE=1)
     monkeypatch.setattr(cmp, "WORKER_START_SECONDS", 0.0)
     monkeypatch.setattr(cmp, "NUMBA_START_SECONDS", 0.0)
     ins, outs = _two_unit_graph()
