@@ -47,10 +47,12 @@ class Kernel:
     seconds spent compiling or loading the units), ``units_compiled`` (units
     numba compiled for this build, here or in a worker process),
     ``units_reused`` (units taken from the memory or disk cache, including a
-    stage that occurs twice in the graph), ``from_disk_cache`` (no unit was
+    stage that occurs twice in the graph; a GEMM unit, which compiles nothing,
+    counts here, as reused), ``from_disk_cache`` (no unit was
     compiled and at least one came from disk), ``from_memory_cache`` (every
-    unit came from memory), ``paths`` (the generated module of each unit on
-    disk, with canonical identifiers and no user names; None for a unit
+    unit came from memory; a GEMM unit counts as from memory), ``paths`` (the
+    generated module of each unit on disk, with canonical identifiers and no
+    user names; None for a GEMM unit, which has no module, and for a unit
     compiled in memory because the cache directory could not be used),
     ``path`` (the first unit's module, or None).
 
