@@ -4,8 +4,6 @@ a GEMM over a packed stage, with the values of the loop nest it replaces --
 against the evaluator (finite and non-finite inputs), finite differences and
 PyTorch."""
 
-import contextlib
-
 import numpy as np
 import pytest
 
@@ -15,18 +13,9 @@ from texpr.codegen import contraction
 from texpr.codegen.operands import PACKED, pack_operands
 from texpr.testing import numeric_gradient
 
+from fuzz import every_contraction_on_blas as blas_at_any_size  # the cost rule off
+
 nn = te.nn
-
-
-@contextlib.contextmanager
-def blas_at_any_size():
-    """The cost rule off: these stages are far below the sizes where BLAS pays."""
-    old = contraction.cost_ok
-    contraction.cost_ok = lambda plan: True
-    try:
-        yield
-    finally:
-        contraction.cost_ok = old
 
 
 def _block(dtype="float64"):
