@@ -163,12 +163,19 @@ def _load(source, modname, path, entry="kernel"):
     if path is None:
         # the text is ours (no user text outside comments): the flag is the only change
         source = source.replace("cache=True", "cache=False")
-    code = compile(source, path or f"<texpr kernel {modname}>", "exec")
-    mod = _pytypes.ModuleType(modname)
-    mod.__file__ = path
-    # numba's cached code names its module: it must be importable by that name
-    sys.modules[modname] = mod
-    exec(code, mod.__dict__)
+    from numba.core.compiler_lock import global_compiler_lock
+
+    # under numba's (re-entrant) compiler lock: CPython 3.11's compile() is not
+    # safe while another thread parses (numba's front end parses too): threads
+    # building at once once got "SystemError: AST constructor recursion depth
+    # mismatch", which the cache's fallback then blamed on the cache directory
+    with global_compiler_lock:
+        code = compile(source, path or f"<texpr kernel {modname}>", "exec")
+        mod = _pytypes.ModuleType(modname)
+        mod.__file__ = path
+        # numba's cached code names its module: it must be importable by that name
+        sys.modules[modname] = mod
+        exec(code, mod.__dict__)
     return mod.__dict__[entry]
 
 

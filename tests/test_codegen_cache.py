@@ -231,3 +231,42 @@ def test_concurrent_builds_survive_the_cache_dir_being_deleted(tmp_path):
         assert out["err"] < 1e-12 and len(out["disk"]) == 4
         assert sum("cannot be used" in m for m in out["warnings"]) <= 1
     assert deletions > 10
+
+
+def test_threads_building_at_once_get_no_cache_warning(tmp_path, monkeypatch):
+    # each thread builds kernels of its own, compiled in that thread (one unit
+    # each, no workers); CPython 3.11's compile() raced with another thread's
+    # parse once ("AST constructor recursion depth mismatch"), and the cache's
+    # fallback blamed the directory with a CacheWarning (an attack find)
+    import threading
+
+    import texpr as te
+    from texpr import codegen
+    monkeypatch.setenv("TEXPR_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TEXPR_COMPILE_WORKERS", "0")
+    codegen.clear_memory_cache()
+    results, errors = {}, []
+
+    def work(t):
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                for n in (3, 4):
+                    X = te.placeholder((t + 2, n), "X", "float64")
+                    Y = te.compute((t + 2, n), lambda i, j: X[i, j] * (t + 1.5) + j, name="Y")
+                    x = np.arange((t + 2) * n, dtype="float64").reshape(t + 2, n)
+                    results[(t, n)] = (codegen.build([Y], [X])(x)[0], te.evaluate(Y, {X: x}))
+            errors.extend(str(w.message) for w in caught
+                          if issubclass(w.category, codegen.CacheWarning))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    assert len(results) == 8
+    for got, want in results.values():
+        np.testing.assert_allclose(got, want)
