@@ -234,13 +234,28 @@ _AST_BIN = {
     isl.ast_expr_op_type.add: E.add, isl.ast_expr_op_type.sub: E.sub,
     isl.ast_expr_op_type.mul: E.mul, isl.ast_expr_op_type.fdiv_q: E.floordiv,
     isl.ast_expr_op_type.pdiv_q: E.floordiv, isl.ast_expr_op_type.pdiv_r: E.floormod,
-    isl.ast_expr_op_type.zdiv_r: E.floormod, isl.ast_expr_op_type.div: E.floordiv,
+    isl.ast_expr_op_type.zdiv_r: E.floormod, isl.ast_expr_op_type.div: lambda a, b: _c_div(a, b),
     isl.ast_expr_op_type.eq: lambda a, b: a == b, isl.ast_expr_op_type.le: lambda a, b: a <= b,
     isl.ast_expr_op_type.lt: lambda a, b: a < b, isl.ast_expr_op_type.ge: lambda a, b: a >= b,
     isl.ast_expr_op_type.gt: lambda a, b: a > b,
     isl.ast_expr_op_type.and_: E.logical_and, isl.ast_expr_op_type.and_then: E.logical_and,
     isl.ast_expr_op_type.or_: E.logical_or, isl.ast_expr_op_type.or_else: E.logical_or,
 }
+
+
+def _c_div(a, b):
+    """ISL's ``div`` (its C printer's ``/``): an "exact" division, which ISL's AST
+    generator also places where the numerator is not a multiple (a loop bound
+    of a residue class that is empty at that point, ``-c0 / 2`` at ``c0 = 3``),
+    relying on C's division, which truncates toward zero: floor division there
+    gave a loop that ran outside the domain (fuzz seed 7000031103: a read past
+    a buffer). So C's truncation, for a positive constant divisor (ISL's only
+    kind) and, as a fallback, for any divisor."""
+    if isinstance(b, E.Const) and isinstance(b.value, int) and b.value > 0:
+        return E.select(a < 0, E.const(0) - E.floordiv(E.const(0) - a, b), E.floordiv(a, b))
+    q = E.floordiv(a, b)
+    inexact = E.logical_and(E.floormod(a, b) != 0, (a < 0) != (b < 0))
+    return E.select(inexact, q + 1, q)
 
 
 def ast_expr_to_ir(ae, by_name):

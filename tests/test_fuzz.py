@@ -38,7 +38,10 @@ REGRESSIONS = (20261140, 20261160, 20261180, 20261210, 20261230, 20261280,
 #: simplification); a stage inlined at a data index into a select chain numba
 #: ran out of memory on; an empty min's +inf times a select zero in a forward
 #: stage (symbolic zero, docs/conventions.md)
-LONG_RUN_REGRESSIONS = (7000003194, 7000003318, 7000002969)
+#: isl's exact division ``div`` in a residue class's loop bound, non-exact where the
+#: class is empty (``-c0 / 2`` at ``c0 = 3``), read as floor division instead of C's
+#: truncation: the loop ran outside the domain and read the head past its buffer
+LONG_RUN_REGRESSIONS = (7000003194, 7000003318, 7000002969, 7000031103)
 #: compiled in long runs only: its program's argmax unit inlines a cheap stage into
 #: a 15 KB select chain whose hundreds of inlined check helpers take numba about
 #: 90 s (a compile-time case for issue 11); CI runs its evaluator checks
