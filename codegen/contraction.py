@@ -863,18 +863,21 @@ class _Instance:
         return _Instance(spatial, out_strides, out_offset, reduce_, loads, conj, **kw)
 
 
-def _factors(e, out, conds):
+def _factors(e, out, conds, products=None):
     """Split a product into factors (loads, constants); ``select(c, x, 0)`` adds ``c``
-    to ``conds``."""
+    to ``conds``; ``products`` (a set, optional) receives the ids of the products
+    descended through (the summand's own sub-products)."""
     if isinstance(e, E.Mul):
-        _factors(e.a, out, conds)
-        _factors(e.b, out, conds)
+        if products is not None:
+            products.add(id(e))
+        _factors(e.a, out, conds, products)
+        _factors(e.b, out, conds, products)
     elif isinstance(e, E.Select) and isinstance(e.false_value, E.Const) \
             and e.false_value.value == 0:
         conds.append(e.cond)
-        _factors(e.true_value, out, conds)
+        _factors(e.true_value, out, conds, products)
     elif isinstance(e, E.Cast) and e.dtype == e.value.dtype:
-        _factors(e.value, out, conds)
+        _factors(e.value, out, conds, products)
     else:
         out.append(e)
 

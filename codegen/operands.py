@@ -97,8 +97,8 @@ def _packed(op, shared):
     dtype = red.dtype
     if dtype not in ("float32", "float64") or op.attrs.get(PACKED):
         return None
-    facs, conds = [], []
-    contraction._factors(red.source[0], facs, conds)
+    facs, conds, products = [], [], set()
+    contraction._factors(red.source[0], facs, conds, products)
     conj = contraction._conjuncts(red.where, [])
     for c in conds:
         contraction._conjuncts(c, conj)
@@ -143,7 +143,6 @@ def _packed(op, shared):
     # the packed stage multiplies a group's factors first: only where the summand
     # does too (else X * W * X, which is (X * W) * X, would become (X * X) * W,
     # overflowing where the original does not: 1e20 * 0 * 1e20 is 0, not NaN)
-    products = _products(red.source[0])
     for _key, _fs, _cs, orig in groups.values():
         if len(orig) > 1:
             prod = orig[0]
@@ -176,23 +175,6 @@ def _packed(op, shared):
     except Exception:  # noqa: BLE001
         return None
     return new
-
-
-def _products(e):
-    """The ids of the products in the summand ``e`` that :func:`contraction._factors`
-    descends through (its factors' products as the summand computes them)."""
-    out, stack = set(), [e]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, E.Mul):
-            out.add(id(x))
-            stack.extend((x.a, x.b))
-        elif isinstance(x, E.Select) and isinstance(x.false_value, E.Const) \
-                and x.false_value.value == 0:
-            stack.append(x.true_value)
-        elif isinstance(x, E.Cast) and x.dtype == x.value.dtype:
-            stack.append(x.value)
-    return out
 
 
 def _same_load(a, b):

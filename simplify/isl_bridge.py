@@ -250,12 +250,11 @@ def _c_div(a, b):
     relying on C's division, which truncates toward zero: floor division there
     gave a loop that ran outside the domain (fuzz seed 7000031103: a read past
     a buffer). So C's truncation, for a positive constant divisor (ISL's only
-    kind) and, as a fallback, for any divisor."""
+    kind; another raises TexprError)."""
     if isinstance(b, E.Const) and isinstance(b.value, int) and b.value > 0:
         return E.select(a < 0, E.const(0) - E.floordiv(E.const(0) - a, b), E.floordiv(a, b))
-    q = E.floordiv(a, b)
-    inexact = E.logical_and(E.floormod(a, b) != 0, (a < 0) != (b < 0))
-    return E.select(inexact, q + 1, q)
+    raise TexprError(f"isl_bridge: an ISL exact division by {b!r}, not a positive "
+                     "constant")
 
 
 def ast_expr_to_ir(ae, by_name):
