@@ -5,9 +5,10 @@ One job: decide, from the stage's iteration domain (isl), which accesses are
 proven in bounds, which are proven out of bounds (a build-time
 :class:`OutOfBoundsError`), which are checked at run time (``_ck``), and which
 loaded integers used in index arithmetic get a range check (``_rk``). The
-run-time checks are the numba helpers of :data:`CHECK_HELPERS`: they set the
-unit's error flag ``err`` (``[code, offending value]``) instead of raising, so
-that numba can still parallelise the loop.
+run-time checks are the numba helpers ``_ck``, ``_rk`` and ``_nz`` of
+:mod:`codegen.runtime`: they set the unit's error flag ``err`` (``[code,
+offending value]``) instead of raising, so that numba can still parallelise
+the loop.
 """
 
 from texpr import expr as E
@@ -15,7 +16,7 @@ from texpr.errors import OutOfBoundsError, TexprError
 from texpr.printer import expr_str
 from texpr.simplify.isl_bridge import isl, to_pwaff, to_set
 
-__all__ = ["DATA_INDEX_LIMIT", "CHECK_HELPERS"]
+__all__ = ["DATA_INDEX_LIMIT"]
 
 #: an int64 value loaded (or cast from a float) inside index arithmetic is checked
 #: at run time to lie in [-DATA_INDEX_LIMIT, DATA_INDEX_LIMIT): the arithmetic
@@ -223,40 +224,3 @@ class _BoundsChecker:
                 f"stage {self.stage_name}: load `{expr_str(ld)}` reads {t.name} outside its "
                 f"shape {t.shape} (dimension {d}) at {where}; guard the load with "
                 "te.if_then_else if the index can leave the tensor")
-
-
-#: the run-time checks (numba helpers): an index outside ``[0, n)``, a value outside
-#: ``[-lim, lim)``, a zero divisor set ``err`` and return a safe value. The first
-#: failure is kept (later ones leave ``err`` alone), so a sequential loop reports
-#: the first offending point's value; in a parallel loop it is one of them
-CHECK_HELPERS = '''
-@njit(inline="always", cache=True)
-def _fail(err, code, v):
-    if err[0] == 0:
-        err[1] = v
-        err[0] = code
-
-
-@njit(inline="always", cache=True)
-def _ck(i, n, err, code):
-    if i < 0 or i >= n:
-        _fail(err, code, i)
-        return 0
-    return i
-
-
-@njit(inline="always", cache=True)
-def _rk(v, lim, err, code):
-    if v < -lim or v >= lim:
-        _fail(err, code, v)
-        return 0
-    return v
-
-
-@njit(inline="always", cache=True)
-def _nz(b, err, code):
-    if b == 0:
-        _fail(err, code, 0)
-        return 1
-    return b
-'''

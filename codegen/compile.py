@@ -9,7 +9,10 @@ the argument types and the text, so that numba's own on-disk cache
 (``cache=True``: ``__pycache__/texpr_k_<key>.*.nbi`` and ``.nbc`` beside the
 module) is found again by a second process running the same program: it loads
 the machine code instead of recompiling. In one process, compiled kernels are
-also kept in memory by the same key.
+also kept in memory by the same key. The helpers the units call are one module
+of their own (:mod:`codegen.runtime`), written and cached the same way in the
+first cache directory a process uses, loaded before any unit
+(:func:`_runtime_module`), and linked by numba into each unit's machine code.
 
 Integrity (the name of a module is the checksum of its content):
 
@@ -78,6 +81,8 @@ from numba.core import types  # noqa: E402
 
 from texpr import cache as _cache  # noqa: E402
 from texpr.errors import TexprError, TexprWarning  # noqa: E402
+
+from . import runtime as _runtime  # noqa: E402
 
 __all__ = ["CompileError", "CacheWarning", "cache_dir", "compile_source", "compile_units",
            "clear_memory_cache", "stats", "estimate_seconds", "split_units"]
@@ -156,13 +161,58 @@ class _CacheUnusable(Exception):
     """The disk cache failed for this kernel (the cause is the message)."""
 
 
+#: the helper modules (:mod:`codegen.runtime`) loaded in this process: ``"disk"``,
+#: the one of units cached on disk (``cache=True``), and ``"memory"``, the one of
+#: units compiled in memory (``cache=False``, named ``<MODULE>_m``)
+_RUNTIMES = {}
+_MEMORY_RUNTIME = _runtime.MODULE + "_m"
+
+
+def _runtime_module(d):
+    """The helper module of units cached in directory ``d`` (``None``: of units
+    compiled in memory), executed once per process. The disk one is written to,
+    and its helpers' machine code cached in, the first cache directory this
+    process compiles a unit in, whichever directory later units use: a unit's
+    cached machine code holds the helpers it calls (linked in), so it loads from
+    any directory, and a process compiles each helper once (a module per
+    directory made a test suite that builds in hundreds of temporary
+    directories twice as slow). Raises OSError when ``d`` cannot hold the
+    module's file. Call under numba's compiler lock."""
+    kind = "memory" if d is None else "disk"
+    mod = _RUNTIMES.get(kind)
+    if mod is None:
+        if d is None:
+            name, path = _MEMORY_RUNTIME, None
+            text = _runtime.SOURCE.replace("cache=True", "cache=False")
+        else:
+            name, text = _runtime.MODULE, _runtime.SOURCE
+            path = _module_file(d, name, text.encode("utf-8"))
+        mod = _pytypes.ModuleType(name)
+        mod.__file__ = path
+        sys.modules[name] = mod
+        exec(compile(text, path or f"<texpr helpers {name}>", "exec"), mod.__dict__)
+        _RUNTIMES[kind] = mod
+    return mod
+
+
+def _runtime_numba_files():
+    """numba's cache files of the disk helper module loaded in this process."""
+    mod = _RUNTIMES.get("disk")
+    if mod is None or not mod.__file__:
+        return []
+    return _numba_files(os.path.dirname(mod.__file__), _runtime.MODULE)
+
+
 def _load(source, modname, path, entry="kernel"):
     """The ``entry`` dispatcher of ``source`` executed as module ``modname``:
     with numba's disk cache when ``path`` (the module's file, holding the same
-    text) is given, else in memory only."""
+    text) is given, else in memory only. The unit's helpers come from the helper
+    module of the same cache directory (:func:`_runtime_module`)."""
     if path is None:
-        # the text is ours (no user text outside comments): the flag is the only change
-        source = source.replace("cache=True", "cache=False")
+        # the text is ours (no user text outside comments): the flag and the helper
+        # module's name (a checksum) are the only changes
+        source = source.replace("cache=True", "cache=False").replace(
+            f"from {_runtime.MODULE} import", f"from {_MEMORY_RUNTIME} import")
     from numba.core.compiler_lock import global_compiler_lock
 
     # under numba's (re-entrant) compiler lock: CPython 3.11's compile() is not
@@ -170,6 +220,7 @@ def _load(source, modname, path, entry="kernel"):
     # building at once once got "SystemError: AST constructor recursion depth
     # mismatch", which the cache's fallback then blamed on the cache directory
     with global_compiler_lock:
+        _runtime_module(None if path is None else os.path.dirname(path))
         code = compile(source, path or f"<texpr kernel {modname}>", "exec")
         mod = _pytypes.ModuleType(modname)
         mod.__file__ = path
@@ -264,8 +315,10 @@ def _on_disk(d, key, source, sig, entry):
     except Exception as exc:  # noqa: BLE001 - numba's cache raises many kinds
         first = exc
     # numba's cache files that cannot be read (empty, truncated, random bytes) make
-    # the load fail: remove them and compile again (numba writes them afresh)
-    if _cache.remove_files(_numba_files(d, modname)):
+    # the load fail: remove them (the unit's, and the helper module's, whose machine
+    # code numba loads while it types the unit) and compile again (numba writes
+    # them afresh)
+    if _cache.remove_files(_numba_files(d, modname) + _runtime_numba_files()):
         try:
             path = _module_file(d, modname, data)
             fn = _compile(_load(source, modname, path, entry), sig, source)

@@ -15,7 +15,7 @@ from texpr.printer import expr_str
 from .bounds import DATA_INDEX_LIMIT
 from .source import comment_text
 
-__all__ = ["ExprEmitter", "const_str", "element", "HELPERS"]
+__all__ = ["ExprEmitter", "const_str", "element"]
 
 
 def _nodes(e):
@@ -49,6 +49,25 @@ def const_str(value, dtype):
     return text if dtype == "float64" else f"np.float32({text})"
 
 
+def fill_value(value, dtype):
+    """:func:`const_str` of ``value`` for the value argument of ``_fill``: never a
+    numba literal (see :func:`helper_int`), so ``_fill`` is compiled once per
+    dtype."""
+    text = const_str(value, dtype)
+    if dtype == "int64":
+        return f"np.int64({text})"
+    return f"np.bool_({text})" if dtype == "bool" else text
+
+
+def helper_int(text):
+    """``text``, an integer expression passed to a helper of :mod:`codegen.runtime`,
+    as an int64 that is never a numba literal: numba types a constant, or a
+    variable holding one (``i0_0 = 0``), as its value (``Literal[int](4)``) and
+    compiles the helper once per value it is called with (52 versions of
+    ``_ck`` for 16 fuzzed programs)."""
+    return text if text.startswith("np.int64(") else f"np.int64({text})"
+
+
 class ExprEmitter:
     """Python source of IR expressions inside a numba kernel.
 
@@ -72,7 +91,7 @@ class ExprEmitter:
             f"stage {self.stage_name}: the value of `{expr_str(e)}` is used in index "
             f"arithmetic and must lie in [-{DATA_INDEX_LIMIT}, {DATA_INDEX_LIMIT}) "
             "(the arithmetic is proven exact in int64 for such values only)")
-        return f"_rk({text}, {DATA_INDEX_LIMIT}, err, {code})"
+        return f"_rk({helper_int(text)}, np.int64({DATA_INDEX_LIMIT}), err, np.int64({code}))"
 
     def _unchecked(self, e):
         """``e`` without its own range check (an operand that is not arithmetic:
@@ -121,7 +140,7 @@ class ExprEmitter:
             if dt.is_int(d) and not (isinstance(e.b, E.Const) and e.b.value != 0):
                 code = self._err(f"stage {self.stage_name}: integer division by zero in "
                                  f"`{expr_str(e)}`")
-                b = f"_nz({b}, err, {code})"
+                b = f"_nz({helper_int(b)}, err, np.int64({code}))"
             out = f"({a} {op} {b})"
             return f"np.int32{out}" if d == "int32" else out
         if cls in (E.Min, E.Max):
@@ -184,7 +203,8 @@ class ExprEmitter:
                 f"stage {self.stage_name}: load `{expr_str(e)}` reads {t.name} outside its "
                 f"shape {t.shape}; guard the load with te.if_then_else if the index can leave "
                 "the tensor")
-            idx = [f"_ck({s}, {n}, err, {code})" for s, n in zip(idx, t.shape)]
+            idx = [f"_ck({helper_int(s)}, np.int64({n}), err, np.int64({code}))"
+                   for s, n in zip(idx, t.shape)]
         return element(buf, idx)
 
 
@@ -238,52 +258,3 @@ class _Writer:
         assert line not in self.comments
         self.comments[line] = f"# {comment_text(readable)}"
         self(depth, line)
-
-
-#: numba helpers the emitted expressions call (NaN-propagating float min/max)
-HELPERS = '''
-@njit(inline="always", cache=True)
-def _fmax(a, b):
-    return a if (a > b or a != a) else b
-
-
-@njit(inline="always", cache=True)
-def _fmin(a, b):
-    return a if (a < b or a != a) else b
-
-
-@njit(inline="always", cache=True)
-def _fill(a, v):
-    # a serial loop: in a parallel unit a.fill(v) becomes a parfor of its own,
-    # which numba compiles as one more gufunc (about 0.5 s)
-    for i in range(a.size):
-        a[i] = v
-
-
-@njit(inline="always", cache=True)
-def _copy(a, b):
-    # a[:] = b, serially (see _fill)
-    for i in range(a.size):
-        a[i] = b[i]
-
-
-@njit(cache=True)
-def _max_abs(a, lim):
-    # the largest |value| of a, or -1.0 if one is inf, NaN or above lim
-    m = 0.0
-    for v in a.flat:
-        x = abs(float(v))
-        if not x <= lim:
-            return -1.0
-        m = max(m, x)
-    return m
-
-
-@njit(cache=True)
-def _gemm_ok(a, b, k, lim):
-    # every value finite and max|a| * max|b| * k <= lim: no product and no partial
-    # sum can overflow, so a GEMM's result is the loop nest's up to rounding
-    ma = _max_abs(a, lim)
-    mb = _max_abs(b, lim)
-    return ma >= 0.0 and mb >= 0.0 and ma * mb * k <= lim
-'''

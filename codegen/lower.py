@@ -47,8 +47,9 @@ from texpr.errors import TexprError
 from texpr.printer import tensor_str
 from texpr.tensor import PlaceholderOp
 
-from .bounds import CHECK_HELPERS, DATA_INDEX_LIMIT  # noqa: F401 - re-exported
-from .emit import HELPERS as _EMIT_HELPERS, ExprEmitter, _Writer, const_str, element  # noqa: F401
+from .bounds import DATA_INDEX_LIMIT  # noqa: F401 - re-exported
+from .emit import ExprEmitter, _Writer, const_str, element  # noqa: F401
+from .runtime import IMPORT_LINE
 from . import stage as _stage
 from .cse import hoist_common_subexpressions
 from .source import buffer_identifiers, remove_dead_assignments, rename
@@ -59,8 +60,9 @@ from .stage import (BUFFER_TILE, JAM, JAM_MOVE, MAX_LANES, MAX_RESIDUE_SPLITS,  
 __all__ = ["lower", "Program", "BufferInfo", "UnitSource", "default_order", "ExprEmitter",
            "const_str", "element", "lift_zero_guards"]
 
-#: the numba helpers every unit module defines (NaN-propagating min/max, the checks)
-HELPERS = _EMIT_HELPERS.strip() + "\n\n\n" + CHECK_HELPERS.strip() + "\n"
+#: the numba helpers every unit module imports (NaN-propagating min/max, the checks:
+#: one module for all units, :mod:`codegen.runtime`)
+HELPERS = IMPORT_LINE
 
 _PRELUDE = "import math\n\nimport numpy as np\nfrom numba import njit, prange\n"
 

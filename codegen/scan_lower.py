@@ -3,7 +3,7 @@
 A :class:`texpr.scan.ScanOp` with states ``S_a`` of shape ``(T,) + R_a`` and
 init extent ``L`` becomes::
 
-    S_a[:L] = init_a                         (flat copies)
+    _copy_n(S_a, init_a, L)                  (flat copies)
     for t in range(L, T):                    (sequential: step t reads earlier steps)
         <each materialised body stage at step t>   (its own loop nest, parallel over
                                                     its axes when it is big)
@@ -227,7 +227,8 @@ def lower_scan(sl, depth):
         if id(init.op) in sl.inlined or hasattr(sl.buffers[id(out)], "physical"):
             _lower_init_in_place(sl, depth, a, out, init)
         else:
-            w(depth, f"{sl.buffers[id(out)].name}[:{n}] = {sl.buffers[id(init)].name}[:{n}]")
+            w(depth, f"_copy_n({sl.buffers[id(out)].name}, {sl.buffers[id(init)].name}, "
+                     f"np.int64({n}))")
     if T == L or any(d == 0 for out in op.outputs for d in out.shape[1:]):
         return
     _StepLowering = _step_classes()

@@ -83,7 +83,7 @@ from texpr.tensor import ScatterAddOp
 from .affine import affine_offsets
 from .bounds import _BoundsChecker
 from .scan_lower import lower_scan
-from .emit import ExprEmitter, const_str, element
+from .emit import ExprEmitter, const_str, element, fill_value, helper_int
 from .schedule import inline_expand
 
 __all__ = ["default_order", "lift_zero_guards", "PARALLEL_MIN_POINTS", "UNROLL", "JAM",
@@ -553,7 +553,7 @@ class _StageLowering:
             return self._emit_nest(depth, sts, len(order) + 1, stmts, par_dims)
         # buffer mode
         for o, c in zip(outs, comb.identity):
-            w(depth, f"_fill({o.name}, {const_str(c.value, c.dtype)})")
+            w(depth, f"_fill({o.name}, {fill_value(c.value, c.dtype)})")
         targets = [self._store(o) for o in outs]
         stmts = {"U": lambda d, lane=None: combine(d, targets)}
         rest = dom
@@ -936,7 +936,7 @@ class _StageLowering:
             src = self.buffers[id(op.init)]
             w(depth, f"_copy({out.name}, {src.name})")
         else:
-            w(depth, f"_fill({out.name}, {const_str(0, out.dtype)})")
+            w(depth, f"_fill({out.name}, {fill_value(0, out.dtype)})")
         axes = list(op.axis)
         for d, a in enumerate(axes):
             self.names[id(a)] = f"p{self.k}_{d}"
@@ -987,7 +987,8 @@ class _StageLowering:
                     self.errors.append(
                         f"scatter-add {op.name}: index {k} `{expr_str(op.indices[k])}` leaves "
                         f"the shape {op.shape}")
-                    tgt.append(f"_ck({s}, {n}, err, {len(self.errors)})")
+                    tgt.append(f"_ck({helper_int(s)}, np.int64({n}), err, "
+                               f"np.int64({len(self.errors)}))")
             w(d, f"{element(out, tgt)} += {em.cast(op.value, out.dtype)}")
 
         st = [LA.Statement(f"U{self.k}", axes, dom, [self.stage.axis_value(a) for a in order])]

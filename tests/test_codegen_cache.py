@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from texpr import codegen
+from texpr.codegen import runtime
 import texpr as te
 
 PROGRAM = textwrap.dedent("""
@@ -101,7 +102,9 @@ def _helper(cache, *args, user=None):
 
 
 def _module(cache):
-    (path,) = glob.glob(os.path.join(str(cache), "texpr_k_*.py"))
+    """The one unit module in ``cache`` (not the helper module, codegen.runtime)."""
+    (path,) = [p for p in glob.glob(os.path.join(str(cache), "texpr_k_*.py"))
+               if not os.path.basename(p).startswith(runtime.MODULE)]
     return path
 
 
@@ -122,6 +125,69 @@ def test_truncated_module_gives_right_values_and_is_repaired(tmp_path):
         assert f.read() == good
     third = _helper(tmp_path, 3)
     assert third["err"] < 1e-12 and third["disk"] == [True] and third["warnings"] == []
+
+
+HELPERS_PROGRAM = textwrap.dedent("""
+    import json, sys, warnings
+    import numpy as np
+    import texpr as te
+    from texpr import codegen
+    c = float(sys.argv[1])
+    X = te.placeholder((3, 5), "X", "float32")
+    I = te.placeholder((4,), "I", "int64")
+    k = te.reduce_axis(5, "k")
+    # a max (the helper _fmax) of a gather (the check _ck) and a zeroed sum (_fill)
+    M = te.compute((4,), lambda i: te.max(X[I[i], k] * c, axis=k), name="M")
+    S = te.compute((2,), lambda j: te.sum(M[j + 2 * k % 2], axis=k), name="S")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kern = codegen.build([M, S], [X, I])
+        x = np.arange(15, dtype=np.float32).reshape(3, 5) - 7
+        ix = np.array([2, 0, 1, 2])
+        m, s = kern(x, ix)
+        try:
+            kern(x, np.array([2, 0, 3, 2]))
+            oob = False
+        except te.OutOfBoundsError:
+            oob = True
+    want = (x[ix] * np.float32(c)).max(axis=1)
+    ok = bool(np.array_equal(m, want) and oob)
+    msgs = [str(m.message) for m in caught if issubclass(m.category, codegen.CacheWarning)]
+    print(json.dumps(dict(ok=ok, disk=kern.from_disk_cache, warnings=msgs)))
+""")
+
+
+def _run_helpers_program(cache, c):
+    env = dict(os.environ, TEXPR_CACHE_DIR=str(cache), TEXPR_COMPILE_WORKERS="0")
+    out = subprocess.run([sys.executable, "-c", HELPERS_PROGRAM, str(c)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("damage", ["module", "numba-files"])
+def test_a_damaged_helper_module_is_rebuilt(tmp_path, damage):
+    """The helpers every unit calls (codegen.runtime) are one module in the cache
+    directory, with numba's machine code beside it: a truncated module or
+    random-byte numba files are replaced (one warning) and every value is right."""
+    first = _run_helpers_program(tmp_path, 2.0)
+    assert first["ok"] and first["warnings"] == [] and not first["disk"]
+    module = tmp_path / (runtime.MODULE + ".py")
+    numba_files = sorted((tmp_path / "__pycache__").glob(runtime.MODULE + ".*"))
+    assert module.exists() and numba_files  # the helpers' machine code is cached
+    if damage == "module":
+        good = module.read_bytes()
+        module.write_bytes(good[:len(good) // 2])
+    else:
+        for p in numba_files:
+            p.write_bytes(np.random.default_rng(3).bytes(200))
+    # a new kernel (another constant): numba types its helper calls again
+    second = _run_helpers_program(tmp_path, 3.0)
+    assert second["ok"] and len(second["warnings"]) == 1, second
+    if damage == "module":
+        assert module.read_bytes() == good
+    third = _run_helpers_program(tmp_path, 3.0)
+    assert third["ok"] and third["disk"] and third["warnings"] == []
 
 
 def _build_tiny(c):

@@ -4,7 +4,9 @@ One directory holds everything texpr keeps between runs:
 
 * **kernel modules** ``texpr_k_<key>.py`` (the generated source, written by
   :mod:`texpr.codegen.compile`) and **numba files**
-  ``__pycache__/texpr_k_<key>.*.nbi|.nbc`` (numba's machine code for them);
+  ``__pycache__/texpr_k_<key>.*.nbi|.nbc`` (numba's machine code for them),
+  among them the helper module ``texpr_k_rt<hash>.py`` every unit imports
+  (:mod:`texpr.codegen.runtime`);
 * **symbolic entries** ``symbolic/<key>.pkl`` (results of ``te.differentiate``,
   ``texpr.simplify.simplify`` and codegen's lowering, see :mod:`texpr.symcache`).
 
