@@ -13,6 +13,7 @@ A finding prints its seed: ``fuzz.make_program(seed)`` rebuilds the program.
 import os
 import random
 
+import numpy as np
 import pytest
 
 import fuzz
@@ -41,7 +42,11 @@ REGRESSIONS = (20261140, 20261160, 20261180, 20261210, 20261230, 20261280,
 #: isl's exact division ``div`` in a residue class's loop bound, non-exact where the
 #: class is empty (``-c0 / 2`` at ``c0 = 3``), read as floor division instead of C's
 #: truncation: the loop ran outside the domain and read the head past its buffer
-LONG_RUN_REGRESSIONS = (7000003194, 7000003318, 7000002969, 7000031103)
+#: and two the oracle got wrong: an input near the largest float makes a sum's partial
+#: sums overflow in the evaluator's order and not in the kernel's (a loop nest's, a
+#: GEMM's): 1.6e38 against inf, -1.18e308 against -inf (fuzz.compare_orders)
+LONG_RUN_REGRESSIONS = (7000003194, 7000003318, 7000002969, 7000031103, 7000200107,
+                        7000020211)
 #: compiled in long runs only: its program's argmax unit inlines a cheap stage into
 #: a 15 KB select chain whose hundreds of inlined check helpers take numba about
 #: 90 s (a compile-time case for issue 11); CI runs its evaluator checks
@@ -87,6 +92,21 @@ def test_fuzz_ci_profile():
     assert fuzz.NATIVE_RUNS[0] > runs[0]
     assert fuzz.TORCH_RUNS[0] > runs[1]
     assert fuzz.BLAS_UNITS[0] > runs[2]
+
+
+def test_the_order_oracle_accepts_only_a_partial_sum_overflow():
+    big = float(np.finfo(np.float32).max)
+    twin = np.array([1.6e38, 2.0, -3.0e38])
+    want = np.array([np.inf, 2.0, -np.inf])  # the evaluator's order overflowed twice
+    assert fuzz.compare_orders([1.6e38, 2.0, -3.0e38], want, twin, "float32", "x") is None
+    assert fuzz.compare_orders([np.inf, 2.0, np.nan], [1.6e38, 2.0, -np.inf], twin,
+                               "float32", "x") is None
+    # a finite side that is not the float64 value, a wrong finite element, and a
+    # non-finite twin are still findings
+    assert fuzz.compare_orders([1.0e38, 2.0, -3.0e38], want, twin, "float32", "x")
+    assert fuzz.compare_orders([1.6e38, 5.0e37, -3.0e38], want, twin, "float32", "x")
+    assert fuzz.compare_orders([big, 2.0, -3.0e38], want, [np.nan, 2.0, -3.0e38],
+                               "float32", "x")
 
 
 def test_fuzz_regression_seeds():
