@@ -16,7 +16,15 @@ differences). It covers
 * elementwise selects on data, intrinsics, non-finite inputs (inf, -inf, nan);
 * reduction domains that read data (``where=src > k / 3 - 1``) and finite
   inputs near the dtype's largest value (their products overflow);
-* placeholder and stage names with odd (printable) characters.
+* placeholder and stage names with odd (printable) characters;
+* whole conv -> bias and activation -> conv programs (strided, dilated or
+  causally masked; :func:`conv_activation_conv`, 6% of the programs), whose
+  folded activation and masked gradients codegen packs into stages of their
+  own so that the convolutions run as GEMMs (:mod:`codegen.operands`).
+
+Where an input is near the dtype's largest value, a sum's partial sums can
+overflow in one order of its terms and not in another: such elements are
+judged against the float64 twin (:func:`compare_orders`).
 
 :func:`check_programs` runs, for a batch of programs: ``te.evaluate`` of the
 forward, raw and simplified gradients (NaN/inf patterns equal, values close;
@@ -39,6 +47,7 @@ import contextlib
 import dataclasses
 import os
 import random
+import re
 import traceback
 
 import numpy as np
@@ -116,6 +125,8 @@ class _Gen:
         # a fourth for conditions that read data (with int / int arithmetic) and
         # finite inputs near the dtype's largest value (products overflow)
         self.rng4 = random.Random(seed * 1299709 + 7)
+        # a fifth for whole conv -> activation -> conv programs (packed operands)
+        self.rng5 = random.Random(seed * 15485863 + 11)
         self.big = False
         # draw the dtype even when it is given: the twin must draw the same program
         self.dtype = self.rng.choice(["float32", "float64"])
@@ -295,6 +306,45 @@ class _Gen:
         return te.compute(shape, use, name=self.name("G"))
 
 
+def conv_activation_conv(g):
+    """A 1-d convolution, a bias and an activation (relu, leaky relu, or a select
+    on the value), then a second convolution (strided, dilated or masked
+    causally): the shape whose gradients and folded activation
+    :mod:`texpr.codegen.operands` packs into elementwise stages so that the
+    convolutions run as GEMMs. Returns ``(floats, y)``; draws from ``g.rng5``
+    only (and ``g.name``)."""
+    r = g.rng5
+    n, c0, c1, c2 = r.randint(1, 3), r.randint(1, 3), r.randint(1, 4), r.randint(1, 3)
+    k1, k2, s2, d2 = r.randint(1, 3), r.randint(1, 3), r.choice([1, 1, 2]), r.choice([1, 1, 2])
+    length = r.randint(k1 + d2 * (k2 - 1), k1 + d2 * (k2 - 1) + 5)
+    X = te.placeholder((n, c0, length), g.name("X"), g.dtype)
+    W1 = te.placeholder((c1, c0, k1), g.name("W"), g.dtype)
+    b = te.placeholder((c1,), g.name("b"), g.dtype)
+    W2 = te.placeholder((c2, c1, k2), g.name("W"), g.dtype)
+    l1 = length - k1 + 1
+    ci, ki = te.reduce_axis(c0, "c"), te.reduce_axis(k1, "k")
+    Y1 = te.compute((n, c1, l1), lambda i, o, l: te.sum(X[i, ci, l + ki] * W1[o, ci, ki],
+                                                       axis=[ci, ki]), name=g.name("Y"))
+    act = r.choice(["relu", "leaky", "select"])
+
+    def activation(i, o, l):
+        v = Y1[i, o, l] + b[o]
+        if act == "relu":
+            return te.if_then_else(v > 0, v, 0.0)
+        if act == "leaky":
+            return te.max(v, 0.5 * v)
+        return te.if_then_else(v > 0.25, v * 2.0, v - 1.0)
+    A = te.compute((n, c1, l1), activation, name=g.name("A"))
+    l2 = (l1 - d2 * (k2 - 1) - 1) // s2 + 1
+    co, kk = te.reduce_axis(c1, "o"), te.reduce_axis(k2, "q")
+    causal = r.random() < 0.3
+    Y2 = te.compute((n, c2, l2), lambda i, p, l: te.sum(
+        A[i, co, l * s2 + kk * d2] * W2[p, co, kk], axis=[co, kk],
+        where=(kk <= l) if causal else None), name=g.name("Y"))
+    g.smooth = False
+    return [X, W1, b, W2], Y2
+
+
 ARGMAX = te.comm_reducer(
     lambda x, y: (te.if_then_else(x[0] >= y[0], x[0], y[0]),
                   te.if_then_else(x[0] >= y[0], x[1], y[1])),
@@ -307,15 +357,18 @@ def make_program(seed, dtype=None, reshape=True):
     added: the regression seeds found then keep their programs)."""
     g = _Gen(seed, dtype, reshape)
     r = g.rng
-    floats = []
-    for _ in range(r.choice([1, 1, 2])):
-        shape = tuple(g.extent() for _ in range(r.choice([1, 2, 2])))
-        floats.append(te.placeholder(shape, g.name("X"), g.dtype))
-    sources = list(floats)
-    y = None
-    for s in range(r.choice([1, 1, 1, 2, 2, 3])):
-        y = g.stage(sources, s)
-        sources.append(y)
+    if reshape and g.rng5.random() < 0.06:
+        floats, y = conv_activation_conv(g)
+    else:
+        floats = []
+        for _ in range(r.choice([1, 1, 2])):
+            shape = tuple(g.extent() for _ in range(r.choice([1, 2, 2])))
+            floats.append(te.placeholder(shape, g.name("X"), g.dtype))
+        sources = list(floats)
+        y = None
+        for s in range(r.choice([1, 1, 1, 2, 2, 3])):
+            y = g.stage(sources, s)
+            sources.append(y)
     C = te.placeholder(y.shape, g.name("C"), g.dtype)
     axes = [te.reduce_axis(n, f"s{d}") for d, n in enumerate(y.shape)]
     if axes:
@@ -520,6 +573,9 @@ def _check_reference(q, findings):
                 with symbolic_zero_products():
                     symbolic = te.evaluate(q.raw, p.feed)
             msg = compare_either(b, a, symbolic[i], p.dtype, what)
+        if msg and p.near_max:
+            # a partial sum near the largest float overflowed in one form's order
+            msg = compare_orders(b, a, q.twin64()[2 + i], p.dtype, what)
         if msg:
             findings.append(_finding(p, "raw-vs-simplified", msg))
     if p.finite_inputs:
@@ -535,6 +591,8 @@ def _check_reference(q, findings):
                     with symbolic_zero_products():
                         symbolic = te.evaluate([p.y, p.loss], p.feed)
                 msg = compare_either(b, a, symbolic[i], p.dtype, what)
+            if msg and p.near_max:
+                msg = compare_orders(b, a, q.twin64()[i], p.dtype, what)
             if msg:
                 findings.append(_finding(p, "raw-vs-simplified", msg))
 
@@ -597,6 +655,8 @@ def every_subexpression_hoisted():
 #: and those also run with their GEMMs split (:func:`split_gemms`)
 BLAS_UNITS = [0]
 SPLIT_BLAS_UNITS = [0]
+#: packed-operand stages (:mod:`codegen.operands`) in the fuzzer's kernels so far
+PACKED_STAGES = [0]
 
 #: how a batch's kernel is built: the default rules, every contraction on BLAS
 #: (then run twice: GEMMs in one call, and split on worker threads), every
@@ -706,6 +766,8 @@ def _check_kernel(qs, findings, mode="default"):
         got = kernel(*arrays)
         n_blas = sum(1 for u in kernel.units if u.kind == "blas")
         BLAS_UNITS[0] += n_blas
+        PACKED_STAGES[0] += sum(1 for u in kernel.units
+                                if re.search(r"_packed[0-9]+$", u.stage or ""))
         runs = [got]
         if n_blas:
             with split_gemms():
