@@ -264,7 +264,23 @@ def _compile(fn, sig, source):
                 fn.compile(sig)
         finally:
             numba.config.SLP_VECTORIZE, numba.config.LOOP_VECTORIZE = slp, lv
+        _check_one_signature()
     return fn
+
+
+def _check_one_signature():
+    """Every helper of :mod:`codegen.runtime` has at most one compiled signature
+    (the call sites give each one argument types; several signatures of one
+    function in numba's unlocked disk cache could be mixed up by two processes:
+    see :data:`codegen.runtime._PER_DTYPE`). Raises TexprError (a code
+    generator bug) otherwise."""
+    for mod in _RUNTIMES.values():
+        for name in _runtime.NAMES:
+            sigs = getattr(mod, name).overloads
+            if len(sigs) > 1:
+                raise TexprError(f"internal error: the helper {name} was compiled for "
+                                 f"{len(sigs)} signatures ({', '.join(map(str, sigs))}); "
+                                 "please report the program")
 
 
 def _numba_files(d, modname):
@@ -324,7 +340,7 @@ def _on_disk(d, key, source, sig, entry):
             fn = _compile(_load(source, modname, path, entry), sig, source)
         except Exception as exc:  # noqa: BLE001
             raise _CacheUnusable(f"{type(exc).__name__}: {exc}") from None
-        _warn_once(("numba", path),
+        _warn_once(("numba", d),
                    f"texpr: numba's cache files of {path} could not be loaded "
                    f"({type(first).__name__}: {str(first)[:200]}); they were removed and the "
                    "kernel recompiled")

@@ -50,9 +50,9 @@ def const_str(value, dtype):
 
 
 def fill_value(value, dtype):
-    """:func:`const_str` of ``value`` for the value argument of ``_fill``: never a
-    numba literal (see :func:`helper_int`), so ``_fill`` is compiled once per
-    dtype."""
+    """:func:`const_str` of ``value`` for the value argument of ``_fill_<dtype>``:
+    never a numba literal (see :func:`helper_int`), so the helper has one
+    signature."""
     text = const_str(value, dtype)
     if dtype == "int64":
         return f"np.int64({text})"
@@ -146,7 +146,7 @@ class ExprEmitter:
         if cls in (E.Min, E.Max):
             a, b = self.cast(e.a, d), self.cast(e.b, d)
             if dt.is_float(d):
-                return f"_f{'min' if cls is E.Min else 'max'}({a}, {b})"
+                return f"_f{'min' if cls is E.Min else 'max'}_{d}({a}, {b})"
             return f"{'min' if cls is E.Min else 'max'}({a}, {b})"
         if cls in _CMP:  # a comparison is exact at any int64 value: no range check
             return f"({self._unchecked(e.a)} {_CMP[cls]} {self._unchecked(e.b)})"

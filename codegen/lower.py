@@ -49,7 +49,7 @@ from texpr.tensor import PlaceholderOp
 
 from .bounds import DATA_INDEX_LIMIT  # noqa: F401 - re-exported
 from .emit import ExprEmitter, _Writer, const_str, element  # noqa: F401
-from .runtime import IMPORT_LINE
+from .runtime import GEMM_GUARD, IMPORT_LINE
 from . import stage as _stage
 from .cse import hoist_common_subexpressions
 from .source import buffer_identifiers, remove_dead_assignments, rename
@@ -62,7 +62,7 @@ __all__ = ["lower", "Program", "BufferInfo", "UnitSource", "default_order", "Exp
 
 #: the numba helpers every unit module imports (NaN-propagating min/max, the checks:
 #: one module for all units, :mod:`codegen.runtime`)
-HELPERS = IMPORT_LINE
+HELPERS = IMPORT_LINE + "\n\n" + GEMM_GUARD.strip() + "\n"
 
 _PRELUDE = "import math\n\nimport numpy as np\nfrom numba import njit, prange\n"
 

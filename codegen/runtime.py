@@ -1,10 +1,11 @@
 """The run-time helper module every compiled unit imports its helpers from.
 
 One job: the text of that module and its name. Units call a few small numba
-functions -- NaN-propagating ``_fmax``/``_fmin`` and ``_fill``/``_copy``
-(:data:`codegen.emit.HELPERS`), the checks ``_ck``/``_rk``/``_nz``/``_fail``
-(:data:`codegen.bounds.CHECK_HELPERS`) and the GEMM guard ``_gemm_ok``. They
-are defined once, in a module of their own that :mod:`codegen.compile` writes
+functions -- NaN-propagating ``_fmax_<dtype>``/``_fmin_<dtype>``,
+``_fill_<dtype>``/``_copy_<dtype>``/``_copy_n_<dtype>`` and the checks
+``_ck``/``_rk``/``_nz``/``_fail`` -- each compiled for one signature only (see
+:data:`_PER_DTYPE`; :func:`codegen.compile._compile` checks it). They are
+defined once, in a module of their own that :mod:`codegen.compile` writes
 to the cache directory and loads before any unit (``texpr_k_rt<hash>.py``, its
 machine code in numba's disk cache beside it, like a unit's), instead of in
 every unit's module with ``inline="always"``.
@@ -16,8 +17,9 @@ it calls. Measured on 16 fuzzed programs (94 units, compiled one by one in
 one process, a quiet 2-core machine, 2026-12-01): 70-75 s of numba with the
 inlined helpers, 42-47 s with this module. The helpers are small, so LLVM
 inlines them when it links the unit (no call to them is left in a unit's
-optimised IR: checked on max_pool2d's and layer_norm's units), and the suite's
-kernels ran as fast as before.
+optimised IR: checked on max_pool2d's and layer_norm's units; the vector
+instructions of the suite's units are the same), and the suite's kernels ran
+as fast as before.
 
 The name carries the sha256 of the text, so a unit's text -- which names the
 module in its import line -- and with it the unit's cache key change whenever
@@ -26,23 +28,23 @@ loaded again (numba's own index is valid for one numba version only).
 """
 
 import hashlib
+import textwrap
 
-__all__ = ["SOURCE", "NAMES", "MODULE", "IMPORT_LINE"]
+__all__ = ["SOURCE", "NAMES", "MODULE", "IMPORT_LINE", "GEMM_GUARD", "DTYPES"]
 
-#: numba helpers the emitted expressions call (NaN-propagating float min/max)
-_VALUE_HELPERS = '''
+#: the dtypes of texpr's buffers (texpr.dtypes)
+DTYPES = ("float32", "float64", "int32", "int64", "bool")
+
+#: the value helpers, one function per dtype (``_fmax_float32``, ``_fill_int64``,
+#: ...): each is compiled for one signature only. numba's disk cache of a
+#: function with several signatures is one index file naming a data file per
+#: signature, written without a lock: two processes compiling two signatures of
+#: one helper at once could leave the index pointing a float64 signature at the
+#: float32 machine code (an attack found it, forcing the order of the writes),
+#: and every later process would load it (a float64 max rounded to float32).
+_PER_DTYPE = """
 @njit(cache=True)
-def _fmax(a, b):
-    return a if (a > b or a != a) else b
-
-
-@njit(cache=True)
-def _fmin(a, b):
-    return a if (a < b or a != a) else b
-
-
-@njit(cache=True)
-def _fill(a, v):
+def _fill_{dt}(a, v):
     # a serial loop: in a parallel unit a.fill(v) becomes a parfor of its own,
     # which numba compiles as one more gufunc (about 0.5 s)
     for i in range(a.size):
@@ -50,19 +52,38 @@ def _fill(a, v):
 
 
 @njit(cache=True)
-def _copy(a, b):
-    # a[:] = b, serially (see _fill)
+def _copy_{dt}(a, b):
+    # a[:] = b, serially (see _fill_{dt})
     for i in range(a.size):
         a[i] = b[i]
 
 
 @njit(cache=True)
-def _copy_n(a, b, n):
+def _copy_n_{dt}(a, b, n):
     # a[:n] = b[:n], serially: numba compiles a slice assignment in about 1 s
     for i in range(n):
         a[i] = b[i]
+"""
+
+#: NaN-propagating float min and max, per float dtype
+_PER_FLOAT = """
+@njit(cache=True)
+def _fmax_{dt}(a, b):
+    return a if (a > b or a != a) else b
 
 
+@njit(cache=True)
+def _fmin_{dt}(a, b):
+    return a if (a < b or a != a) else b
+"""
+
+_VALUE_HELPERS = "\n\n".join(
+    [_PER_FLOAT.format(dt=dt).strip() for dt in ("float32", "float64")]
+    + [_PER_DTYPE.format(dt=dt).strip() for dt in DTYPES])
+
+#: the GEMM guard of scan steps (codegen.scan_gemm), defined in every unit's module
+#: itself, not here: its operands are views whose layouts vary (several signatures)
+GEMM_GUARD = '''
 @njit(cache=True)
 def _max_abs(a, lim):
     # the largest |value| of a, or -1.0 if one is inf, NaN or above lim
@@ -87,7 +108,9 @@ def _gemm_ok(a, b, k, lim):
 #: the run-time checks (numba helpers): an index outside ``[0, n)``, a value outside
 #: ``[-lim, lim)``, a zero divisor set ``err`` and return a safe value. The first
 #: failure is kept (later ones leave ``err`` alone), so a sequential loop reports
-#: the first offending point's value; in a parallel loop it is one of them
+#: the first offending point's value; in a parallel loop it is one of them. Every
+#: argument is an int64 (the call sites cast: :func:`codegen.emit.helper_int`) and
+#: ``err`` an int64 array: one signature each
 CHECK_HELPERS = '''
 @njit(cache=True)
 def _fail(err, code, v):
@@ -135,4 +158,6 @@ NAMES = tuple(line[4:line.index("(")] for line in SOURCE.splitlines()
 MODULE = "texpr_k_rt" + hashlib.sha256(SOURCE.encode("utf-8")).hexdigest()[:24]
 
 #: the line that gives a unit's module the helpers
-IMPORT_LINE = f"from {MODULE} import {', '.join(NAMES)}\n"
+IMPORT_LINE = (f"from {MODULE} import (\n"
+               + "\n".join(textwrap.wrap(", ".join(NAMES) + ")", 84, initial_indent="    ",
+                                          subsequent_indent="    ")) + "\n")

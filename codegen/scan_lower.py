@@ -3,7 +3,7 @@
 A :class:`texpr.scan.ScanOp` with states ``S_a`` of shape ``(T,) + R_a`` and
 init extent ``L`` becomes::
 
-    _copy_n(S_a, init_a, L)                  (flat copies)
+    _copy_n_<dtype>(S_a, init_a, L)          (flat copies)
     for t in range(L, T):                    (sequential: step t reads earlier steps)
         <each materialised body stage at step t>   (its own loop nest, parallel over
                                                     its axes when it is big)
@@ -25,6 +25,7 @@ import functools
 
 import numpy as np
 
+from texpr.errors import TexprError
 from texpr.expr import Load, iter_var, load
 from texpr.tensor import ComputeOp
 from texpr.visitor import substitute, transform
@@ -227,8 +228,10 @@ def lower_scan(sl, depth):
         if id(init.op) in sl.inlined or hasattr(sl.buffers[id(out)], "physical"):
             _lower_init_in_place(sl, depth, a, out, init)
         else:
-            w(depth, f"_copy_n({sl.buffers[id(out)].name}, {sl.buffers[id(init)].name}, "
-                     f"np.int64({n}))")
+            ob, ib = sl.buffers[id(out)], sl.buffers[id(init)]
+            if ob.dtype != ib.dtype:
+                raise TexprError(f"scan {op.name}: state {a} is {ob.dtype}, its init {ib.dtype}")
+            w(depth, f"_copy_n_{ob.dtype}({ob.name}, {ib.name}, np.int64({n}))")
     if T == L or any(d == 0 for out in op.outputs for d in out.shape[1:]):
         return
     _StepLowering = _step_classes()

@@ -112,7 +112,8 @@ def rename(source, mapping):
 
 #: calls without side effects (anything else, e.g. the ``_ck``/``_nz`` checks that
 #: set the error flag, keeps its statement)
-_PURE_NAMES = {"min", "max", "abs", "_fmax", "_fmin", "int", "float", "bool"}
+_PURE_NAMES = {"min", "max", "abs", "int", "float", "bool", "_fmax_float32", "_fmin_float32",
+               "_fmax_float64", "_fmin_float64"}
 _PURE_MODULES = {"np", "math"}
 
 

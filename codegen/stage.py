@@ -553,7 +553,7 @@ class _StageLowering:
             return self._emit_nest(depth, sts, len(order) + 1, stmts, par_dims)
         # buffer mode
         for o, c in zip(outs, comb.identity):
-            w(depth, f"_fill({o.name}, {fill_value(c.value, c.dtype)})")
+            w(depth, f"_fill_{o.dtype}({o.name}, {fill_value(c.value, o.dtype)})")
         targets = [self._store(o) for o in outs]
         stmts = {"U": lambda d, lane=None: combine(d, targets)}
         rest = dom
@@ -663,7 +663,7 @@ class _StageLowering:
                 op = "+=" if comb.kind == "sum" else "*="
                 w(depth, f"{targets[0]} {op} {em.cast(red.source[0], d0)}")
             elif comb.kind in ("max", "min"):
-                fn = ("_f" if dt.is_float(d0) else "") + comb.kind
+                fn = f"_f{comb.kind}_{d0}" if dt.is_float(d0) else comb.kind
                 w(depth, f"{targets[0]} = {fn}({targets[0]}, {em.cast(red.source[0], d0)})")
             else:
                 ys = [f"y{self.k}_{c}" for c in range(len(comb.rhs))]
@@ -934,9 +934,12 @@ class _StageLowering:
         out = self.buffers[id(op.output(0))]
         if op.init is not None:
             src = self.buffers[id(op.init)]
-            w(depth, f"_copy({out.name}, {src.name})")
+            if src.dtype != out.dtype:
+                raise TexprError(f"scatter-add {op.name}: its init is {src.dtype}, its "
+                                 f"output {out.dtype}")
+            w(depth, f"_copy_{out.dtype}({out.name}, {src.name})")
         else:
-            w(depth, f"_fill({out.name}, {fill_value(0, out.dtype)})")
+            w(depth, f"_fill_{out.dtype}({out.name}, {fill_value(0, out.dtype)})")
         axes = list(op.axis)
         for d, a in enumerate(axes):
             self.names[id(a)] = f"p{self.k}_{d}"

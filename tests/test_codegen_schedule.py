@@ -51,7 +51,7 @@ def test_split_reorder_parallel_and_split_reduction(data):
     kernel = _run(E, A, B, s, data)
     src = kernel.source
     block = src[src.index("stage C"):src.index("stage E")]
-    assert "prange" in block and "_fill(" in block  # buffer mode: accumulate in C
+    assert "prange" in block and "_fill_" in block  # buffer mode: accumulate in C
     assert kernel.stages == ["C", "E"]
 
 

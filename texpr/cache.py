@@ -34,6 +34,7 @@ do nothing.
 """
 
 import os
+import shutil
 import sys
 import time
 
@@ -172,11 +173,15 @@ def info(d=None):
 
 
 def remove_files(paths):
-    """Unlink ``paths`` (a file already gone is skipped); how many were removed."""
+    """Unlink ``paths`` (a file already gone is skipped; a directory in the place
+    of a cache file is removed with its contents); how many were removed."""
     n = 0
     for p in paths:
         try:
-            os.unlink(p)
+            if os.path.isdir(p) and not os.path.islink(p):
+                shutil.rmtree(p)
+            else:
+                os.unlink(p)
             n += 1
         except OSError:
             pass

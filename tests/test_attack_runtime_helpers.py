@@ -1,0 +1,129 @@
+"""Attack on the shared helper module (codegen/runtime.py), both found on commit
+8d2dbc2 and fixed: every helper now has one signature (``_fmax_float32``,
+``_fmax_float64``, ...: one numba index file each), and a damaged numba file
+warns once per cache directory and process (a directory in its place is removed).
+
+1. Two processes saving different signatures of one helper (_fmax float32 and
+   float64) into one fresh cache directory: numba's IndexDataCacheFile.save is
+   load-index / write-index / write-data with no lock. If process X is paused
+   between its index write and its data write while Y loads, writes index and
+   data, X's data lands in the file Y's index maps Y's signature to. Every later
+   process then loads float32 machine code for _fmax(float64, float64): float64
+   max reductions are silently rounded to float32. (The helper is the first
+   cache entry shared by several signatures across processes; a unit has one.)
+   The harness only adds waits to numba's save; its logic is unchanged.
+2. One damaged helper data file (a directory) gives one CacheWarning per new
+   unit in one process (3 here), and again in every process.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+PROG = textwrap.dedent('''
+    import sys, warnings
+    import numpy as np, texpr as te
+    from texpr import codegen
+    dt, c = sys.argv[1], float(sys.argv[2])
+    X = te.placeholder((3, 5), "X", dt); I = te.placeholder((4,), "I", "int64")
+    k = te.reduce_axis(5, "k")
+    M = te.compute((4,), lambda i: te.max(X[I[i], k] * c, axis=k), name="M")
+    x = np.random.default_rng(int(c)).standard_normal((3, 5)).astype(dt)
+    ix = np.array([2, 0, 1, 2])
+    (m,) = codegen.build([M], [X, I])(x, ix)
+    ref = (x[ix] * np.asarray(c, dt)).max(axis=1)
+    print("OK" if np.array_equal(m, ref) else f"WRONG {m!r} {ref!r}")
+''')
+
+HARNESS = textwrap.dedent('''
+    import os, sys, time, itertools
+    role, flags = sys.argv.pop(1), sys.argv.pop(1)
+    import numba.core.caching as C
+    def sig(n): open(os.path.join(flags, n), "w").close()
+    def wait(n):
+        t0 = time.time()
+        while not os.path.exists(os.path.join(flags, n)) and time.time() - t0 < 60:
+            time.sleep(0.01)
+    orig = C.IndexDataCacheFile.save
+    def save(self, key, data):
+        if "_fmax" not in self._index_name:
+            return orig(self, key, data)
+        overloads = self._load_index()
+        sig(role + "_loaded"); wait(("Y" if role == "X" else "X") + "_loaded")
+        if role == "Y": wait("X_indexed")
+        existing = set(overloads.values())
+        for i in itertools.count(1):
+            name = self._data_name(i)
+            if name not in existing: break
+        overloads[key] = name
+        self._save_index(overloads)
+        if role == "X": sig("X_indexed"); wait("Y_done")
+        self._save_data(name, data)
+        if role == "Y": sig("Y_done")
+    C.IndexDataCacheFile.save = save
+''') + PROG
+
+
+def _env(d):
+    env = dict(os.environ, TEXPR_CACHE_DIR=str(d), TEXPR_COMPILE_WORKERS="0")
+    env.pop("TEXPR_CACHE_SIZE_LIMIT", None)
+    return env
+
+
+def test_concurrent_helper_saves_do_not_give_wrong_values(tmp_path):
+    d, flags = tmp_path / "cache", tmp_path / "flags"
+    flags.mkdir()
+    h = tmp_path / "harness.py"
+    h.write_text(HARNESS)
+    p = tmp_path / "prog.py"
+    p.write_text(PROG)
+    px = subprocess.Popen([sys.executable, str(h), "X", str(flags), "float32", "2"],
+                          env=_env(d), stdout=subprocess.PIPE, text=True)
+    py = subprocess.Popen([sys.executable, str(h), "Y", str(flags), "float64", "2"],
+                          env=_env(d), stdout=subprocess.PIPE, text=True)
+    assert px.communicate(timeout=300)[0].strip() == "OK"
+    assert py.communicate(timeout=300)[0].strip() == "OK"
+    # a later, ordinary process builds a new float64 max kernel in that directory
+    out = subprocess.run([sys.executable, str(p), "float64", "3"], env=_env(d),
+                         capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip() == "OK", out.stdout + out.stderr
+
+
+MULTI = textwrap.dedent('''
+    import os, sys, glob, warnings
+    import numpy as np, texpr as te
+    from texpr import codegen
+    def build(dt, c):
+        X = te.placeholder((3, 5), "X", dt); I = te.placeholder((4,), "I", "int64")
+        k = te.reduce_axis(5, "k")
+        S = te.compute((4,), lambda i: te.sum(X[I[i], k] + c, axis=k), name="S")
+        x = np.arange(15).reshape(3, 5).astype(dt); ix = np.array([2, 0, 1, 2])
+        (s,) = codegen.build([S], [X, I])(x, ix)
+        assert np.array_equal(s, (x[ix] + np.asarray(c, dt)).sum(axis=1, dtype=dt))
+    if sys.argv[1] == "warm":
+        for dt in ("float64", "float32", "int64"):
+            build(dt, 1)
+    else:
+        for p in glob.glob(os.environ["TEXPR_CACHE_DIR"] + "/__pycache__/texpr_k_rt*_fill*.nbc"):
+            os.remove(p); os.mkdir(p)
+        with warnings.catch_warnings(record=True) as W:
+            warnings.simplefilter("always")
+            for dt, c in [("float64", 11), ("float32", 12), ("int64", 13)]:
+                build(dt, c)
+        print(len([w for w in W if issubclass(w.category, te.TexprWarning)]))
+''')
+
+
+def test_one_damaged_helper_file_gives_at_most_one_warning_per_process(tmp_path):
+    d = tmp_path / "cache"
+    p = tmp_path / "multi.py"
+    p.write_text(MULTI)
+    r = subprocess.run([sys.executable, str(p), "warm"], env=_env(d), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, str(p), "damage"], env=_env(d), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout.strip().splitlines()[-1]) <= 1
