@@ -174,9 +174,8 @@ def _runtime_module(d):
     and its helpers' machine code cached in, the first cache directory this
     process compiles a unit in, whichever directory later units use: a unit's
     cached machine code holds the helpers it calls (linked in), so it loads from
-    any directory, and a process compiles each helper once (a module per
-    directory made a test suite that builds in hundreds of temporary
-    directories twice as slow). Raises OSError when ``d`` cannot hold the
+    any directory, and a process compiles each helper once however many
+    directories it builds in. Raises OSError when ``d`` cannot hold the
     module's file. Call under numba's compiler lock."""
     kind = "memory" if d is None else "disk"
     mod = _RUNTIMES.get(kind)

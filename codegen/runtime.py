@@ -14,12 +14,15 @@ Why: numba inlines an ``inline="always"`` function at the level of its own IR,
 copying the callee's blocks into the caller at every call site and running its
 passes over the copies, and a unit defining its helpers recompiles each one
 it calls. Measured on 16 fuzzed programs (94 units, compiled one by one in
-one process, a quiet 2-core machine, 2026-12-01): 70-75 s of numba with the
-inlined helpers, 42-47 s with this module. The helpers are small, so LLVM
-inlines them when it links the unit (no call to them is left in a unit's
-optimised IR: checked on max_pool2d's and layer_norm's units; the vector
-instructions of the suite's units are the same), and the suite's kernels ran
-as fast as before.
+one process, a fresh cache directory, a quiet 2-core machine, 2026-12-01):
+70-75 s of numba with the inlined helpers, 35-40 s with this module. A suite
+case built into an empty cache directory pays instead for compiling the
+helpers it calls once per process (about 5% more cold build time, an A/B of
+six cases). The helpers are small, so LLVM inlines them when it links the
+unit (no call to them is left in a unit's optimised IR: checked on
+max_pool2d's and layer_norm's units; the vector instructions of the suite's
+units are the same), and the suite's kernels ran within the noise of the old
+ones (targeted runs, old and new alternating).
 
 The name carries the sha256 of the text, so a unit's text -- which names the
 module in its import line -- and with it the unit's cache key change whenever
@@ -30,10 +33,9 @@ loaded again (numba's own index is valid for one numba version only).
 import hashlib
 import textwrap
 
-__all__ = ["SOURCE", "NAMES", "MODULE", "IMPORT_LINE", "GEMM_GUARD", "DTYPES"]
+from texpr.dtypes import DTYPES, FLOATS
 
-#: the dtypes of texpr's buffers (texpr.dtypes)
-DTYPES = ("float32", "float64", "int32", "int64", "bool")
+__all__ = ["SOURCE", "NAMES", "MODULE", "IMPORT_LINE", "GEMM_GUARD"]
 
 #: the value helpers, one function per dtype (``_fmax_float32``, ``_fill_int64``,
 #: ...): each is compiled for one signature only. numba's disk cache of a
@@ -78,7 +80,7 @@ def _fmin_{dt}(a, b):
 """
 
 _VALUE_HELPERS = "\n\n".join(
-    [_PER_FLOAT.format(dt=dt).strip() for dt in ("float32", "float64")]
+    [_PER_FLOAT.format(dt=dt).strip() for dt in FLOATS]
     + [_PER_DTYPE.format(dt=dt).strip() for dt in DTYPES])
 
 #: the GEMM guard of scan steps (codegen.scan_gemm), defined in every unit's module

@@ -26,6 +26,8 @@ import re
 import threading
 import tokenize
 
+from .runtime import NAMES
+
 __all__ = ["comment_text", "buffer_identifiers", "rename", "remove_dead_assignments",
            "parse_module"]
 
@@ -112,8 +114,8 @@ def rename(source, mapping):
 
 #: calls without side effects (anything else, e.g. the ``_ck``/``_nz`` checks that
 #: set the error flag, keeps its statement)
-_PURE_NAMES = {"min", "max", "abs", "int", "float", "bool", "_fmax_float32", "_fmin_float32",
-               "_fmax_float64", "_fmin_float64"}
+_PURE_NAMES = {"min", "max", "abs", "int", "float", "bool"} | {
+    n for n in NAMES if n.startswith(("_fmax_", "_fmin_"))}
 _PURE_MODULES = {"np", "math"}
 
 

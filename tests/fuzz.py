@@ -459,13 +459,12 @@ def compare_orders(got, want, twin, dtype, what):
     finite_side = np.where(np.isfinite(got), got, want)
     with np.errstate(invalid="ignore"):
         near = np.isclose(finite_side, twin, rtol=rtol, atol=atol * scale)
-    # a float64 program's twin is itself: where its sum overflowed too, the finite
-    # side must at least be within the term-count factor of the largest value
-    top = float(np.finfo(dtype).max) / 4096
-    with np.errstate(invalid="ignore"):
-        high = np.abs(finite_side) >= top
     ok = diff & ((~np.isfinite(got) & ~np.isfinite(want)) | (np.isfinite(twin) & near))
     if dtype == "float64":
+        # a float64 program's twin is itself: where its sum overflowed too, the
+        # finite side must at least be within the term-count factor of the top
+        with np.errstate(invalid="ignore"):
+            high = np.abs(finite_side) >= float(np.finfo(np.float64).max) / 4096
         ok |= diff & ~np.isfinite(twin) & np.isfinite(finite_side) & high
     msg = compare(got, np.where(ok, got, want), dtype, what)
     if msg:

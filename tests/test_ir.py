@@ -220,3 +220,16 @@ def test_reduction_axis_listed_twice():
     k = te.reduce_axis(5, "k")
     with pytest.raises(te.AxisError, match="twice"):
         te.compute((4,), lambda i: te.sum(X[i, k], axis=[k, k]))
+
+
+def test_scatter_add_init_of_another_dtype_is_an_error():
+    # the kernels copy init into the output as it is: a float64 init of a float32
+    # scatter-add is refused where it is built, naming the stage and the init
+    I = te.placeholder((3,), name="I", dtype="int64")
+    init = te.placeholder((4,), name="Z0", dtype="float64")
+    with pytest.raises(te.DTypeError, match="scatter_add counts: init Z0 is float64"):
+        te.scatter_add((4,), "float32", (3,), lambda p: I[p], lambda p: 1.0, init=init,
+                       name="counts")
+    ok = te.scatter_add((4,), "float64", (3,), lambda p: I[p], lambda p: 1.0, init=init)
+    np.testing.assert_array_equal(
+        te.evaluate(ok, {I: np.array([2, 0, 2]), init: np.ones(4)}), [2.0, 1.0, 3.0, 1.0])

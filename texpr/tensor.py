@@ -16,7 +16,7 @@ import sys
 import numpy as np
 
 from . import dtypes as dt
-from .errors import AxisError, FeedError, OutOfBoundsError, ShapeError, TexprError
+from .errors import AxisError, DTypeError, FeedError, OutOfBoundsError, ShapeError, TexprError
 from .expr import Expr, IterVar, NeedsValue, Reduce, as_expr, iter_var, load
 from .visitor import MAX_DEPTH, depth, post_order, substitute
 
@@ -504,6 +504,7 @@ def scatter_add(shape, dtype, domain, findices, fvalue, where=None, init=None, n
     (``np.add.at``); see docs/stages.md.
     Raises:
         ShapeError: a bad shape or domain entry (negative extent, non-int bound).
+        DTypeError: ``init`` of another dtype than ``dtype``.
 
     >>> import numpy as np
     >>> import texpr as te
@@ -528,7 +529,12 @@ def scatter_add(shape, dtype, domain, findices, fvalue, where=None, init=None, n
     idx = tuple(as_expr(i, like=dt.INDEX_DTYPE) for i in idx)
     value = as_expr(fvalue(*axis))
     w = None if where is None else as_expr(where(*axis))
-    return ScatterAddOp(name, shape, dt.normalize(dtype), axis, idx, value, w, init).output(0)
+    dtype = dt.normalize(dtype)
+    if init is not None and getattr(init, "dtype", dtype) != dtype:
+        # the kernels copy init into the output without a cast
+        raise DTypeError(f"scatter_add {name}: init {init.name} is {init.dtype}, the "
+                         f"output {dtype}; cast it first")
+    return ScatterAddOp(name, shape, dtype, axis, idx, value, w, init).output(0)
 
 
 def _domain_axis(what, d, entry, name):
