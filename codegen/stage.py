@@ -335,6 +335,16 @@ def _free(e):
     return free_vars(e) if isinstance(e, E.Expr) else []
 
 
+def _order_sensitive(red):
+    """Whether the result of the reduction ``red`` (a Reduce, or another body)
+    can depend on the order of its points beyond rounding: a user's tuple reducer
+    (``te.comm_reducer``), whose combine may keep the accumulator at a tie. The
+    kernels then visit the points in row-major order of the reduction axes, as
+    ``te.evaluate`` does (docs/conventions.md)."""
+    return (isinstance(red, E.Reduce) and red.combiner.kind == "custom"
+            and not red.combiner.order_free)
+
+
 def _residue_candidates(where, space, dom):
     """The ``(e, m)`` of the ``e % m`` and ``e // m`` in ``where`` (constant
     ``m >= 2``, ``e`` quasi-affine over the stage's axes) whose residues in the
@@ -460,6 +470,13 @@ class _StageLowering:
         wset, resid = to_set(red.where, space)
         dom = box.intersect(wset)
         self.residues = _residue_candidates(red.where, space, dom)
+        sensitive = _order_sensitive(red)
+        if sensitive:
+            # a residue split runs the classes one after the other: only over the
+            # spatial axes, which keeps each element's points in row-major order
+            self.residues = [(e, m) for e, m in self.residues
+                             if all(v.kind == "spatial" for v in _free(e)
+                                    if isinstance(v, E.IterVar))]
         # counting a domain's points can cost (barvinok on modulus conditions;
         # _points bounds it): only where the parallel rules need it
         self.stage_points = _points(dom) if par else None
@@ -566,7 +583,9 @@ class _StageLowering:
             "load": lambda d: [w(d, f"{t} = {g}") for t, g in zip(temps, targets)],
             "store": lambda d: [w(d, f"{g} = {t}") for t, g in zip(temps, targets)]}
         lane_axis = split_axis = None
-        if not self.stage.ordered and order[-1].kind == "spatial":
+        if not self.stage.ordered and order[-1].kind == "spatial" and not sensitive:
+            # (the unrolled groups and the rest run one after the other: not for
+            # a reducer whose result depends on the order of the points)
             rd = [a for a in order if a.kind == "reduce"]
             used = rd and any(_mentions(ld, rd[-1]) for ld in _loads(red.source))
             # (a loop of one value is no loop: isl substitutes it away)
@@ -635,6 +654,13 @@ class _StageLowering:
             order = list(st.leaf_axes)
         else:
             order = default_order(self.op, body, spatial, reduce_)
+            if body and _order_sensitive(body[0]):
+                # a tuple reducer keeps the first of tied points in row-major order
+                # of its reduction axes (its combine need not be symmetric): the
+                # reduction loops keep their declared order, nested where the
+                # default order put them
+                declared = iter(reduce_)
+                order = [next(declared) if a.kind == "reduce" else a for a in order]
         for v in st.vectorize_axes:
             if any(v is a for a in order) and order[-1] is not v:
                 order = [a for a in order if a is not v] + [v]

@@ -581,15 +581,20 @@ class Combiner:
     element), ``result`` the tuple of combined expressions over them, and
     ``identity`` the tuple of identity constants. ``kind`` is ``"sum"``,
     ``"prod"``, ``"max"``, ``"min"`` for the built-in reducers and ``"custom"``
-    otherwise. Compared by identity.
+    otherwise. ``order_free``: the result does not depend on the order in which
+    the points are combined (beyond rounding), as for the argmax reducers that
+    break ties by the index; a custom reducer without it sees its points in
+    row-major order of the reduction axes on every path. Compared by identity.
     """
 
-    __slots__ = ("name", "kind", "lhs", "rhs", "result", "identity", "__weakref__")
+    __slots__ = ("name", "kind", "lhs", "rhs", "result", "identity", "order_free",
+                 "__weakref__")
 
-    def __init__(self, name, kind, lhs, rhs, result, identity):
+    def __init__(self, name, kind, lhs, rhs, result, identity, order_free=False):
         self.name, self.kind = name, kind
         self.lhs, self.rhs = tuple(lhs), tuple(rhs)
         self.result, self.identity = tuple(result), tuple(identity)
+        self.order_free = bool(order_free)
 
     @property
     def dtypes(self):
@@ -603,7 +608,7 @@ class Combiner:
             # the built-in reducers' combiners are shared: load the local one
             return (_builtin_combiner, (self.kind, self.dtypes))
         return (Combiner, (self.name, self.kind, self.lhs, self.rhs, self.result,
-                           self.identity))
+                           self.identity, self.order_free))
 
 
 # ---- pickling -------------------------------------------------------------------------

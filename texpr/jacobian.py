@@ -183,7 +183,7 @@ def _arg_reducer(kind):
     def identity(vd, idd):
         return const(-np.inf if kind == "max" else np.inf, vd), const(_BIG_INDEX, idd)
 
-    return CommReducer(combine, identity, name=f"arg{kind}")
+    return CommReducer(combine, identity, name=f"arg{kind}", order_free=True)
 
 
 #: tuple reducers (value, flat index): larger (smaller) value wins, then the smaller index

@@ -33,11 +33,18 @@ class CommReducer:
     ``reducer(source, axis, where=None)`` with ``source`` an expression or a tuple
     of expressions (then a tuple of Reduce nodes is returned, one per component,
     to be returned together from a compute lambda).
+
+    The points of a reduction are combined in row-major order of its reduction
+    axes, in ``te.evaluate`` and in every kernel, so a ``fcombine`` that keeps
+    the accumulator at a tie keeps the first tied point. ``order_free=True``
+    declares that the result does not depend on that order (e.g. ties broken
+    by an index component), which leaves the kernels free to reorder the loops.
     """
 
-    def __init__(self, fcombine, fidentity, name="reduce", kind="custom"):
+    def __init__(self, fcombine, fidentity, name="reduce", kind="custom", order_free=False):
         self.fcombine, self.fidentity = fcombine, fidentity
         self.name, self.kind = name, kind
+        self.order_free = bool(order_free)
         self._instances = {}
 
     def combiner(self, dtypes):
@@ -66,7 +73,7 @@ class CommReducer:
                 if r.dtype != d:
                     raise DTypeError(
                         f"reducer {self.name}: combine gives dtype {r.dtype} for a {d} component")
-            c = Combiner(self.name, self.kind, lhs, rhs, res, ident)
+            c = Combiner(self.name, self.kind, lhs, rhs, res, ident, self.order_free)
             self._instances[dtypes] = c
         return c
 

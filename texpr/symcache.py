@@ -183,7 +183,8 @@ class Canonical:
             res = [self.expr(e) for e in c.result]
             ident = [self.expr(e) for e in c.identity]
             n = self._combiners[id(c)] = f"c{len(self._combiners)}"
-            self.lines.append(f"{n}=Combiner({c.name!r},{lhs},{rhs},{res},{ident})")
+            free = ",order_free" if c.order_free else ""
+            self.lines.append(f"{n}=Combiner({c.name!r},{lhs},{rhs},{res},{ident}{free})")
         return n
 
     def expr(self, e):
