@@ -309,12 +309,16 @@ def _module_file(d, modname, data):
             old = f.read()
     except FileNotFoundError:
         old = None
+    except IsADirectoryError:
+        # a directory in the file's place (damage, or another tool): no module
+        # text at all, so it goes the way of a truncated one
+        old = b""
     if old is not None and old != data:
         _warn_once(("entry", path),
                    f"texpr: the cached kernel module {path} does not hold the text its name "
                    f"is the checksum of ({len(old)} bytes instead of {len(data)}; truncated or "
                    "overwritten): it was discarded with its numba cache files and rebuilt")
-        _cache.remove_files(_numba_files(d, modname))
+        _cache.remove_files(_numba_files(d, modname) + [path] * (not old))
         old = None
     if old is None:
         _write_atomic(path, data)

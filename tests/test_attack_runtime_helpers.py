@@ -14,6 +14,9 @@ warns once per cache directory and process (a directory in its place is removed)
    The harness only adds waits to numba's save; its logic is unchanged.
 2. One damaged helper data file (a directory) gives one CacheWarning per new
    unit in one process (3 here), and again in every process.
+3. A directory in place of the helper module's (or a unit's) .py made every
+   later process compile in memory (one warning each); it is now removed and
+   the module written again (found by the review of 717d3ec).
 """
 import os
 import subprocess
@@ -127,3 +130,26 @@ def test_one_damaged_helper_file_gives_at_most_one_warning_per_process(tmp_path)
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert int(r.stdout.strip().splitlines()[-1]) <= 1
+
+
+def test_a_directory_in_place_of_a_module_file_is_repaired(tmp_path):
+    # the helper module's and a unit's .py replaced by directories (with a file
+    # inside): the next process removes them, writes the modules again and gets
+    # the right values, with one warning per damaged entry
+    d = tmp_path / "cache"
+    p = tmp_path / "prog.py"
+    p.write_text(PROG)
+    r = subprocess.run([sys.executable, str(p), "float64", "2"], env=_env(d),
+                       capture_output=True, text=True, timeout=300)
+    assert r.stdout.strip() == "OK", r.stdout + r.stderr
+    mods = sorted(d.glob("texpr_k_*.py"))
+    assert any(m.name.startswith("texpr_k_rt") for m in mods) and len(mods) >= 2
+    for m in mods:
+        m.unlink()
+        m.mkdir()
+        (m / "junk").write_text("x")
+    r = subprocess.run([sys.executable, "-W", "always", str(p), "float64", "2"],
+                       env=_env(d), capture_output=True, text=True, timeout=300)
+    assert r.stdout.strip() == "OK", r.stdout + r.stderr
+    assert all(m.is_file() for m in mods)
+    assert r.stderr.count("TexprWarning") + r.stderr.count("CacheWarning") <= len(mods)
