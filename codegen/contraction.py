@@ -209,9 +209,12 @@ class ContractionPlan:
         out = arrays[self.out_key].reshape(-1)
         keys = {v.key for p in self.pieces for v in (p.a, p.b)}
         finite = all(np.isfinite(np.asarray(arrays[k])).all() for k in keys)
-        if not finite:
-            return self._non_finite(arrays, out, keys)
-        self._run_into(out, arrays, arrays, self.scale, add=self.fill)
+        # a sum that overflows is inf (or NaN where both infinities meet), as in
+        # the loop nest, which never warns: numpy's overflow warnings are silenced
+        with np.errstate(over="ignore", invalid="ignore"):
+            if not finite:
+                return self._non_finite(arrays, out, keys)
+            self._run_into(out, arrays, arrays, self.scale, add=self.fill)
         return out
 
     def _run_into(self, out, arrays_a, arrays_b, scale, add):
@@ -405,6 +408,12 @@ def _pool():
     return _POOL[0][1]
 
 
+def _quiet_matmul(a, b, out):
+    # on a worker thread, which does not inherit the caller's np.errstate
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.matmul(a, b, out=out)
+
+
 def _matmul(a, b, out=None):
     """``np.matmul(a, b, out=out)``, cut into parts run on worker threads (see
     ``GEMM_THREADS``) when it is large enough: along the leading batch axis when
@@ -430,7 +439,7 @@ def _matmul(a, b, out=None):
             parts.append((a[..., lo:hi, :], b, out[..., lo:hi, :]))
     else:
         return np.matmul(a, b, out=out)
-    futures = [_pool().submit(np.matmul, pa, pb, out=po) for pa, pb, po in parts[1:]]
+    futures = [_pool().submit(_quiet_matmul, pa, pb, po) for pa, pb, po in parts[1:]]
     np.matmul(*parts[0][:2], out=parts[0][2])
     for f in futures:
         f.result()

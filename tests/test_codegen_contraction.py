@@ -649,3 +649,25 @@ def test_data_masks_follow_the_evaluators_dtypes(cond):
     ref = te.evaluate(Y, {A: a, B: b})
     np.testing.assert_allclose(kl(a, b)[0], ref, rtol=1e-6)
     np.testing.assert_allclose(kb(a, b)[0], ref, rtol=1e-6)
+
+
+def test_an_overflowing_gemm_gives_inf_without_numpy_warnings(monkeypatch):
+    # finite operands whose products overflow: inf as in the loop nest (which
+    # never warns), with no RuntimeWarning from numpy, in one call and cut in
+    # parts on worker threads (which do not inherit the caller's np.errstate)
+    import warnings
+    A = te.placeholder((64, 64), "A", "float32")
+    B = te.placeholder((64, 64), "B", "float32")
+    k = te.reduce_axis(64, "k")
+    C_ = te.compute((64, 64), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
+    kernel = codegen.build([C_], [A, B])
+    assert kernel.source.count("# BLAS:") == 1
+    a = np.full((64, 64), 1e37, np.float32)
+    b = np.full((64, 64), 2.0, np.float32)
+    monkeypatch.setattr(C, "GEMM_SPLIT_MIN", 1)
+    for threads in (1, 2):
+        monkeypatch.setattr(C, "GEMM_THREADS", threads)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            (c,) = kernel(a, b)
+        assert np.isposinf(c).all()
