@@ -28,9 +28,10 @@ scanning polyhedra", TOPLAS 2015.
 from texpr import expr as E
 from texpr.errors import TexprError
 
-from .isl_bridge import CTX, VarSpace, ast_expr_to_ir, dim_name, isl, to_pwaff
+from .isl_bridge import CTX, VarSpace, ast_expr_to_ir, dim_name, isl, to_pwaff, to_set
 
-__all__ = ["Statement", "For", "If", "Block", "Stmt", "generate", "ast_str", "walk"]
+__all__ = ["Statement", "For", "If", "Block", "Stmt", "generate", "runs_exactly", "ast_str",
+           "walk"]
 
 
 class Statement:
@@ -129,37 +130,120 @@ def generate(statements, loop_vars):
         umap = m if umap is None else umap.union(m)
     if umap is None:
         return None
-    node = _ast_node(umap, loop_vars, statements)
     by_name = {dim_name(v): v for v in loop_vars}
     for st in statements:
         by_name.update({dim_name(v): v for v in st.vars})
-    return _convert(node, by_name)
+    live = [st for st in statements if not st.domain.is_empty()]
+    failures = []
+    for option in GENERATORS:
+        try:
+            tree = _convert(_ast_node(umap, loop_vars, option), by_name)
+        except isl.Error as exc:
+            failures.append(f"{option or 'default'}: {exc}")
+            continue
+        wrong = runs_exactly(tree, live, loop_vars)
+        if wrong is None:
+            return tree
+        failures.append(f"{option or 'default'}: {wrong}")
+    raise TexprError(
+        "loop_ast: isl could not generate a correct loop nest for the statements "
+        f"{', '.join(st.name for st in statements)} ({'; '.join(failures)})")
 
 
-def _ast_node(umap, loop_vars, statements):
-    """isl's AST of a schedule map. Some unions of pieces with existentially
-    quantified divisions make isl's default (separating) generator fail inside
-    ``isl_map_simplify`` ("total dimensionality changed unexpectedly", isl
-    0.26/0.27); the *atomic* option (one loop per statement and level, guards
-    where the pieces differ) generates the same points, so it is the fallback."""
+#: isl's AST generators tried in turn (None: the default, separating one; then
+#: the *atomic* option: one loop per statement and level, guards where the
+#: pieces differ). The first whose loop nest :func:`runs_exactly` the statements
+#: is used. Some unions of pieces with existentially quantified divisions make
+#: the default fail inside ``isl_map_simplify`` ("total dimensionality changed
+#: unexpectedly", isl 0.26/0.27), and islpy 2026.2.2's default generator once
+#: returned a loop nest without the points of a reduction variable's second
+#: value (``k = 1`` of ``{[j0, j1, k] : 0 <= k <= 1 and (j0 + k) % 3 + j0 >= 2
+#: and ...}``: a gradient silently missing terms, tests/test_codegen_loop_ast.py);
+#: the atomic one got both right.
+GENERATORS = (None, "atomic", "separate")
+
+
+def _ast_node(umap, loop_vars, option=None):
+    """isl's AST of a schedule map with the AST-generation ``option`` (None,
+    "atomic", "separate") on every loop dimension; raises isl.Error."""
     ids = isl.IdList.alloc(CTX, len(loop_vars))
     for lv in loop_vars:
         ids = ids.add(isl.Id(dim_name(lv)))
     context = isl.Set.universe(isl.Space.params_alloc(CTX, 0))
     build = isl.AstBuild.from_context(context).set_iterators(ids)
-    try:
-        return build.node_from_schedule_map(umap)
-    except isl.Error:
-        pass
-    dims = ", ".join(f"c{k}" for k in range(len(loop_vars)))
-    options = isl.UnionMap(f"{{ [{dims}] -> atomic[x] }}", context=CTX)
-    build = isl.AstBuild.from_context(context).set_iterators(ids).set_options(options)
-    try:
-        return build.node_from_schedule_map(umap)
-    except isl.Error as exc:
-        raise TexprError(
-            "loop_ast: isl could not generate the loop nest of the statements "
-            f"{', '.join(st.name for st in statements)} ({exc})") from None
+    if option is not None:
+        dims = ", ".join(f"c{k}" for k in range(len(loop_vars)))
+        build = build.set_options(isl.UnionMap(f"{{ [{dims}] -> {option}[x] }}", context=CTX))
+    return build.node_from_schedule_map(umap)
+
+
+def runs_exactly(tree, statements, loop_vars):
+    """Translation validation of a generated loop nest: None when ``tree`` runs
+    every point of every statement's domain exactly once, at the loop point its
+    schedule gives (so in schedule order), and nothing else; else a sentence
+    saying what is wrong (a dimension without a loop on a node's path is one isl
+    found single-valued there). Each :class:`Stmt` node's instances are the isl set
+    of the loop points its enclosing bounds and guards admit, mapped through its
+    arguments; the instances of one statement must be disjoint across nodes
+    and their union its domain."""
+    by_stmt = {st.name: st for st in statements}
+    found = {st.name: [] for st in statements}
+    problems = []
+
+    def visit(node, conds, bound=()):
+        if node is None or problems:
+            return
+        if isinstance(node, Block):
+            for c in node.body:
+                visit(c, conds, bound)
+        elif isinstance(node, For):
+            v = node.var
+            if node.degenerate:
+                here = [E.as_expr(v) == node.lo]
+            else:
+                here = [E.as_expr(v) >= node.lo, E.as_expr(v) < node.hi]
+                if node.stride != 1:
+                    here.append(E.floormod(E.as_expr(v) - node.lo, node.stride) == 0)
+            visit(node.body, conds + here, bound + (id(v),))
+        elif isinstance(node, If):
+            visit(node.then, conds + [node.cond], bound)
+            visit(node.orelse, conds + [E.logical_not(node.cond)], bound)
+        elif isinstance(node, Stmt):
+            st = by_stmt.get(node.name)
+            if st is None or len(node.args) != len(st.vars):
+                problems.append(f"an instance of an unknown statement {node.name}")
+                return
+            space = VarSpace(tuple(loop_vars) + st.vars)
+            rel = space.universe()
+            parts = conds + [E.as_expr(v) == a for v, a in zip(st.vars, node.args)]
+            for c in parts:
+                s, resid = to_set(c, space)
+                if resid is not None:
+                    problems.append(f"a condition isl's output should not have: {c!r}")
+                    return
+                rel = rel.intersect(s)
+            for lv, sched in zip(loop_vars, st.schedule):
+                if id(lv) not in bound:
+                    continue  # a dimension isl found single-valued here: no loop
+                s, resid = to_set(E.as_expr(lv) == sched, space)
+                if resid is not None or not rel.is_subset(s):
+                    problems.append(f"{node.name} runs off its schedule")
+                    return
+            found[node.name].append(rel.project_out(isl.dim_type.set, 0, len(loop_vars)))
+
+    visit(tree, [])
+    if problems:
+        return problems[0]
+    for st in statements:
+        got = VarSpace(st.vars).empty()
+        for piece in found[st.name]:
+            if not got.intersect(piece).is_empty():
+                return f"{st.name} runs some points twice"
+            got = got.union(piece)
+        if not got.is_equal(st.domain):
+            missing = "misses points" if not st.domain.is_subset(got) else "runs extra points"
+            return f"{st.name} {missing} of its domain"
+    return None
 
 
 def _convert(node, by_name):

@@ -132,3 +132,71 @@ def test_non_affine_schedule_is_a_texpr_error():
     i = E.iter_var(0, 5, "i", "spatial")
     with pytest.raises(te.TexprError, match="quasi-affine"):
         LA.generate([LA.Statement("S", [i], box_set(VarSpace([i])), [i * i])], _loop_vars(1))
+
+
+def _isl_dropped_domain():
+    # the iteration domain of a gradient stage (fuzz seed 7000600314): islpy
+    # 2026.2.2's default AST generator returns a loop nest without its k = 1 points
+    j0 = E.iter_var(0, 5, "j0", "spatial")
+    j1 = E.iter_var(0, 3, "j1", "spatial")
+    k = E.iter_var(0, 2, "k", "reduce")
+    m = E.floormod(j0 + k, 3)
+    where = te.all(m + j0 >= 2, m + 2 * k >= 2 * j1, 2 * j1 + 1 >= m + 2 * k, m + j0 <= 4)
+    space = VarSpace([j0, j1, k])
+    dom = box_set(space).intersect(to_set(where, space)[0])
+    want = sorted(p for p in itertools.product(range(5), range(3), range(2))
+                  if _ev(where, {id(j0): p[0], id(j1): p[1], id(k): p[2]}))
+    return LA.Statement("U", (j0, j1, k), dom, [j0, j1, k]), want
+
+
+def test_a_loop_nest_isl_gets_wrong_is_regenerated():
+    st, want = _isl_dropped_domain()
+    assert want == [(1, 0, 0), (1, 2, 1), (2, 1, 0), (2, 1, 1), (3, 0, 0), (3, 1, 1)]
+    lv = _loop_vars(3)
+    tree = LA.generate([st], lv)
+    assert sorted(a for _, a in run(tree)) == want
+    assert LA.runs_exactly(tree, [st], lv) is None
+
+
+def test_runs_exactly_names_a_missing_a_duplicated_and_a_displaced_point():
+    # translation validation of a loop nest against its statements: the nest of
+    # a strided domain with a statement node taken away, run twice, or run at
+    # another point than its schedule's
+    i = E.iter_var(0, 12, "i", "spatial")
+    r = E.iter_var(0, 3, "r", "reduce")
+    space = VarSpace([i, r])
+    dom = box_set(space).intersect(to_set((i + r) % 3 == 0, space)[0])
+    st = LA.Statement("U", (i, r), dom, [i, r])
+    lv = _loop_vars(2)
+    tree = LA.generate([st], lv)
+    assert LA.runs_exactly(tree, [st], lv) is None
+    stmts = [n for n in LA.walk(tree) if isinstance(n, LA.Stmt)]
+    assert len(stmts) == 1
+    node = stmts[0]
+    assert "misses" in LA.runs_exactly(LA.If(lv[0] < 6, tree), [st], lv)
+    assert "twice" in LA.runs_exactly(LA.Block([tree, tree]), [st], lv)
+    args = node.args
+    node.args = (args[0], E.floormod(args[1] + 1, 3))
+    assert "schedule" in LA.runs_exactly(tree, [st], lv) or \
+        "domain" in LA.runs_exactly(tree, [st], lv)
+    node.args = args
+    extra = LA.Statement("U", (i, r), dom.intersect(to_set(i < 6, space)[0]), [i, r])
+    assert "extra" in LA.runs_exactly(tree, [extra], lv)
+
+
+def test_the_gradient_stage_isl_got_wrong_computes_every_term():
+    # the same domain in a reduction stage: the kernel summed the k = 0 terms only
+    import numpy as np
+    from texpr import codegen
+    X = te.placeholder((5, 3), "X", "float64")
+    k = te.reduce_axis(2, "k")
+
+    def body(j0, j1):
+        m = (j0 + k) % 3
+        return te.sum(X[j0, j1] + k * 10, axis=k, where=te.all(
+            m + j0 >= 2, m + 2 * k >= 2 * j1, 2 * j1 + 1 >= m + 2 * k, m + j0 <= 4))
+    D = te.compute((5, 3), body, name="D")
+    x = np.arange(15.0).reshape(5, 3)
+    (got,) = codegen.build([D], [X])(x)
+    np.testing.assert_array_equal(got, te.evaluate(D, {X: x}))
+    assert got[1, 2] == x[1, 2] + 10
