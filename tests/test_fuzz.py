@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import fuzz
+import texpr as te
 
 CI_SEED = 20261130
 CI_PROGRAMS = 100
@@ -69,8 +70,20 @@ REFERENCE_REGRESSIONS = (749189702389, 309414454917, 543264005676,
 #: evaluator checks, today's generator: a conv -> activation -> conv program with an
 #: input near the largest float whose raw and simplified gradients overflow a
 #: partial sum in one form only, and a float64 one whose twin overflows too (the
-#: order oracle, fuzz.compare_orders)
-REFERENCE_REGRESSIONS_NOW = (7000300083, 7000501004)
+#: order oracle, fuzz.compare_orders); and a program whose forward reads out of
+#: range through an index tensor while its gradient is structurally zero (every
+#: load of X outside its guard): the simplified gradient reads no index at all
+REFERENCE_REGRESSIONS_NOW = (7000300083, 7000501004, 7000900345)
+
+
+def test_reads_through_data_sees_gathers_and_scatters_only():
+    X = te.placeholder((4,), "X", "float32")
+    I = te.placeholder((3,), "I", "int64")
+    G = te.compute((3,), lambda i: X[I[i]] * 2.0, name="G")
+    S = te.scatter_add((4,), "float32", (3,), lambda k: I[k], lambda k: X[k], name="S")
+    Z = te.compute((4,), lambda i: X[3 - i] + 0.0, name="Z")
+    assert fuzz.reads_through_data([G]) and fuzz.reads_through_data([S])
+    assert not fuzz.reads_through_data([Z])
 
 
 def _progress():
