@@ -204,8 +204,17 @@ def pwaff_to_expr(pa, space, context=None):
     ``context`` (an isl.Set on the same space) may say what is known, to
     simplify the pieces' conditions.
     """
-    expr = _ast_build_on(space, context).expr_from_pw_aff(pa.coalesce())
-    return ast_expr_to_ir(expr, space.by_name)
+    pa = pa.coalesce()
+    expr = ast_expr_to_ir(_ast_build_on(space, context).expr_from_pw_aff(pa), space.by_name)
+    # translation validation (as for loop nests, loop_ast.runs_exactly): the
+    # expression must equal the PwAff wherever it is defined and known
+    where = pa.domain() if context is None else pa.domain().intersect(context)
+    back = to_pwaff(expr, space)
+    if back is None or not where.is_subset(back.eq_set(pa)):
+        if context is not None:
+            return pwaff_to_expr(pa, space)
+        raise TexprError(f"isl_bridge: isl's expression for {pa} is not equal to it")
+    return expr
 
 
 def _ast_build_on(space, context):
@@ -216,7 +225,7 @@ def _ast_build_on(space, context):
 def set_to_expr(s, space, context=None):
     """An ``isl.Set`` over ``space`` as a texpr boolean expression (simplified
     under ``context`` when given)."""
-    s = s.coalesce()
+    s = whole = s.coalesce()
     if s.is_empty():
         return E.const(False)
     if context is not None:
@@ -227,6 +236,14 @@ def set_to_expr(s, space, context=None):
     out = ast_expr_to_ir(expr, space.by_name)
     if isinstance(out, E.Const) and out.dtype != "bool":  # ISL says 1 for "always"
         out = E.const(bool(out.value))
+    # translation validation: the condition must hold exactly on the set (where
+    # the context holds); else without the context, else an error
+    back, resid = to_set(out, space)
+    known = space.universe() if context is None else context
+    if resid is not None or not back.intersect(known).is_equal(whole.intersect(known)):
+        if context is not None:
+            return set_to_expr(whole, space)
+        raise TexprError(f"isl_bridge: isl's condition for {whole} is not equal to it")
     return out
 
 
