@@ -37,7 +37,9 @@ neither in memory nor loadable from numba's disk cache are compiled by worker
 processes when at least two are missing and the disk cache is usable: a
 persistent :class:`concurrent.futures.ProcessPoolExecutor` (``spawn`` context,
 started on first use, ``min(workers, missing)`` processes, ``workers`` =
-``$TEXPR_COMPILE_WORKERS`` or ``os.cpu_count()``; ``0`` disables them). A
+``$TEXPR_COMPILE_WORKERS`` or ``os.cpu_count()``; ``0`` disables them, and a
+pool is replaced by a fresh one after ``WORKER_RECYCLE_UNITS`` units, which
+bounds what numba's compiled code holds in the workers' memory). A
 worker compiles with ``cache=True`` into the disk cache; this process then
 loads the machine code from there (milliseconds). With ``TEXPR_COMPILE_HERE=1``
 (:data:`PARENT_COMPILES`) this process compiles a share itself:
@@ -89,7 +91,8 @@ __all__ = ["CompileError", "CacheWarning", "cache_dir", "compile_source", "compi
 
 _MEMORY = {}
 _WARNED = set()
-_STATS = dict(compiled=0, in_workers=0, from_disk=0, from_memory=0, worker_failures=0)
+_STATS = dict(compiled=0, in_workers=0, from_disk=0, from_memory=0, worker_failures=0,
+              pools_retired=0)
 
 
 class CompileError(TexprError):
@@ -153,7 +156,8 @@ def stats():
     (numba ran, in this process or a worker), ``in_workers`` (of those, by a
     worker process), ``from_disk`` (machine code loaded from the disk cache),
     ``from_memory`` (taken from this process's memory cache),
-    ``worker_failures`` (units a worker could not compile, compiled here instead)."""
+    ``worker_failures`` (units a worker could not compile, compiled here instead),
+    ``pools_retired`` (worker pools replaced after ``WORKER_RECYCLE_UNITS`` units)."""
     return dict(_STATS)
 
 
@@ -425,7 +429,13 @@ def compile_source(source, arg_specs, describe="", entry="kernel"):
 
 # ---- concurrent compilation ----------------------------------------------------------------
 
-_POOL = None  # [executor, number of workers]
+_POOL = None  # [executor, number of workers, units submitted to it]
+#: units a pool of workers compiles before it is retired for a fresh one (at the
+#: start of a build; the old pool finishes what it has and exits). numba keeps
+#: what it compiled in a process for good (about 3 MB a unit): the fuzzer's long
+#: runs grew each worker to 4.8 GB in 40 minutes and swapped the machine; a new
+#: pool costs its start-up (about 1.1 s) once per this many units
+WORKER_RECYCLE_UNITS = 256
 #: a worker that is still busy after this many seconds is taken as stuck
 _DEFAULT_TIMEOUT = 600.0
 
@@ -512,14 +522,31 @@ def _watch_parent(ppid):
 
 def _pool(n):
     global _POOL
+    if _POOL is not None and _POOL[2] >= WORKER_RECYCLE_UNITS:
+        _retire_pool()
     if _POOL is not None and _POOL[1] >= n:
         return _POOL[0]
     _shutdown_pool()
+    # (not max_tasks_per_child: in Python 3.11-3.13 a pool that replaces a worker
+    # at its limit can stop scheduling, cpython issue 115634)
     ex = _futures.ProcessPoolExecutor(max_workers=n,
                                       mp_context=multiprocessing.get_context("spawn"),
                                       initializer=_watch_parent, initargs=(os.getpid(),))
-    _POOL = [ex, n]
+    _POOL = [ex, n, 0]
     return ex
+
+
+def _retire_pool():
+    """Let the pool finish the units already submitted (another thread's build
+    may be waiting on them) and exit; the next build starts a fresh one."""
+    global _POOL
+    ex, _POOL = _POOL[0], None
+    _STARTED["pool"] = False
+    _STATS["pools_retired"] += 1
+    try:
+        ex.shutdown(wait=False, cancel_futures=False)
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def _shutdown_pool(kill=False):
@@ -650,6 +677,7 @@ def _start_workers(jobs):
         return {}
     try:
         ex = _pool(n)
+        _POOL[2] += len(keys)
         with _NoMain():
             return {k: ex.submit(_WORKER_FN, d, k, *todo[k]) for k in keys}
     except BaseException as exc:  # noqa: BLE001 - a broken pool: compile here

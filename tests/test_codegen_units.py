@@ -208,6 +208,30 @@ def test_worker_and_in_process_paths_agree(fresh, tmp_path, monkeypatch):
     assert again.from_disk_cache and again.units_compiled == 0
 
 
+def test_a_worker_pool_is_retired_after_its_units(fresh, tmp_path, monkeypatch):
+    # numba keeps every compiled unit in a worker's memory: after
+    # WORKER_RECYCLE_UNITS units the next build gets a fresh pool (the old one
+    # exits once idle), with the same units and values
+    monkeypatch.setenv("TEXPR_COMPILE_WORKERS", "2")
+    monkeypatch.setattr(cmp, "PARENT_COMPILES", False)
+    monkeypatch.setattr(cmp, "WORKER_RECYCLE_UNITS", 2)
+    ins, outs = _two_unit_graph()
+    first = codegen.build(outs, ins)
+    pool = cmp._POOL[0]
+    assert cmp._POOL[2] == len(first.units) >= 2
+    monkeypatch.setenv("TEXPR_CACHE_DIR", str(tmp_path / "second"))
+    codegen.clear_memory_cache()
+    between = cmp.stats()  # (an earlier test's pool may have been retired above)
+    second = codegen.build(outs, ins)
+    d = _delta(between)
+    assert d["pools_retired"] == 1 and cmp._POOL[0] is not pool
+    assert d["in_workers"] == len(first.units) and d["worker_failures"] == 0
+    assert [u.key for u in second.units] == [u.key for u in first.units]
+    feed = _feed()
+    for g, w in zip(second(*feed), first(*feed)):
+        np.testing.assert_array_equal(g, w)
+
+
 def test_the_split_keeps_small_builds_here_and_shares_large_ones():
     # Graham's LPT over this process (free at once) and one worker (free after its
     # start): three small units stay here; many units are shared, longest first
