@@ -739,12 +739,17 @@ class _StageLowering:
             for r in range(m):
                 piece = st.domain.intersect(to_set(E.floormod(e, m) == r, space)[0])
                 if not piece.is_empty():
-                    classes.append(piece)
+                    classes.append((r, piece))
             if len(classes) in (0, 1, m):
                 return statements, ndims, par_dims
-            for i, piece in enumerate(classes):
-                out.append(LA.Statement(f"{st.name}r{i}", st.vars, piece,
-                                        st.schedule[:t] + (i,) + st.schedule[t:]))
+            # the class's schedule position is its residue r, the same for every
+            # statement: a reduction's update pieces (fewer classes than its init
+            # and final ones) run between the init and final of their class
+            # (numbering the non-empty classes put an update with another
+            # class's init: fuzz seed 7000802849, a silently wrong gradient)
+            for r, piece in classes:
+                out.append(LA.Statement(f"{st.name}r{r}", st.vars, piece,
+                                        st.schedule[:t] + (r,) + st.schedule[t:]))
         return out, ndims + 1, {d + (d >= t) for d in par_dims}, t
 
     @staticmethod

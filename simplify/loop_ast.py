@@ -179,10 +179,11 @@ def _ast_node(umap, loop_vars, option=None):
 
 def runs_exactly(tree, statements, loop_vars):
     """Translation validation of a generated loop nest: None when ``tree`` runs
-    every point of every statement's domain exactly once, at the loop point its
-    schedule gives (so in schedule order), and nothing else; else a sentence
-    saying what is wrong (a dimension without a loop on a node's path is one isl
-    found single-valued there). Each :class:`Stmt` node's instances are the isl set
+    every point of every statement's domain exactly once and nothing else; else
+    a sentence saying what is wrong. (The order is isl's to keep: it may run an
+    instance at another iterator value than its schedule's, e.g. two classes in
+    one stride-2 loop, ``U0(c, 2); U2(c + 1, 1)``, still in schedule order.)
+    Each :class:`Stmt` node's instances are the isl set
     of the loop points its enclosing bounds and guards admit, mapped through its
     arguments; the instances of one statement must be disjoint across nodes
     and their union its domain."""
@@ -222,14 +223,20 @@ def runs_exactly(tree, statements, loop_vars):
                     problems.append(f"a condition isl's output should not have: {c!r}")
                     return
                 rel = rel.intersect(s)
-            for lv, sched in zip(loop_vars, st.schedule):
-                if id(lv) not in bound:
-                    continue  # a dimension isl found single-valued here: no loop
-                s, resid = to_set(E.as_expr(lv) == sched, space)
-                if resid is not None or not rel.is_subset(s):
-                    problems.append(f"{node.name} runs off its schedule")
-                    return
-            found[node.name].append(rel.project_out(isl.dim_type.set, 0, len(loop_vars)))
+            # each instance at one point of the loops around it (dimensions
+            # without a loop here are free in rel: left out)
+            n_loop = len(loop_vars)
+            loops = rel
+            for d in reversed(range(n_loop)):
+                if id(loop_vars[d]) not in bound:
+                    loops = loops.project_out(isl.dim_type.set, d, 1)
+            n_b = loops.dim(isl.dim_type.set) - len(st.vars)
+            once = isl.Map.from_range(loops).move_dims(isl.dim_type.in_, 0, isl.dim_type.out,
+                                                       n_b, len(st.vars))
+            if not once.is_single_valued():
+                problems.append(f"{node.name} runs some points twice")
+                return
+            found[node.name].append(rel.project_out(isl.dim_type.set, 0, n_loop))
 
     visit(tree, [])
     if problems:

@@ -200,3 +200,26 @@ def test_the_gradient_stage_isl_got_wrong_computes_every_term():
     (got,) = codegen.build([D], [X])(x)
     np.testing.assert_array_equal(got, te.evaluate(D, {X: x}))
     assert got[1, 2] == x[1, 2] + 10
+
+
+def test_two_classes_in_one_strided_loop_are_accepted_and_a_repeat_is_not():
+    # fuzz seed 7000802803: isl runs two residue classes of a reduction in one
+    # stride-2 loop, U0(c, 2); U2(c + 1, 1) -- an instance at another iterator
+    # value than its schedule's, still in schedule order, each point once (the
+    # validator first refused it); a loop whose variable the body ignores runs
+    # its points twice
+    a = E.iter_var(0, 4, "a", "reduce")
+    k = E.iter_var(1, 3, "k", "reduce")
+    space = VarSpace([a, k])
+    box = box_set(space)
+    d0 = box.intersect(to_set((3 * a + k - 2) % 6 == 0, space)[0])
+    d2 = box.intersect(to_set(3 * ((a + 1) % 2) == 1 - k, space)[0])
+    sts = [LA.Statement("U0", (a, k), d0, [a, 0, k]), LA.Statement("U2", (a, k), d2, [a, 2, k])]
+    lv = _loop_vars(3)
+    tree = LA.generate(sts, lv)
+    assert LA.runs_exactly(tree, sts, lv) is None
+    trace = run(tree)
+    assert [x for x in trace] == sorted(trace, key=lambda t: (t[1][0], t[0], t[1][1]))
+    assert sorted(x for _, x in trace) == [(0, 2), (1, 1), (2, 2), (3, 1)]
+    extra = E.var("c_extra")
+    assert "twice" in LA.runs_exactly(LA.For(extra, 0, 2, 1, tree), sts, lv + [extra])

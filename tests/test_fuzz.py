@@ -49,9 +49,12 @@ REGRESSIONS = (20261140, 20261160, 20261180, 20261210, 20261230, 20261280,
 #: (and two float64 ones, whose float64 twin overflows as well: 4.8e307 against inf);
 #: and a gradient stage whose loop nest, from isl's default AST generator, left out
 #: the k = 1 points of its domain (simplify.loop_ast.runs_exactly now checks every
-#: loop nest isl generates)
+#: loop nest isl generates); and a reduction whose residue split numbered its
+#: classes by position, so an update piece ran with another class's init; and a
+#: loop nest the validator first refused (two classes in one stride-2 loop)
 LONG_RUN_REGRESSIONS = (7000003194, 7000003318, 7000002969, 7000031103, 7000200107,
-                        7000020211, 7000500074, 7000500215, 7000600314)
+                        7000020211, 7000500074, 7000500215, 7000600314,
+                        7000802849, 7000802803)
 #: compiled in long runs only: its program's argmax unit inlines a cheap stage into
 #: a 15 KB select chain whose hundreds of inlined check helpers take numba about
 #: 90 s (a compile-time case for issue 11); CI runs its evaluator checks

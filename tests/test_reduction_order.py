@@ -58,3 +58,4 @@ def test_a_long_reduction_inside_the_spatial_loops_keeps_its_order():
         (X[k, j] + i, k), axis=k, where=k >= j), name="A")
     _, idx = _check([V, I], [X], {X: np.zeros((32, 32))})
     assert (idx == np.arange(32)[None, :]).all()
+
