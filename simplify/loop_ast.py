@@ -178,15 +178,25 @@ def _ast_node(umap, loop_vars, option=None):
 
 
 def runs_exactly(tree, statements, loop_vars):
-    """Translation validation of a generated loop nest: None when ``tree`` runs
-    every point of every statement's domain exactly once and nothing else; else
-    a sentence saying what is wrong. (The order is isl's to keep: it may run an
-    instance at another iterator value than its schedule's, e.g. two classes in
-    one stride-2 loop, ``U0(c, 2); U2(c + 1, 1)``, still in schedule order.)
-    Each :class:`Stmt` node's instances are the isl set
-    of the loop points its enclosing bounds and guards admit, mapped through its
-    arguments; the instances of one statement must be disjoint across nodes
-    and their union its domain."""
+    """Translation validation of a generated loop nest (Pnueli, Siegel,
+    Singerman, "Translation validation", TACAS 1998: check each output of the
+    translator, not the translator).
+
+    Args:
+        tree: a loop AST (:class:`Block`/:class:`For`/:class:`If`/:class:`Stmt`).
+        statements: the :class:`Statement` s it should run (non-empty domains).
+        loop_vars: the Vars of the loop dimensions, as given to :func:`generate`.
+    Returns:
+        None when ``tree`` runs every point of every statement's domain exactly
+        once and nothing else; else a sentence saying what is wrong. Each
+        :class:`Stmt` node's instances are the isl set of the loop points its
+        enclosing bounds and guards admit, mapped through its arguments; each
+        instance must come from one loop point, the instances of one statement
+        must be disjoint across nodes, and their union its domain. The order is
+        isl's to keep: it may run an instance at another iterator value than its
+        schedule's (two residue classes in one stride-2 loop, ``U0(c, 2);
+        U2(c + 1, 1)``), still in schedule order.
+    """
     by_stmt = {st.name: st for st in statements}
     found = {st.name: [] for st in statements}
     problems = []

@@ -554,20 +554,14 @@ def refuses_wraparound(exc):
 
 def reads_through_data(tensors):
     """Whether a stage reachable from ``tensors`` loads at a data-dependent index
-    (an index expression holding a load)."""
-    from texpr.expr import Load
+    (:func:`texpr.jacobian.gather_loads`) or scatters to one."""
+    from texpr.jacobian import gather_loads
     from texpr.simplify.graph import stage_exprs
     from texpr.tensor import ScatterAddOp, topo_order
-    from texpr.visitor import post_order
-    for op in topo_order(list(tensors)):
-        for node in post_order(stage_exprs(op)):
-            if isinstance(node, Load) and any(
-                    isinstance(n, Load) for a in node.args for n in post_order(a)):
-                return True
-        if isinstance(op, ScatterAddOp) and any(
-                isinstance(n, Load) for a in op.indices for n in post_order(a)):
-            return True
-    return False
+    from texpr.visitor import loads
+    return any(gather_loads(stage_exprs(op), None)
+               or (isinstance(op, ScatterAddOp) and any(loads(a) for a in op.indices))
+               for op in topo_order(list(tensors)))
 
 
 def _finding(p, kind, msg):
