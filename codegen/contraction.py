@@ -66,10 +66,12 @@ the loop nest's is finite or infinite, as in PyTorch's and JAX's convolutions.
 """
 
 import contextlib
+import glob
 import math
 import os
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -208,26 +210,41 @@ class ContractionPlan:
         or mask surrounds the value."""
         out = arrays[self.out_key].reshape(-1)
         keys = {v.key for p in self.pieces for v in (p.a, p.b)}
-        finite = all(np.isfinite(np.asarray(arrays[k])).all() for k in keys)
         # a sum that overflows is inf (or NaN where both infinities meet), as in
         # the loop nest, which never warns: numpy's overflow warnings are silenced
         with np.errstate(over="ignore", invalid="ignore"):
-            if not finite:
+            if out.size < sum(np.asarray(arrays[k]).size for k in keys):
+                # the smaller side is checked: a non-finite operand value that a
+                # GEMM multiplies (by a term of the domain, or by a padding or mask
+                # zero) makes its output element inf or NaN, so a finite output
+                # holds only finite terms, the loop nest's among them, and the
+                # rest exact zeros; else the exact path computes it again
+                self._run_into(out, arrays, arrays, self.scale, add=self.fill)
+                if np.isfinite(out).all():
+                    return out
+                return self._non_finite(arrays, out, keys)
+            if not all(np.isfinite(np.asarray(arrays[k])).all() for k in keys):
                 return self._non_finite(arrays, out, keys)
             self._run_into(out, arrays, arrays, self.scale, add=self.fill)
         return out
 
     def _run_into(self, out, arrays_a, arrays_b, scale, add):
+        # this thread's zero-padded buffers of this plan, kept from run to run
+        spaces = getattr(_WORKSPACES, "plans", None)
+        if spaces is None:
+            spaces = _WORKSPACES.plans = weakref.WeakKeyDictionary()
+        workspace = spaces.setdefault(self, {})
         with _blas_threads_limited():
-            self._run_pieces(out, arrays_a, arrays_b, scale, add)
+            self._run_pieces(out, arrays_a, arrays_b, scale, add, workspace)
 
-    def _run_pieces(self, out, arrays_a, arrays_b, scale, add):
+    def _run_pieces(self, out, arrays_a, arrays_b, scale, add, workspace=None):
         if add:
             out.fill(0)
         # the pieces of one run share their zero-padded operand copies
         padded = {} if arrays_a is arrays_b else None
         for p in self.pieces:
-            _run_piece(p, arrays_a, arrays_b, out, scale, add, self.dtype, padded=padded)
+            _run_piece(p, arrays_a, arrays_b, out, scale, add, self.dtype, padded=padded,
+                       workspace=workspace)
 
     def _non_finite(self, arrays, out, keys):
         """The run when an operand holds inf or NaN: the GEMMs of the finite parts
@@ -312,6 +329,8 @@ _POOL = []
 _LIMITER = []
 _LOAD = [float("-inf"), False]  # (when last read, oversubscribed)
 _MODE = threading.local()
+#: per thread, per plan (weakly): the zero-padded operand buffers kept between runs
+_WORKSPACES = threading.local()
 
 
 def _threads():
@@ -487,10 +506,27 @@ def _mask_array(masks, axes, piece_axes, shape):
     return ok
 
 
-def _operand(view, arrays, piece_axes, dtype, real=None, padded=None):
+def _copy_parts(dst, src):
+    """``np.copyto(dst, src)``, in parts on the worker threads when it is large
+    (numpy's copy releases the GIL)."""
+    n = _threads()
+    if n <= 1 or src.size < GEMM_SPLIT_MIN or src.ndim == 0 or src.shape[0] < n:
+        np.copyto(dst, src)
+        return
+    cuts = np.linspace(0, src.shape[0], n + 1).astype(int)
+    futures = [_pool().submit(np.copyto, dst[lo:hi], src[lo:hi])
+               for lo, hi in zip(cuts[1:-1], cuts[2:])]
+    np.copyto(dst[:cuts[1]], src[:cuts[1]])
+    for f in futures:
+        f.result()
+
+
+def _operand(view, arrays, piece_axes, dtype, real=None, padded=None, workspace=None):
     """The operand's values over its axes (an ndarray, view or copy); its
     data-dependent masks read ``real`` (default ``arrays``). ``padded``: a dict
-    that keeps zero-padded copies for the other pieces of the same run."""
+    that keeps zero-padded copies for the other pieces of the same run.
+    ``workspace``: a dict that keeps the zero-padded buffers from run to run
+    (this thread's, of this plan: only their interiors are copied again)."""
     key = (view.key, tuple(map(tuple, view.pad)) if view.pad is not None else None)
     buf = None if padded is None else padded.get(key)
     if buf is None:
@@ -498,9 +534,15 @@ def _operand(view, arrays, piece_axes, dtype, real=None, padded=None):
         if buf.dtype != np.dtype(dtype):
             buf = buf.astype(dtype)
         if view.pad is not None:
-            pad = np.zeros(view.padded_shape(), dtype=buf.dtype)
-            pad[tuple(slice(lo, lo + n) for n, (lo, _hi) in zip(view.shape, view.pad))] = \
-                buf.reshape(view.shape)
+            shape = view.padded_shape()
+            pad = None if workspace is None else workspace.get(key)
+            if pad is None or pad.shape != tuple(shape) or pad.dtype != buf.dtype:
+                pad = np.zeros(shape, dtype=buf.dtype)
+                if workspace is not None:
+                    workspace[key] = pad
+            # the border stays zero: nothing writes into the padded buffer
+            _copy_parts(pad[tuple(slice(lo, lo + n) for n, (lo, _hi) in
+                                  zip(view.shape, view.pad))], buf.reshape(view.shape))
             buf = pad.reshape(-1)
         if padded is not None:
             padded[key] = buf
@@ -732,7 +774,8 @@ def _record_direct(p, swapped, am, bm, target, out, arrays_a, arrays_b, dtype):
     return tuple(specs) + ((off_o, tuple(target.shape)),)
 
 
-def _run_piece(p, arrays_a, arrays_b, out, scale, add, dtype, real=None, padded=None):
+def _run_piece(p, arrays_a, arrays_b, out, scale, add, dtype, real=None, padded=None,
+               workspace=None):
     """One piece: operand ``a`` from ``arrays_a``, ``b`` from ``arrays_b`` (their
     data-dependent masks read ``real``, default the same); the result written
     into (``add``: added to) its slice of ``out``. A plain piece whose operands
@@ -743,8 +786,8 @@ def _run_piece(p, arrays_a, arrays_b, out, scale, add, dtype, real=None, padded=
             and _run_recorded(rec, arrays_a, arrays_b, out, dtype):
         return
     batch, m, n, k, a_only, b_only, neither = p.roles()
-    a = _operand(p.a, arrays_a, p.axes, dtype, real, padded)
-    b = _operand(p.b, arrays_b, p.axes, dtype, real, padded)
+    a = _operand(p.a, arrays_a, p.axes, dtype, real, padded, workspace)
+    b = _operand(p.b, arrays_b, p.axes, dtype, real, padded, workspace)
     a_axes, b_axes = list(p.a.axes), list(p.b.axes)
     if a_only:
         a = a.sum(axis=tuple(a_axes.index(q) for q in a_only))
@@ -777,9 +820,9 @@ def _run_piece(p, arrays_a, arrays_b, out, scale, add, dtype, real=None, padded=
         else:
             bm = bm * np.asarray(scale, dtype=bm.dtype)
     if am.shape[0] == 1:
-        res = _matmul(am[0], bm[0])[None]
+        res = _product(am[0], bm[0])[None]
     else:
-        res = _matmul(am, bm)
+        res = _product(am, bm)
     ext = [p.axes[q][1] for q in batch + m + n]
     res = res.reshape(ext)
     spatial = [q for q, ax in enumerate(p.axes) if ax[2] == "spatial"]
@@ -804,39 +847,57 @@ def _run_piece(p, arrays_a, arrays_b, out, scale, add, dtype, real=None, padded=
 def _run_direct(p, a, a_axes, b, b_axes, k, layout, out, scale, add, spatial, record=None):
     """The GEMM with its result in the output's axis order (see :func:`_direct_layout`):
     written by ``np.matmul(..., out=)`` into a contiguous output slice, else copied
-    (or added) once. ``record``: ``(arrays_a, arrays_b, dtype)``, to record a
-    plain piece's views for the next runs (:func:`_record_direct`)."""
+    (or added) once. An operand that needs a large packing copy (im2col) is
+    packed and multiplied in cache-sized chunks (:func:`_chunk_plan`). ``record``:
+    ``(arrays_a, arrays_b, dtype)``, to record a plain piece's views for the next
+    runs (:func:`_record_direct`)."""
     prefix, rows, cols, swapped = layout
     big, big_axes = (a, a_axes) if a.size >= b.size else (b, b_axes)
     k = _by_stride(big, big_axes, k)
     if swapped:  # result (.., N, M) = B^T A^T
         a, a_axes, b, b_axes = b, b_axes, a, a_axes
     # a supplies the rows, b the columns; each packed as (rows, K) or (K, rows)
-    if _last_is_finer(a, a_axes, rows, k):
-        am = _pack_batched(a, a_axes, prefix, rows, k)
-    else:
-        am = _pack_batched(a, a_axes, prefix, k, rows).swapaxes(-1, -2)
-    if _last_is_finer(b, b_axes, k, cols):
-        bm = _pack_batched(b, b_axes, prefix, k, cols)
-    else:
-        bm = _pack_batched(b, b_axes, prefix, cols, k).swapaxes(-1, -2)
-    if scale != 1:
-        if am.size <= bm.size:
-            am = am * np.asarray(scale, dtype=am.dtype)
-        else:
-            bm = bm * np.asarray(scale, dtype=bm.dtype)
+    a_rows_first = _last_is_finer(a, a_axes, rows, k)
+    b_k_first = _last_is_finer(b, b_axes, k, cols)
     shape = [p.axes[q][1] for q in spatial]
     target = _byte_view(out, p.out_offset, shape, p.out_strides, writeable=True)
-    ext = [p.axes[q][1] for q in prefix] + [am.shape[-2], bm.shape[-1]]
-    if not add and not p.out_masks and target.flags.c_contiguous and target.size:
-        target = target.reshape(ext)
-        _matmul(am, bm, out=target)
-        plain = scale == 1 and not any(v.masks or v.data_masks or v.pad is not None
-                                       for v in (p.a, p.b))
-        if record is not None and plain and not hasattr(p, "_recorded"):
-            p._recorded = _record_direct(p, swapped, am, bm, target, out, *record)
-        return
-    res = _matmul(am, bm).reshape(shape)
+    size = lambda g: math.prod(p.axes[q][1] for q in g)  # noqa: E731
+    ext = [p.axes[q][1] for q in prefix] + [size(rows), size(cols)]
+    direct = not add and not p.out_masks and target.flags.c_contiguous and target.size
+    chunks = _chunk_plan(a, a_axes, b, b_axes, prefix, rows, cols, k, a_rows_first, b_k_first)
+    if chunks is not None:
+        res = _run_chunked(chunks, a, a_axes, b, b_axes, prefix, rows, cols, k,
+                           a_rows_first, b_k_first, ext, scale,
+                           target.reshape(ext) if direct else None)
+        if direct:
+            return
+    else:
+        if a_rows_first:
+            am = _pack_batched(a, a_axes, prefix, rows, k)
+        else:
+            am = _pack_batched(a, a_axes, prefix, k, rows).swapaxes(-1, -2)
+        if b_k_first:
+            bm = _pack_batched(b, b_axes, prefix, k, cols)
+        else:
+            bm = _pack_batched(b, b_axes, prefix, cols, k).swapaxes(-1, -2)
+        if scale != 1:
+            if am.size <= bm.size:
+                am = am * np.asarray(scale, dtype=am.dtype)
+            else:
+                bm = bm * np.asarray(scale, dtype=bm.dtype)
+        if direct and _flip_pays(am, bm):
+            np.copyto(target.reshape(ext), _product(am, bm))
+            return
+        if direct:
+            target = target.reshape(ext)
+            _matmul(am, bm, out=target)
+            plain = scale == 1 and not any(v.masks or v.data_masks or v.pad is not None
+                                           for v in (p.a, p.b))
+            if record is not None and plain and not hasattr(p, "_recorded"):
+                p._recorded = _record_direct(p, swapped, am, bm, target, out, *record)
+            return
+        res = _product(am, bm)
+    res = res.reshape(shape)
     if p.out_masks:
         res = np.where(_mask_array(p.out_masks, spatial, p.axes, shape), res,
                        np.zeros((), dtype=res.dtype))
@@ -844,6 +905,206 @@ def _run_direct(p, a, a_axes, b, b_axes, k, layout, out, scale, add, spatial, re
         target += res
     else:
         np.copyto(target, res, casting="unsafe")
+
+
+def _last_level_cache_bytes():
+    """The last-level cache's size in bytes (Linux: the highest level under
+    /sys/devices/system/cpu/cpu0/cache), else 8 MiB."""
+    best = (0, 8 << 20)
+    for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            with open(os.path.join(d, "level")) as f:
+                level = int(f.read())
+            with open(os.path.join(d, "size")) as f:
+                text = f.read().strip().upper()
+            mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            size = int(text.rstrip("KMG")) * mult
+        except (OSError, ValueError):
+            continue
+        if level > best[0] and size > 0:
+            best = (level, size)
+    return best[1]
+
+
+#: a packing copy (im2col) of more than this many bytes, half the last-level
+#: cache, is made and multiplied in chunks of about ``CHUNK_BYTES`` (along the
+#: first prefix axis, or the outermost reduction axis) that stay in a core's
+#: cache for their GEMM, spread over the worker threads (one BLAS thread each).
+#: Measured on conv2d_s1 (2 cores, 32 MB L3, in-process A/B, 2026-12-02): dX's
+#: 28.9 MB im2col 4.2 -> 3.8 ms in 2 MB chunks; the forward's 14.4 MB one ran
+#: faster whole (2.3 vs 2.6 ms: one GEMM on the BLAS's own threads, which scale
+#: better than two one-thread BLAS calls at once)
+CHUNK_MIN_BYTES = _last_level_cache_bytes() // 2
+#: the size of a chunk's packing copy (a core's L2 cache)
+CHUNK_BYTES = 1 << 21
+#: GEMMs run in chunks in this process (a count, for tests and the fuzzer)
+CHUNKED = [0]
+
+
+def _flip_pays(am, bm):
+    """Whether ``am @ bm`` runs faster as ``(bm^T am^T)^T`` with a small result
+    (copied once): ``bm`` is a transposed (column-major) matrix with more columns
+    than ``am`` has rows, ``am`` row-major. numpy's BLAS ran such a GEMM at about
+    60% of the speed of the same GEMM turned around (one thread: 32x784 @
+    (144x784)^T 96-100 GFLOP/s, (144x784) @ (32x784)^T 151; a convolution's dW,
+    2026-12-02)."""
+    item = am.itemsize
+    col_major = bm.strides[-2] == item and bm.shape[-1] > 1 and bm.strides[-1] != item
+    row_major = am.strides[-1] == item or am.shape[-1] == 1
+    rows, cols = am.shape[-2], bm.shape[-1]
+    return bool(col_major and row_major and cols > rows and cols >= 64
+                and rows * cols * 8 <= am.size + bm.size)
+
+
+def _product(am, bm):
+    """``am @ bm`` (:func:`_matmul`), turned around where :func:`_flip_pays`."""
+    if _flip_pays(am, bm):
+        return _matmul(bm.swapaxes(-1, -2), am.swapaxes(-1, -2)).swapaxes(-1, -2)
+    return _matmul(am, bm)
+
+
+def _packed_copy_bytes(v, axes, prefix, first, second):
+    """Bytes of the copy that :func:`_pack_batched` makes of ``v`` for the layout
+    ``(prefix, first, second)``; 0 when the packed matrix is a view."""
+    present = [q for q in prefix if q in axes]
+    t = v.transpose([axes.index(q) for q in present + first + second])
+    size = lambda g: math.prod(v.shape[axes.index(q)] for q in g)  # noqa: E731
+    shape = [v.shape[axes.index(q)] for q in present] + [size(first), size(second)]
+    try:
+        np.reshape(t, shape, copy=False)
+        return 0
+    except ValueError:
+        return t.size * t.itemsize
+
+
+def _chunk_plan(a, a_axes, b, b_axes, prefix, rows, cols, k, a_rows_first, b_k_first):
+    """How to run a direct-layout GEMM in chunks, or None (one call): ``(q, mode,
+    length, threads)``, cutting axis ``q`` (``mode`` ``"prefix"``: the first prefix
+    axis, whose chunks write disjoint output slices; ``"k"``: the outermost
+    reduction axis of the copied operand, whose chunks' products are summed) into
+    chunks of ``length``. Only where the packing copies exceed
+    :data:`CHUNK_MIN_BYTES`."""
+    copy_a = _packed_copy_bytes(a, a_axes, prefix, *((rows, k) if a_rows_first else (k, rows)))
+    copy_b = _packed_copy_bytes(b, b_axes, prefix, *((k, cols) if b_k_first else (cols, k)))
+    copied = copy_a + copy_b
+    if copied <= max(CHUNK_MIN_BYTES, CHUNK_BYTES):
+        return None
+    heavy, heavy_axes = (a, a_axes) if copy_a >= copy_b else (b, b_axes)
+    if prefix and prefix[0] in heavy_axes and heavy.shape[heavy_axes.index(prefix[0])] > 1:
+        q, mode = prefix[0], "prefix"
+    else:
+        cut = [q for q in _by_stride(heavy, heavy_axes, k) if heavy.shape[heavy_axes.index(q)] > 1]
+        if not cut:
+            return None
+        q, mode = cut[0], "k"
+    n = heavy.shape[heavy_axes.index(q)]
+    per_index = sum(c for c, ax in ((copy_a, a_axes), (copy_b, b_axes)) if q in ax) / n
+    length = max(1, int(CHUNK_BYTES // max(per_index, 1)))
+    threads = GEMM_THREADS if GEMM_THREADS > 0 else _threads()
+    if threads > 1:
+        length = min(length, -(-n // threads))
+    if length >= n:
+        return None
+    return q, mode, length, threads
+
+
+def _cut(v, axes, q, lo, hi):
+    """``v`` (dims ``axes``) restricted to ``lo <= q < hi`` (itself if it lacks ``q``)."""
+    if q not in axes:
+        return v
+    d = axes.index(q)
+    return v[(slice(None),) * d + (slice(lo, hi),)]
+
+
+def _pack_into(v, axes, prefix, first, second, scratch):
+    """:func:`_pack_batched` of ``v`` with its copy (if one is needed) made in
+    ``scratch`` (a list holding one reusable flat buffer, grown as needed)."""
+    present = [q for q in prefix if q in axes]
+    t = v.transpose([axes.index(q) for q in present + first + second])
+    size = lambda g: math.prod(v.shape[axes.index(q)] for q in g)  # noqa: E731
+    shape = [v.shape[axes.index(q)] if q in axes else 1 for q in prefix] + \
+        [size(first), size(second)]
+    try:
+        return np.reshape(t, shape, copy=False)
+    except ValueError:
+        pass
+    if scratch[0] is None or scratch[0].size < t.size or scratch[0].dtype != t.dtype:
+        scratch[0] = np.empty(t.size, dtype=t.dtype)
+    dst = scratch[0][:t.size].reshape(t.shape)
+    np.copyto(dst, t)
+    return dst.reshape(shape)
+
+
+def _run_chunked(chunks, a, a_axes, b, b_axes, prefix, rows, cols, k, a_rows_first,
+                 b_k_first, ext, scale, target):
+    """The GEMM of :func:`_run_direct` in the chunks of ``chunks``
+    (:func:`_chunk_plan`), each packed into a per-thread buffer and multiplied at
+    once, the chunks spread over ``threads`` worker threads (one BLAS thread
+    each). Writes into ``target`` (the contiguous output, shaped ``ext``) when
+    given, else returns the result (shaped ``ext``)."""
+    q, mode, length, threads = chunks
+    CHUNKED[0] += 1
+    n = (a if q in a_axes else b).shape[(a_axes if q in a_axes else b_axes).index(q)]
+    starts = list(range(0, n, length))
+    dtype = np.result_type(a, b)
+    res = target
+    if res is None and mode == "prefix":
+        res = np.empty(ext, dtype=dtype)
+    sc = None if scale == 1 else np.asarray(scale, dtype=dtype)
+    flip = [None]  # summed chunks: the orientation (:func:`_flip_pays`) of the first
+
+    def work(tid):
+        sa, sb = [None], [None]
+        partial = None
+        for lo in starts[tid::threads]:
+            hi = min(n, lo + length)
+            ac, bc = _cut(a, a_axes, q, lo, hi), _cut(b, b_axes, q, lo, hi)
+            if a_rows_first:
+                am = _pack_into(ac, a_axes, prefix, rows, k, sa)
+            else:
+                am = _pack_into(ac, a_axes, prefix, k, rows, sa).swapaxes(-1, -2)
+            if b_k_first:
+                bm = _pack_into(bc, b_axes, prefix, k, cols, sb)
+            else:
+                bm = _pack_into(bc, b_axes, prefix, cols, k, sb).swapaxes(-1, -2)
+            with np.errstate(over="ignore", invalid="ignore"):
+                if mode == "prefix":
+                    dst = res[lo:hi]
+                    np.matmul(am, bm, out=dst)
+                    if sc is not None:
+                        dst *= sc
+                else:
+                    if flip[0] is None:
+                        flip[0] = _flip_pays(am, bm)
+                    prod = np.matmul(bm.swapaxes(-1, -2), am.swapaxes(-1, -2)) if flip[0] \
+                        else np.matmul(am, bm)
+                    if partial is None:
+                        partial = prod
+                    else:
+                        partial += prod
+        return partial
+
+    if threads > 1 and len(starts) > 1:
+        with _blas_one_thread():
+            futures = [_pool().submit(work, t) for t in range(1, min(threads, len(starts)))]
+            parts = [work(0)] + [f.result() for f in futures]
+    else:
+        parts = [work(0)]
+    if mode == "prefix":
+        return res
+    parts = [x for x in parts if x is not None]
+    total = parts[0]
+    for x in parts[1:]:
+        total += x
+    if flip[0]:
+        total = total.swapaxes(-1, -2)
+    total = np.broadcast_to(total, ext) if total.shape != tuple(ext) else total
+    if sc is not None:
+        total = total * sc
+    if target is not None:
+        np.copyto(target, total)
+        return target
+    return total
 
 
 # ---- matching ----------------------------------------------------------------------------

@@ -656,15 +656,20 @@ def every_contraction_on_blas():
 def split_gemms():
     """Kernel runs inside cut every GEMM into two parts on the worker threads, each
     a one-thread BLAS call (``GEMM_THREADS = 2``, the oversubscribed machine's
-    mode), however small the GEMM."""
+    mode), however small the GEMM, and make every packing copy in chunks of one
+    index of its cut axis (``CHUNK_MIN_BYTES = 0``, ``CHUNK_BYTES = 1``: the
+    path of large im2col copies)."""
     from texpr.codegen import contraction
 
-    old = contraction.GEMM_THREADS, contraction.GEMM_SPLIT_MIN
-    contraction.GEMM_THREADS, contraction.GEMM_SPLIT_MIN = 2, 0
+    names = ("GEMM_THREADS", "GEMM_SPLIT_MIN", "CHUNK_MIN_BYTES", "CHUNK_BYTES")
+    old = [getattr(contraction, n) for n in names]
+    for n, v in zip(names, (2, 0, 0, 1)):
+        setattr(contraction, n, v)
     try:
         yield
     finally:
-        contraction.GEMM_THREADS, contraction.GEMM_SPLIT_MIN = old
+        for n, v in zip(names, old):
+            setattr(contraction, n, v)
 
 
 def every_subexpression_hoisted():
@@ -683,6 +688,15 @@ BLAS_UNITS = [0]
 SPLIT_BLAS_UNITS = [0]
 #: packed-operand stages (:mod:`codegen.operands`) in the fuzzer's kernels so far
 PACKED_STAGES = [0]
+#: GEMMs run in chunks of their packing copies (:func:`split_gemms`) so far
+CHUNKED_RUNS = [0]
+
+
+def contraction_chunk_runs():
+    """How many GEMMs this process has run in chunks (``contraction.CHUNKED``)."""
+    from texpr.codegen import contraction
+
+    return contraction.CHUNKED[0]
 
 #: how a batch's kernel is built: the default rules, every contraction on BLAS
 #: (then run twice: GEMMs in one call, and split on worker threads), every
@@ -796,9 +810,11 @@ def _check_kernel(qs, findings, mode="default"):
                                 if re.search(r"_packed[0-9]+$", u.stage or ""))
         runs = [got]
         if n_blas:
+            chunked = contraction_chunk_runs()
             with split_gemms():
                 runs.append(kernel(*arrays))
             SPLIT_BLAS_UNITS[0] += n_blas
+            CHUNKED_RUNS[0] += contraction_chunk_runs() - chunked
     except Exception as exc:  # noqa: BLE001 - isolate the program at fault
         if len(qs) > 1:
             for q in qs:

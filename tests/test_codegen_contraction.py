@@ -671,3 +671,96 @@ def test_an_overflowing_gemm_gives_inf_without_numpy_warnings(monkeypatch):
             warnings.simplefilter("error")
             (c,) = kernel(a, b)
         assert np.isposinf(c).all()
+
+
+def _count_chunked(monkeypatch):
+    runs = []
+    orig = C._run_chunked
+
+    def spy(chunks, *args):
+        runs.append(chunks)
+        return orig(chunks, *args)
+    monkeypatch.setattr(C, "_run_chunked", spy)
+    return runs
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", ["conv2d_s1", "conv2d_s2", "conv2d_dil2", "conv2d_s3_pad2",
+                                  "grouped", "conv2d_transpose_s2", "conv2d_transpose_s3",
+                                  "causal_scores", "flatten_dense"])
+def test_chunked_packing_gives_the_evaluators_values(case, threads, monkeypatch):
+    """Every packing copy cut into the smallest chunks (an image, a row of taps),
+    on one thread and on two: the plans give the evaluator's values, forward and
+    gradients, with prefix chunks (disjoint output slices) and reduction chunks
+    (summed partial products) both taken."""
+    runs = _count_chunked(monkeypatch)
+    monkeypatch.setattr(C, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(C, "CHUNK_MIN_BYTES", 0)
+    monkeypatch.setattr(C, "GEMM_THREADS", threads)
+    for dtype in ("float32", "float64"):
+        out, wrt = _case(case, dtype)
+        outs = _with_grads(out, wrt, dtype)
+        assert len(check_plans(outs, random_feed(outs, seed=11))) == 3
+    if case.startswith("conv2d_s") or case == "conv2d_dil2":
+        modes = {m for _, m, _, _ in runs}
+        assert modes == {"prefix", "k"}, runs
+
+
+@pytest.mark.parametrize("k,s,d", [(3, 1, 1), (2, 2, 3), (3, 3, 2), (1, 2, 1)])
+def test_chunked_packing_on_the_conv_sweep(k, s, d, monkeypatch):
+    """Sweep cases with every packing copy chunked, two threads."""
+    monkeypatch.setattr(C, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(C, "CHUNK_MIN_BYTES", 0)
+    monkeypatch.setattr(C, "GEMM_THREADS", 2)
+    x = te.placeholder((3, 2, 10, 10), "X", "float64")
+    w = te.placeholder((2, 2, k, k), "W", "float64")
+    outs = _with_grads(nn.conv2d(x, w, stride=s, dilation=d), [x, w], "float64")
+    assert len(check_plans(outs, random_feed(outs, seed=k + s + d))) == 3
+
+
+@pytest.mark.parametrize("pattern", ["inf_corner", "nan", "mixed"])
+def test_chunked_packing_with_non_finite_operands(pattern, monkeypatch):
+    """The non-finite cases of test_non_finite_operands with chunked packing (the
+    output-side check of a gradient's small output included)."""
+    monkeypatch.setattr(C, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(C, "CHUNK_MIN_BYTES", 0)
+    monkeypatch.setattr(C, "GEMM_THREADS", 2)
+    test_non_finite_operands("conv2d_s2", pattern)
+
+
+def test_padded_buffers_kept_between_runs_hold_each_runs_values(monkeypatch):
+    """A plan's zero-padded operand buffer is reused from run to run (its border
+    stays zero) and from two threads at once (each its own): every run gives the
+    evaluator's values for its own inputs."""
+    import threading
+
+    monkeypatch.setattr(C, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(C, "CHUNK_MIN_BYTES", 0)
+    x = te.placeholder((2, 3, 10, 10), "X")
+    w = te.placeholder((4, 3, 3, 3), "W")
+    y = nn.conv2d(x, w, padding=1)
+    s = codegen.create_schedule([y])
+    s[y].blas(True)
+    k = codegen.build([y], [x, w], s)
+    assert "BLAS:" in k.source
+    rng = np.random.default_rng(5)
+    feeds = [(rng.standard_normal((2, 3, 10, 10)).astype("float32"),
+              rng.standard_normal((4, 3, 3, 3)).astype("float32")) for _ in range(6)]
+    refs = [te.evaluate(y, {x: a, w: b}) for a, b in feeds]
+    for (a, b), ref in zip(feeds * 2, refs * 2):
+        _assert_close(k(a, b)[0], ref, "sequential")
+    errors = []
+
+    def run(j):
+        try:
+            for _ in range(20):
+                a, b = feeds[j]
+                _assert_close(k(a, b)[0], refs[j], f"thread {j}")
+        except AssertionError as exc:
+            errors.append(exc)
+    threads = [threading.Thread(target=run, args=(j,)) for j in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]

@@ -108,7 +108,7 @@ def _report(findings):
 def test_fuzz_ci_profile():
     seeds = range(CI_SEED, CI_SEED + CI_PROGRAMS)
     runs = (fuzz.NATIVE_RUNS[0], fuzz.TORCH_RUNS[0], fuzz.BLAS_UNITS[0],
-            fuzz.SPLIT_BLAS_UNITS[0], fuzz.PACKED_STAGES[0])
+            fuzz.SPLIT_BLAS_UNITS[0], fuzz.PACKED_STAGES[0], fuzz.CHUNKED_RUNS[0])
     findings = fuzz.check_programs(seeds, compile_every=CI_COMPILE_EVERY)
     assert not findings, _report(findings)
     # every path was exercised: the compiled driver, the PyTorch operator, GEMM
@@ -119,6 +119,8 @@ def test_fuzz_ci_profile():
     assert fuzz.BLAS_UNITS[0] > runs[2]
     # conv -> activation -> conv programs: operands packed into stages of their own
     assert fuzz.PACKED_STAGES[0] > runs[4]
+    # GEMMs whose packing copies were made in chunks (the im2col of large inputs)
+    assert fuzz.CHUNKED_RUNS[0] > runs[5]
 
 
 def test_the_order_oracle_accepts_only_a_partial_sum_overflow():
