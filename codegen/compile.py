@@ -601,8 +601,16 @@ NUMBA_START_SECONDS = 0.45
 #: cache (measured 2026-12-01 on max_pool2d's value-and-grad: 2.9 vs 1.5 ms on 2
 #: threads, 4.7 vs 2.5 ms on one; the same after reloading the unit from disk in
 #: that process; not the vectoriser settings, malloc's thresholds or the
-#: threading layer; the cause is not known), so by default the workers compile
-#: and this process only loads, whenever at least two units are missing.
+#: threading layer), so by default the workers compile and this process only
+#: loads, whenever at least two units are missing. The cause (found 2026-12-02,
+#: isolated on the argmax unit alone: 1.3-1.5 ms compiled here, 0.4-0.7 ms
+#: loaded; one thread 2.3 vs 0.66): numba compiles a parfor's body as a library
+#: of its own, optimised once, and links it into the unit's module, where it is
+#: optimised again; the compiling process resolves the body's symbol to the
+#: first library's code, a loading process has only the module's. Running
+#: numba's first ("cheap") module round at -O3 with the loop vectoriser (what
+#: NUMBA_OPT=max does) made both 0.45 ms, but slowed depthwise's units 1.5-2x
+#: and layernorm's about 20% (in one A/B), so it is not done.
 PARENT_COMPILES = os.environ.get("TEXPR_COMPILE_HERE", "").strip() == "1"
 _STARTED = {"parent": False, "pool": False}
 

@@ -490,8 +490,28 @@ def _byte_view(flat, offset, shape, strides, writeable=False):
                                            strides=byte_strides, writeable=writeable)
 
 
-def _mask_array(masks, axes, piece_axes, shape):
-    """The boolean array (broadcastable to ``shape``) of the conditions ``masks``."""
+#: the boolean arrays of :func:`_mask_array`, per owner (an OperandView or a
+#: GemmPiece, weakly: they live as long as their plan), axes and shape: they
+#: depend on nothing else
+_MASKS = weakref.WeakKeyDictionary()
+
+
+def _mask_array(masks, axes, piece_axes, shape, owner=None):
+    """The boolean array (broadcastable to ``shape``) of the conditions ``masks``
+    (those of ``owner``: then kept, read-only, for the next runs of its plan)."""
+    if owner is None:
+        return _mask_array_now(masks, axes, piece_axes, shape)
+    cache = _MASKS.setdefault(owner, {})
+    key = (tuple(axes), tuple(map(tuple, piece_axes)), tuple(shape))
+    ok = cache.get(key)
+    if ok is None:
+        ok = _mask_array_now(masks, axes, piece_axes, shape)
+        ok.flags.writeable = False
+        cache[key] = ok
+    return ok
+
+
+def _mask_array_now(masks, axes, piece_axes, shape):
     ok = None
     for coefs, const, is_eq in masks:
         val = np.asarray(const, dtype=np.int64)
@@ -549,7 +569,7 @@ def _operand(view, arrays, piece_axes, dtype, real=None, padded=None, workspace=
     shape = [piece_axes[p][1] for p in view.axes]
     v = _byte_view(buf, view.offset, shape, view.strides)
     if view.masks:
-        v = np.where(_mask_array(view.masks, view.axes, piece_axes, shape), v,
+        v = np.where(_mask_array(view.masks, view.axes, piece_axes, shape, view), v,
                      np.zeros((), dtype=v.dtype))
     if view.data_masks and (real is not None or not getattr(view, "masks_only_non_finite", False)):
         grid = {}
@@ -835,13 +855,27 @@ def _run_piece(p, arrays_a, arrays_b, out, scale, add, dtype, real=None, padded=
     shape = [p.axes[q][1] for q in spatial]
     res = np.broadcast_to(res, shape)
     if p.out_masks:
-        res = np.where(_mask_array(p.out_masks, spatial, p.axes, shape), res,
+        res = np.where(_mask_array(p.out_masks, spatial, p.axes, shape, p), res,
                        np.zeros((), dtype=res.dtype))
     target = _byte_view(out, p.out_offset, shape, p.out_strides, writeable=True)
     if add:
         target += res
     else:
         np.copyto(target, res, casting="unsafe")
+
+
+def _zero_outside(p, spatial, shape, target):
+    """Zero the points of ``target`` (the piece's output slice, dims ``spatial``)
+    outside the piece's output masks: the loop nest never computes them, so a
+    GEMM's value there (NaN from an infinite operand included) is replaced."""
+    if p.out_masks:
+        inside = _mask_array(p.out_masks, spatial, p.axes, shape, p)
+        outside = _MASKS.setdefault(p, {}).get("outside")
+        if outside is None or outside.shape != inside.shape:
+            outside = np.logical_not(inside)
+            outside.flags.writeable = False
+            _MASKS[p]["outside"] = outside
+        np.copyto(target, np.zeros((), dtype=target.dtype), where=outside)
 
 
 def _run_direct(p, a, a_axes, b, b_axes, k, layout, out, scale, add, spatial, record=None):
@@ -863,13 +897,15 @@ def _run_direct(p, a, a_axes, b, b_axes, k, layout, out, scale, add, spatial, re
     target = _byte_view(out, p.out_offset, shape, p.out_strides, writeable=True)
     size = lambda g: math.prod(p.axes[q][1] for q in g)  # noqa: E731
     ext = [p.axes[q][1] for q in prefix] + [size(rows), size(cols)]
-    direct = not add and not p.out_masks and target.flags.c_contiguous and target.size
+    # the result written straight into the output (a mask's points zeroed after)
+    direct = not add and target.flags.c_contiguous and target.size
     chunks = _chunk_plan(a, a_axes, b, b_axes, prefix, rows, cols, k, a_rows_first, b_k_first)
     if chunks is not None:
         res = _run_chunked(chunks, a, a_axes, b, b_axes, prefix, rows, cols, k,
                            a_rows_first, b_k_first, ext, scale,
                            target.reshape(ext) if direct else None)
         if direct:
+            _zero_outside(p, spatial, shape, target)
             return
     else:
         if a_rows_first:
@@ -887,19 +923,21 @@ def _run_direct(p, a, a_axes, b, b_axes, k, layout, out, scale, add, spatial, re
                 bm = bm * np.asarray(scale, dtype=bm.dtype)
         if direct and _flip_pays(am, bm):
             np.copyto(target.reshape(ext), _product(am, bm))
+            _zero_outside(p, spatial, shape, target)
             return
         if direct:
+            _matmul(am, bm, out=target.reshape(ext))
+            _zero_outside(p, spatial, shape, target)
             target = target.reshape(ext)
-            _matmul(am, bm, out=target)
-            plain = scale == 1 and not any(v.masks or v.data_masks or v.pad is not None
-                                           for v in (p.a, p.b))
+            plain = scale == 1 and not p.out_masks and not any(
+                v.masks or v.data_masks or v.pad is not None for v in (p.a, p.b))
             if record is not None and plain and not hasattr(p, "_recorded"):
                 p._recorded = _record_direct(p, swapped, am, bm, target, out, *record)
             return
         res = _product(am, bm)
     res = res.reshape(shape)
     if p.out_masks:
-        res = np.where(_mask_array(p.out_masks, spatial, p.axes, shape), res,
+        res = np.where(_mask_array(p.out_masks, spatial, p.axes, shape, p), res,
                        np.zeros((), dtype=res.dtype))
     if add:
         target += res
