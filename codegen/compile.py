@@ -41,16 +41,15 @@ started on first use, ``min(workers, missing)`` processes, ``workers`` =
 pool is replaced by a fresh one after ``WORKER_RECYCLE_UNITS`` units, which
 bounds what numba's compiled code holds in the workers' memory). A
 worker compiles with ``cache=True`` into the disk cache; this process then
-loads the machine code from there (milliseconds). With ``TEXPR_COMPILE_HERE=1``
-(:data:`PARENT_COMPILES`) this process compiles a share itself:
-:func:`split_units` places the units longest first (:func:`estimate_seconds`,
-from the text) on whichever of this process and the workers would finish them
-first, a fresh worker counted from the end of its start-up
-(``WORKER_START_SECONDS``: a new interpreter, numpy, numba and numba's first
-compile, about 1.1 s here), so a build of a few small units compiles here (a
-suite case's 2 parallel units: 1.4-1.8 s through two fresh workers, 1.0-1.1 s
-here). It is off by default: the kernels of a process that compiled them ran
-up to 2x slower (see :data:`PARENT_COMPILES`). Anything that
+loads the machine code from there (milliseconds). This process compiles a
+share itself (:data:`PARENT_COMPILES`; ``TEXPR_COMPILE_HERE=0`` leaves every
+missing unit to the workers): :func:`split_units` places the units longest
+first (:func:`estimate_seconds`, from the text) on whichever of this process
+and the workers would finish them first, a fresh worker counted from the end
+of its start-up (``WORKER_START_SECONDS``: a new interpreter, numpy, numba and
+numba's first compile, about 1.1 s here), so a build of a few small units
+compiles here (a suite case's 2 parallel units: 1.4-1.8 s through two fresh
+workers, 1.0-1.1 s here). Anything that
 goes wrong with the pool (a worker that fails, dies, or takes longer than
 ``$TEXPR_COMPILE_TIMEOUT`` seconds, default 600: the pool is then killed)
 falls back to compiling here: the pool never raises, and a unit that numba
@@ -60,10 +59,12 @@ rejects still gives a :class:`CompileError` naming its stage.
 
 import atexit
 import concurrent.futures as _futures
+import contextlib
 import glob
 import hashlib
 import multiprocessing
 import os
+import re
 import sys
 import tempfile
 import time
@@ -248,25 +249,85 @@ def _reset_block_labels():
         counter._value = 0
 
 
-def _compile(fn, sig, source):
-    # numba leaves LLVM's SLP vectoriser off; the unrolled partial sums of the
-    # generated reductions need it. The loop vectoriser runs only where it pays
-    # (codegen.vectorize: a choice made from the text, so fixed by the cache key).
-    # Both restored after: other numba users keep their settings.
-    from numba.core.compiler_lock import global_compiler_lock
+#: how units are compiled beyond their text (part of every cache key): numba's
+#: noalias flag on a unit's parameters and the -O3 first module round (see
+#: :func:`_compile`); a change here compiles every unit again
+FLAGS_VERSION = "noalias+o3-cheap-1"
+#: an unrolled partial sum of a generated reduction (``acc0_0_p0``)
+_PARTIAL_SUM = re.compile(r"\bacc\d+_\d+_p0\b")
+
+
+def _jit_codegen():
+    """numba's CPU JIT code generator (its module optimisation settings), or None."""
+    try:
+        from numba.core.registry import cpu_target
+        cg = cpu_target.target_context.codegen()
+    except Exception:  # noqa: BLE001 - numba internals: without them, numba's defaults
+        return None
+    return cg if hasattr(cg, "_opt_level") and hasattr(cg, "_loopvect") else None
+
+
+@contextlib.contextmanager
+def _unit_flags(fn, source):
+    """numba's settings while the unit ``fn`` (of text ``source``) compiles, all
+    restored after (other numba users keep theirs; the caller holds numba's
+    compiler lock):
+
+    * LLVM's SLP vectoriser on (numba leaves it off; the unrolled partial sums of
+      the generated reductions need it); the loop vectoriser where it pays
+      (:mod:`codegen.vectorize`, a choice made from the text);
+    * the unit's array parameters ``noalias`` (numba's flag, which it sets itself
+      on a parfor's body): they are distinct buffers, each base buffer one
+      parameter (:class:`codegen.lower._UnitBuffers`), inputs never written,
+      ``out=`` buffers checked not to overlap (:func:`codegen.build._check_out`);
+    * the module's first ("cheap") optimisation round at -O3 with the loop
+      vectoriser, as NUMBA_OPT=max does, except in a unit with unrolled partial
+      sums. Measured 2026-12-02 (2 cores, in-process per-unit timings, loaded
+      from the cache): max_pool2d's gradient unit 1.02 -> 0.21 ms and its argmax
+      0.55 -> 0.42; the same argmax unit serial, one thread, 2.35 -> 0.69 (both
+      settings are needed: either alone left it at 2.3-2.4); depthwise's dW unit,
+      whose partial sums the early loop vectoriser mangled, 0.39 -> 0.98 without
+      the exception. Compile time 5-15% more. It also ends a parallel unit's
+      slowdown where it was compiled (see :data:`PARENT_COMPILES`).
+    """
+    from numba.core.cpu import CPUTargetOptions
 
     from .vectorize import loop_vectorize_pays
     loops = loop_vectorize_pays(source)
+    slp, lv = numba.config.SLP_VECTORIZE, numba.config.LOOP_VECTORIZE
+    numba.config.SLP_VECTORIZE, numba.config.LOOP_VECTORIZE = 1, int(loops)
+    unit = "\ndef unit(" in source
+    cg = _jit_codegen() if unit and not _PARTIAL_SUM.search(source) else None
+    if cg is not None:
+        cheap = cg._opt_level, cg._loopvect
+        cg._opt_level, cg._loopvect = 3, True
+    finalize = CPUTargetOptions.finalize
+    if unit:
+        mine = fn.targetoptions  # the dict numba's compiler of fn parses: fn alone
+
+        def noalias(self, flags, options):
+            finalize(self, flags, options)
+            if options is mine:
+                flags.noalias = True
+        CPUTargetOptions.finalize = noalias
+    try:
+        yield
+    finally:
+        numba.config.SLP_VECTORIZE, numba.config.LOOP_VECTORIZE = slp, lv
+        CPUTargetOptions.finalize = finalize
+        if cg is not None:
+            cg._opt_level, cg._loopvect = cheap
+
+
+def _compile(fn, sig, source):
+    from numba.core.compiler_lock import global_compiler_lock
+
     with global_compiler_lock:
-        slp, lv = numba.config.SLP_VECTORIZE, numba.config.LOOP_VECTORIZE
-        numba.config.SLP_VECTORIZE, numba.config.LOOP_VECTORIZE = 1, int(loops)
-        try:
+        with _unit_flags(fn, source):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 _reset_block_labels()
                 fn.compile(sig)
-        finally:
-            numba.config.SLP_VECTORIZE, numba.config.LOOP_VECTORIZE = slp, lv
         _check_one_signature()
     return fn
 
@@ -356,10 +417,10 @@ def _on_disk(d, key, source, sig, entry):
 
 
 def source_key(source, arg_specs):
-    """The content key of a unit: sha256 (32 hex digits) of the numba version, the
-    argument specs and the text."""
-    return hashlib.sha256((numba.__version__ + "\n" + repr(arg_specs) + "\n" + source)
-                          .encode("utf-8")).hexdigest()[:32]
+    """The content key of a unit: sha256 (32 hex digits) of the numba version,
+    :data:`FLAGS_VERSION`, the argument specs and the text."""
+    return hashlib.sha256((numba.__version__ + "\n" + FLAGS_VERSION + "\n" + repr(arg_specs)
+                           + "\n" + source).encode("utf-8")).hexdigest()[:32]
 
 
 def _entry_point(fn, sig):
@@ -595,23 +656,26 @@ WORKER_START_SECONDS = 1.1
 #: whichever process compiles first (the parent, or each worker)
 NUMBA_START_SECONDS = 0.45
 #: whether the building process compiles a share of a build's units itself
-#: (:func:`split_units`); off by default, on with ``TEXPR_COMPILE_HERE=1``. A
-#: process that compiled a stage's unit itself ran that stage's kernels 1.7-2x
-#: slower afterwards than a process that loaded the same machine code from the
-#: cache (measured 2026-12-01 on max_pool2d's value-and-grad: 2.9 vs 1.5 ms on 2
-#: threads, 4.7 vs 2.5 ms on one; the same after reloading the unit from disk in
-#: that process; not the vectoriser settings, malloc's thresholds or the
-#: threading layer), so by default the workers compile and this process only
-#: loads, whenever at least two units are missing. The cause (found 2026-12-02,
-#: isolated on the argmax unit alone: 1.3-1.5 ms compiled here, 0.4-0.7 ms
-#: loaded; one thread 2.3 vs 0.66): numba compiles a parfor's body as a library
-#: of its own, optimised once, and links it into the unit's module, where it is
-#: optimised again; the compiling process resolves the body's symbol to the
-#: first library's code, a loading process has only the module's. Running
-#: numba's first ("cheap") module round at -O3 with the loop vectoriser (what
-#: NUMBA_OPT=max does) made both 0.45 ms, but slowed depthwise's units 1.5-2x
-#: and layernorm's about 20% (in one A/B), so it is not done.
-PARENT_COMPILES = os.environ.get("TEXPR_COMPILE_HERE", "").strip() == "1"
+#: (:func:`split_units`); on by default, off with ``TEXPR_COMPILE_HERE=0``. Cold
+#: builds of suite cases took 15-30% less time than with every unit in the
+#: workers (2026-12-02, one run alternating: max_pool2d 2.06 -> 1.45 s,
+#: layernorm 3.07 -> 2.52, softmax_xent 1.89 -> 1.49, depthwise 3.61 -> 3.20).
+#: It was off until then: a process that compiled a stage's unit itself ran
+#: that stage's kernels 1.7-2x slower afterwards than a process that loaded the
+#: same machine code from the cache (measured 2026-12-01 on max_pool2d's
+#: value-and-grad: 2.9 vs 1.5 ms on 2 threads, 4.7 vs 2.5 ms on one; the same
+#: after reloading the unit from disk in that process; not the vectoriser
+#: settings, malloc's thresholds or the threading layer). The cause (found
+#: 2026-12-02, isolated on the argmax unit alone: 1.3-1.5 ms compiled here,
+#: 0.4-0.7 ms loaded; one thread 2.3 vs 0.66): numba compiles a parfor's body as
+#: a library of its own, optimised once, and links it into the unit's module,
+#: where it is optimised again; the compiling process resolves the body's symbol
+#: to the first library's code, a loading process has only the module's.
+#: Running numba's first ("cheap") module round at -O3 with the loop vectoriser
+#: (what NUMBA_OPT=max does, :func:`_unit_flags`) gives both the same code (the
+#: argmax unit 0.45 ms either way; depthwise's units, whose unrolled partial
+#: sums keep numba's default round, ran at the same speed both ways too).
+PARENT_COMPILES = os.environ.get("TEXPR_COMPILE_HERE", "").strip() != "0"
 _STARTED = {"parent": False, "pool": False}
 
 

@@ -250,10 +250,10 @@ def test_the_split_keeps_small_builds_here_and_shares_large_ones():
 
 
 def test_this_process_and_the_workers_share_a_build(fresh, tmp_path, monkeypatch):
-    # the split (TEXPR_COMPILE_HERE=1): with the worker's start taken as free, this
+    # the split (the default; TEXPR_COMPILE_HERE=0 turns it off): with the worker's start taken as free, this
     # process and one worker each compile part of the units; values as in one process
     monkeypatch.setenv("TEXPR_COMPILE_WORKERS", "1")
-    monkeypatch.setattr(cmp, "PARENT_COMPILES", True)  # (TEXPR_COMPILE_HERE=1)
+    monkeypatch.setattr(cmp, "PARENT_COMPILES", True)
     monkeypatch.setattr(cmp, "WORKER_START_SECONDS", 0.0)
     monkeypatch.setattr(cmp, "NUMBA_START_SECONDS", 0.0)
     ins, outs = _two_unit_graph()
@@ -337,3 +337,74 @@ def test_many_builds_in_one_process_keep_numba_block_labels_small(monkeypatch, t
         np.testing.assert_array_equal(got, te.evaluate(Y, {X: x, I: idx}))
         digits.append(len(str(ir_utils._the_max_label._value)))
     assert max(digits) <= 6 and digits[-1] <= digits[0] + 1, digits
+
+
+def _numba_settings():
+    import numba
+    from numba.core.cpu import CPUTargetOptions
+    cg = cmp._jit_codegen()
+    return (numba.config.SLP_VECTORIZE, numba.config.LOOP_VECTORIZE,
+            CPUTargetOptions.finalize, cg._opt_level, cg._loopvect)
+
+
+def _param_attributes(llvm, name):
+    """The type-and-attribute text of each LLVM parameter of array argument ``name``
+    in the definitions of ``llvm`` (``ptr noalias readonly captures(none)`` of
+    ``%arg.b0.4``)."""
+    import re
+    return [m.group(1) for ln in llvm.splitlines() if ln.startswith("define")
+            for m in re.finditer(r'([^,(]*)%"?arg\.' + name + r'\.[0-9.]+"?', ln)]
+
+
+def test_unit_flags_apply_to_the_unit_alone_and_are_restored(fresh, monkeypatch):
+    """A unit's parameters are noalias in its LLVM code; numba's settings (the
+    vectorisers, its target options' finalize, the first module round) are
+    numba's own again after the build, also after a unit numba rejects, and a
+    function of the user's compiled afterwards has no noalias parameters."""
+    import numba
+
+    monkeypatch.setenv("TEXPR_COMPILE_WORKERS", "0")
+    before = _numba_settings()
+    ins, outs = _two_unit_graph()
+    kernel = codegen.build(outs, ins)
+    assert _numba_settings() == before
+    fn = kernel.units[0].fn
+    attrs = _param_attributes(fn.inspect_llvm(list(fn.signatures)[0]), "b0")
+    assert attrs and all("noalias" in a for a in attrs if "ptr" in a or "*" in a), attrs
+    with pytest.raises(cmp.CompileError):
+        cmp.compile_source("import numpy as np\nfrom numba import njit\n"
+                           "@njit(cache=True)\ndef unit(b0, err):\n    return b0.nonexistent\n",
+                           [("float32", 1), ("int64", 1)], "a broken unit", entry="unit")
+    assert _numba_settings() == before
+
+    @numba.njit
+    def mine(a, b):
+        a[0] = b[0]
+
+    mine(np.zeros(2), np.ones(2))
+    attrs = _param_attributes(mine.inspect_llvm(list(mine.signatures)[0]), "a")
+    assert attrs and not any("noalias" in a for a in attrs), attrs
+
+
+def test_a_unit_compiled_here_runs_as_fast_as_loaded(fresh, monkeypatch):
+    """The process that compiles a parallel unit runs the same code as one that
+    loads it (numba's first module round at -O3, see compile._unit_flags): the
+    unit's machine code here and from the disk cache give equal results, and the
+    in-process build's values are the evaluator's (the speed itself is measured
+    by benchmarks/bench_compile.py, never by a test)."""
+    monkeypatch.setenv("TEXPR_COMPILE_WORKERS", "0")
+    X = te.placeholder((8, 8, 28, 28), "X")
+    Y = te.nn.max_pool2d(X, 2)
+    H = te.placeholder(Y.shape, "H")
+    (dX,) = te.differentiate(Y, [X], head=H).result
+    x = np.random.default_rng(0).standard_normal(X.shape).astype("float32")
+    h = np.random.default_rng(1).standard_normal(Y.shape).astype("float32")
+    here = codegen.build([Y, dX], [X, H])
+    assert here.units_compiled == len(here.units)
+    got = here(x, h)
+    codegen.clear_memory_cache()
+    loaded = codegen.build([Y, dX], [X, H])
+    assert loaded.from_disk_cache
+    for a, b, r in zip(got, loaded(x, h), te.evaluate([Y, dX], {X: x, H: h})):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, r, rtol=1e-6, atol=1e-6)
