@@ -386,6 +386,24 @@ def _blas_threads_limited():
 _ONE_THREAD = [threading.Lock(), 0, None]  # (lock, holders, the entered limit)
 
 
+def _after_fork_in_child():
+    """A forked child starts with a free BLAS-limit lock and no holders (another
+    thread of the parent may have held the lock at the fork: the child's first
+    chunked or split GEMM then waited for good), and its BLAS's own thread count
+    (the parent's threads inside the limit do not exist in the child)."""
+    limit = _ONE_THREAD[2]
+    _ONE_THREAD[:] = [threading.Lock(), 0, None]
+    if limit is not None:
+        try:
+            limit.restore_original_limits()
+        except Exception:  # noqa: BLE001 - threadpoolctl state in a child: best effort
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 @contextlib.contextmanager
 def _blas_one_thread():
     """numpy's BLAS held at one thread (threadpoolctl, if installed) while any thread
@@ -733,16 +751,8 @@ def _reshaped(t, shape):
         return np.reshape(t, shape, copy=False)
     except ValueError:
         pass
-    n = _threads()
-    if n <= 1 or t.size < GEMM_SPLIT_MIN or t.ndim == 0 or t.shape[0] < n:
-        return t.reshape(shape)
     out = np.empty(t.shape, dtype=t.dtype)
-    cuts = np.linspace(0, t.shape[0], n + 1).astype(int)
-    futures = [_pool().submit(np.copyto, out[lo:hi], t[lo:hi])
-               for lo, hi in zip(cuts[1:-1], cuts[2:])]
-    np.copyto(out[:cuts[1]], t[:cuts[1]])
-    for f in futures:
-        f.result()
+    _copy_parts(out, t)
     return out.reshape(shape)
 
 
@@ -1089,7 +1099,6 @@ def _run_chunked(chunks, a, a_axes, b, b_axes, prefix, rows, cols, k, a_rows_fir
     if res is None and mode == "prefix":
         res = np.empty(ext, dtype=dtype)
     sc = None if scale == 1 else np.asarray(scale, dtype=dtype)
-    flip = [None]  # summed chunks: the orientation (:func:`_flip_pays`) of the first
 
     def work(tid):
         sa, sb = [None], [None]
@@ -1106,20 +1115,23 @@ def _run_chunked(chunks, a, a_axes, b, b_axes, prefix, rows, cols, k, a_rows_fir
             else:
                 bm = _pack_into(bc, b_axes, prefix, cols, k, sb).swapaxes(-1, -2)
             with np.errstate(over="ignore", invalid="ignore"):
-                if mode == "prefix":
-                    dst = res[lo:hi]
-                    np.matmul(am, bm, out=dst)
-                    if sc is not None:
-                        dst *= sc
-                else:
-                    if flip[0] is None:
-                        flip[0] = _flip_pays(am, bm)
-                    prod = np.matmul(bm.swapaxes(-1, -2), am.swapaxes(-1, -2)) if flip[0] \
-                        else np.matmul(am, bm)
-                    if partial is None:
-                        partial = prod
+                if sc is not None:
+                    # the constant joins the smaller operand before the GEMM, as on
+                    # the one-call path: c * x * w stays finite where x * w would not
+                    if am.size <= bm.size:
+                        am = am * sc
                     else:
-                        partial += prod
+                        bm = bm * sc
+                if mode == "prefix":
+                    np.matmul(am, bm, out=res[lo:hi])
+                    continue
+                # each chunk's own orientation (its K decides), summed as (rows, cols)
+                prod = np.matmul(bm.swapaxes(-1, -2), am.swapaxes(-1, -2)).swapaxes(-1, -2) \
+                    if _flip_pays(am, bm) else np.matmul(am, bm)
+                if partial is None:
+                    partial = np.array(prod)
+                else:
+                    partial += prod
         return partial
 
     if threads > 1 and len(starts) > 1:
@@ -1134,11 +1146,7 @@ def _run_chunked(chunks, a, a_axes, b, b_axes, prefix, rows, cols, k, a_rows_fir
     total = parts[0]
     for x in parts[1:]:
         total += x
-    if flip[0]:
-        total = total.swapaxes(-1, -2)
     total = np.broadcast_to(total, ext) if total.shape != tuple(ext) else total
-    if sc is not None:
-        total = total * sc
     if target is not None:
         np.copyto(target, total)
         return target

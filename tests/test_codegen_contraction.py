@@ -26,6 +26,17 @@ from texpr.visitor import post_order
 nn = te.nn
 
 
+def _in_threads(fn, n):
+    """``fn(0)``, ..., ``fn(n - 1)`` on ``n`` threads at once; returns when all end."""
+    import threading
+
+    threads = [threading.Thread(target=fn, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def _graph(outs):
     outs = list(simplify.simplify(outs))
     s = create_schedule(outs)
@@ -494,7 +505,6 @@ def test_oversubscribed_reads_the_load_average_at_most_every_second(monkeypatch)
 def test_concurrent_split_gemms_restore_the_blas_thread_count(monkeypatch):
     # the one-thread BLAS limit is process-wide: four threads entering and leaving
     # it out of order left numpy's BLAS at one thread for good (attack find)
-    import threading
     from threadpoolctl import threadpool_info
 
     def blas():
@@ -515,11 +525,7 @@ def test_concurrent_split_gemms_restore_the_blas_thread_count(monkeypatch):
         for _ in range(15):
             if not np.allclose(kernel(*args[i]), single[i], rtol=1e-12, atol=1e-12):
                 bad.append(i)
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _in_threads(work, 4)
     assert not bad
     assert blas() == before
 
@@ -732,8 +738,6 @@ def test_padded_buffers_kept_between_runs_hold_each_runs_values(monkeypatch):
     """A plan's zero-padded operand buffer is reused from run to run (its border
     stays zero) and from two threads at once (each its own): every run gives the
     evaluator's values for its own inputs."""
-    import threading
-
     monkeypatch.setattr(C, "CHUNK_BYTES", 1)
     monkeypatch.setattr(C, "CHUNK_MIN_BYTES", 0)
     x = te.placeholder((2, 3, 10, 10), "X")
@@ -758,9 +762,5 @@ def test_padded_buffers_kept_between_runs_hold_each_runs_values(monkeypatch):
                 _assert_close(k(a, b)[0], refs[j], f"thread {j}")
         except AssertionError as exc:
             errors.append(exc)
-    threads = [threading.Thread(target=run, args=(j,)) for j in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _in_threads(run, 4)
     assert not errors, errors[0]
