@@ -594,7 +594,26 @@ def _pool(n):
                                       mp_context=multiprocessing.get_context("spawn"),
                                       initializer=_watch_parent, initargs=(os.getpid(),))
     _POOL = [ex, n, 0]
+    _shutdown_at_multiprocessing_exit()
     return ex
+
+
+_MP_EXIT = [None]  # the pid whose multiprocessing exit shuts the pool down
+
+
+def _shutdown_at_multiprocessing_exit():
+    """In a process that multiprocessing started (a DDP rank, a Process target),
+    atexit handlers do not run: multiprocessing's own exit joins the process's
+    children, the compile workers among them, which wait for work for good (the
+    README's DDP example hung on its first run, a new user's find). A
+    multiprocessing finalizer, run before those joins (and registered anew in
+    each process that starts a pool: a forked child's registry is emptied),
+    shuts the pool down."""
+    if _MP_EXIT[0] == os.getpid():
+        return
+    import multiprocessing.util
+    multiprocessing.util.Finalize(None, _shutdown_pool, exitpriority=100)
+    _MP_EXIT[0] = os.getpid()
 
 
 def _retire_pool():

@@ -408,3 +408,40 @@ def test_a_unit_compiled_here_runs_as_fast_as_loaded(fresh, monkeypatch):
     for a, b, r in zip(got, loaded(x, h), te.evaluate([Y, dX], {X: x, H: h})):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_allclose(a, r, rtol=1e-6, atol=1e-6)
+
+
+def _build_in_a_child(tag):
+    # a multiprocessing child's build with an empty cache: its units go to a pool
+    # of compile workers (TEXPR_COMPILE_HERE=0), children of this child
+    ins, outs = _two_unit_graph()
+    kernel = codegen.build(outs, ins)
+    assert cmp._POOL is not None
+    kernel(*_feed())
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_a_multiprocessing_child_that_started_workers_exits(method, tmp_path, monkeypatch):
+    """A process that multiprocessing started (a DDP rank) runs no atexit handlers:
+    its exit joined its compile workers, which waited for work for good (the
+    README's DDP example hung on a cold cache). Its pool is shut down by a
+    multiprocessing finalizer now: the child ends by itself."""
+    import multiprocessing as mp
+
+    monkeypatch.setenv("TEXPR_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TEXPR_COMPILE_HERE", "0")
+    monkeypatch.setenv("TEXPR_COMPILE_WORKERS", "2")
+    monkeypatch.setattr(cmp, "PARENT_COMPILES", False)
+    if method == "fork":
+        codegen.clear_memory_cache()
+        monkeypatch.setattr(cmp, "_POOL", None)
+    p = mp.get_context(method).Process(target=_build_in_a_child, args=(method,))
+    p.start()
+    p.join(180)
+    alive = p.is_alive()
+    if alive:
+        import subprocess
+        subprocess.run(["pkill", "-9", "-P", str(p.pid)], check=False)
+        p.kill()
+        p.join(30)
+    assert not alive, "the child did not exit: its compile workers kept it waiting"
+    assert p.exitcode == 0
