@@ -40,11 +40,13 @@ from .prefix_scan import prefix_sums_to_scans
 from .scan_body import simplify_scan_bodies
 from .solve import solve_equalities, tighten_domains
 from .support import restrict_to_support
+from .zeros import explicit_zero_products
 
 #: the passes, in order (a name may appear twice: it runs twice per round)
 PIPELINE = (
     simplify_scan_bodies,       # a scan's body is a graph of its own: the same passes on it
     inline_elementwise,         # identity head, Jacobian indicators, cheap producers
+    explicit_zero_products,     # select(c, a, 0) * b -> select(c, a * b, 0): symbolic zeros
     propagate_zero_conditions,  # a producer's zero region guards its loads in sums
     lift_conditions,            # select(c, v, 0) in a sum's summand -> where=c
     split_sums,                 # sum(a + b) with different conditions -> sum(a) + sum(b)
