@@ -680,6 +680,7 @@ def test_an_overflowing_gemm_gives_inf_without_numpy_warnings(monkeypatch):
 
 
 def _count_chunked(monkeypatch):
+    """The chunk plans of every chunked GEMM run from now on (a list it fills)."""
     runs = []
     orig = C._run_chunked
 

@@ -17,6 +17,7 @@ import pytest
 import texpr as te
 from texpr import codegen
 from texpr.codegen import contraction as C
+from test_codegen_contraction import _count_chunked
 
 nn = te.nn
 
@@ -52,18 +53,13 @@ def test_reduction_chunks_agree_on_the_turned_around_gemm(monkeypatch):
     monkeypatch.setattr(C, "CHUNK_MIN_BYTES", 0)
     monkeypatch.setattr(C, "CHUNK_BYTES", 55000)  # chunks of 2 images, then 1
     monkeypatch.setattr(C, "GEMM_THREADS", 2)
-    runs = []
-    orig_chunked, orig_flip = C._run_chunked, C._flip_pays
-
-    def spy(chunks, *args):
-        runs.append(chunks)
-        return orig_chunked(chunks, *args)
+    runs = _count_chunked(monkeypatch)
+    orig_flip = C._flip_pays
 
     def slow_flip(am, bm):
         r = orig_flip(am, bm)
         time.sleep(0.05 if r else 0.25)  # both workers read the cell as unset
         return r
-    monkeypatch.setattr(C, "_run_chunked", spy)
     monkeypatch.setattr(C, "_flip_pays", slow_flip)
     rng = np.random.default_rng(0)
     a = rng.standard_normal(x.shape).astype("float32")
@@ -193,13 +189,7 @@ def test_chunked_gemm_scales_before_it_can_overflow(kind, monkeypatch):
         assert np.isfinite(te.evaluate(Y, {X: x, W: w})).all()
         assert np.isfinite(ref).all() and np.abs(ref).max() == pytest.approx(1e38, rel=1e-6)
         np.testing.assert_allclose(k(x, w)[0], ref, rtol=1e-6)  # one call: finite
-        runs = []
-        orig = C._run_chunked
-
-        def spy(chunks, *args):
-            runs.append(chunks)
-            return orig(chunks, *args)
-        monkeypatch.setattr(C, "_run_chunked", spy)
+        runs = _count_chunked(monkeypatch)
         monkeypatch.setattr(C, "CHUNK_MIN_BYTES", 0)
         monkeypatch.setattr(C, "CHUNK_BYTES", 1)
         monkeypatch.setattr(C, "GEMM_THREADS", 1)
