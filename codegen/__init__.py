@@ -10,7 +10,9 @@ See :mod:`texpr.codegen.schedule` (primitives), :mod:`texpr.codegen.lower`
 written by :mod:`texpr.codegen.emit`, its checks decided by
 :mod:`texpr.codegen.bounds`), :mod:`texpr.codegen.source` (the text: user
 names only in escaped comments, ``Kernel.source`` readable),
-:mod:`texpr.codegen.units` (the unit interface the kernel's driver calls) and
+:mod:`texpr.codegen.units` (the unit interface the kernel's driver calls),
+:mod:`texpr.codegen.contraction` (which stages are GEMMs, and their plans;
+:mod:`texpr.codegen.gemm` runs a plan on numpy's BLAS) and
 :mod:`texpr.codegen.compile` (numba, the caches and their integrity checks,
 worker processes; :mod:`texpr.codegen.vectorize` decides, from a unit's text,
 whether LLVM's loop vectoriser runs on it);

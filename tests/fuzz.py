@@ -659,17 +659,17 @@ def split_gemms():
     mode), however small the GEMM, and make every packing copy in chunks of one
     index of its cut axis (``CHUNK_MIN_BYTES = 0``, ``CHUNK_BYTES = 1``: the
     path of large im2col copies)."""
-    from texpr.codegen import contraction
+    from texpr.codegen import gemm
 
     names = ("GEMM_THREADS", "GEMM_SPLIT_MIN", "CHUNK_MIN_BYTES", "CHUNK_BYTES")
-    old = [getattr(contraction, n) for n in names]
+    old = [getattr(gemm, n) for n in names]
     for n, v in zip(names, (2, 0, 0, 1)):
-        setattr(contraction, n, v)
+        setattr(gemm, n, v)
     try:
         yield
     finally:
         for n, v in zip(names, old):
-            setattr(contraction, n, v)
+            setattr(gemm, n, v)
 
 
 def every_subexpression_hoisted():
@@ -693,10 +693,10 @@ CHUNKED_RUNS = [0]
 
 
 def contraction_chunk_runs():
-    """How many GEMMs this process has run in chunks (``contraction.CHUNKED``)."""
-    from texpr.codegen import contraction
+    """How many GEMMs this process has run in chunks (``gemm.CHUNKED``)."""
+    from texpr.codegen import gemm
 
-    return contraction.CHUNKED[0]
+    return gemm.CHUNKED[0]
 
 #: how a batch's kernel is built: the default rules, every contraction on BLAS
 #: (then run twice: GEMMs in one call, and split on worker threads), every

@@ -18,6 +18,7 @@ import texpr as te
 from texpr import codegen, simplify
 from texpr import expr as E
 from texpr.codegen import contraction as C
+from texpr.codegen import gemm as G
 from texpr.codegen.schedule import create_schedule, default_materialized, inline_expand
 from texpr.errors import ScheduleError
 from texpr.testing import random_feed
@@ -472,11 +473,11 @@ def test_gemm_threading_modes_give_the_same_values(monkeypatch):
     args = [rng.standard_normal(t.shape).astype("float32") for t in (X, W, H)]
     want = te.evaluate([Y, dX, dW], dict(zip((X, W, H), args)))
     blas_threads = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
-    monkeypatch.setattr(C, "GEMM_SPLIT_MIN", 1)
+    monkeypatch.setattr(G, "GEMM_SPLIT_MIN", 1)
     seen = []
     for threads, loaded in ((1, False), (2, False), (3, False), (0, False), (0, True)):
-        monkeypatch.setattr(C, "GEMM_THREADS", threads)
-        monkeypatch.setattr(C, "_oversubscribed", lambda loaded=loaded: loaded)
+        monkeypatch.setattr(G, "GEMM_THREADS", threads)
+        monkeypatch.setattr(G, "_oversubscribed", lambda loaded=loaded: loaded)
         got = kernel(*args)
         for g, w in zip(got, want):
             np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5 * np.abs(w).max())
@@ -492,14 +493,14 @@ def test_oversubscribed_reads_the_load_average_at_most_every_second(monkeypatch)
     import os
     calls = []
     monkeypatch.setattr(os, "getloadavg", lambda: calls.append(1) or (99.0, 0.0, 0.0))
-    monkeypatch.setattr(C, "_LOAD", [float("-inf"), False])
-    assert C._oversubscribed() and C._oversubscribed()
+    monkeypatch.setattr(G, "_LOAD", [float("-inf"), False])
+    assert G._oversubscribed() and G._oversubscribed()
     assert len(calls) == 1
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
-    monkeypatch.setattr(C, "_LOAD", [float("-inf"), True])
-    assert not C._oversubscribed()
-    monkeypatch.setattr(C, "GEMM_THREADS", 0)
-    assert C._gemm_parts() == 1
+    monkeypatch.setattr(G, "_LOAD", [float("-inf"), True])
+    assert not G._oversubscribed()
+    monkeypatch.setattr(G, "GEMM_THREADS", 0)
+    assert G._gemm_parts() == 1
 
 
 def test_concurrent_split_gemms_restore_the_blas_thread_count(monkeypatch):
@@ -517,8 +518,8 @@ def test_concurrent_split_gemms_restore_the_blas_thread_count(monkeypatch):
     args = [[rng.standard_normal(t.shape) for t in (X, W)] for _ in range(4)]
     single = [kernel(*a) for a in args]
     before = blas()
-    monkeypatch.setattr(C, "GEMM_THREADS", 2)
-    monkeypatch.setattr(C, "GEMM_SPLIT_MIN", 1)
+    monkeypatch.setattr(G, "GEMM_THREADS", 2)
+    monkeypatch.setattr(G, "GEMM_SPLIT_MIN", 1)
     bad = []
 
     def work(i):
@@ -590,7 +591,7 @@ def test_recorded_views_refuse_a_different_buffer():
     plan.run({"A": a64.reshape(-1), "B": b.reshape(-1), "Y": out})
     np.testing.assert_allclose(out.reshape(16, 24), a64.astype("float32") @ b.T, rtol=1e-5,
                                atol=1e-5)
-    assert not C._run_recorded(piece._recorded, {"A": a[:8].reshape(-1), "B": b.reshape(-1)},
+    assert not G._run_recorded(piece._recorded, {"A": a[:8].reshape(-1), "B": b.reshape(-1)},
                                {"A": a[:8].reshape(-1), "B": b.reshape(-1)}, out, "float32")
 
 
@@ -670,9 +671,9 @@ def test_an_overflowing_gemm_gives_inf_without_numpy_warnings(monkeypatch):
     assert kernel.source.count("# BLAS:") == 1
     a = np.full((64, 64), 1e37, np.float32)
     b = np.full((64, 64), 2.0, np.float32)
-    monkeypatch.setattr(C, "GEMM_SPLIT_MIN", 1)
+    monkeypatch.setattr(G, "GEMM_SPLIT_MIN", 1)
     for threads in (1, 2):
-        monkeypatch.setattr(C, "GEMM_THREADS", threads)
+        monkeypatch.setattr(G, "GEMM_THREADS", threads)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             (c,) = kernel(a, b)
@@ -682,12 +683,12 @@ def test_an_overflowing_gemm_gives_inf_without_numpy_warnings(monkeypatch):
 def _count_chunked(monkeypatch):
     """The chunk plans of every chunked GEMM run from now on (a list it fills)."""
     runs = []
-    orig = C._run_chunked
+    orig = G._run_chunked
 
     def spy(chunks, *args):
         runs.append(chunks)
         return orig(chunks, *args)
-    monkeypatch.setattr(C, "_run_chunked", spy)
+    monkeypatch.setattr(G, "_run_chunked", spy)
     return runs
 
 
@@ -701,9 +702,9 @@ def test_chunked_packing_gives_the_evaluators_values(case, threads, monkeypatch)
     gradients, with prefix chunks (disjoint output slices) and reduction chunks
     (summed partial products) both taken."""
     runs = _count_chunked(monkeypatch)
-    monkeypatch.setattr(C, "CHUNK_BYTES", 1)
-    monkeypatch.setattr(C, "CHUNK_MIN_BYTES", 0)
-    monkeypatch.setattr(C, "GEMM_THREADS", threads)
+    monkeypatch.setattr(G, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(G, "CHUNK_MIN_BYTES", 0)
+    monkeypatch.setattr(G, "GEMM_THREADS", threads)
     for dtype in ("float32", "float64"):
         out, wrt = _case(case, dtype)
         outs = _with_grads(out, wrt, dtype)
@@ -716,9 +717,9 @@ def test_chunked_packing_gives_the_evaluators_values(case, threads, monkeypatch)
 @pytest.mark.parametrize("k,s,d", [(3, 1, 1), (2, 2, 3), (3, 3, 2), (1, 2, 1)])
 def test_chunked_packing_on_the_conv_sweep(k, s, d, monkeypatch):
     """Sweep cases with every packing copy chunked, two threads."""
-    monkeypatch.setattr(C, "CHUNK_BYTES", 1)
-    monkeypatch.setattr(C, "CHUNK_MIN_BYTES", 0)
-    monkeypatch.setattr(C, "GEMM_THREADS", 2)
+    monkeypatch.setattr(G, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(G, "CHUNK_MIN_BYTES", 0)
+    monkeypatch.setattr(G, "GEMM_THREADS", 2)
     x = te.placeholder((3, 2, 10, 10), "X", "float64")
     w = te.placeholder((2, 2, k, k), "W", "float64")
     outs = _with_grads(nn.conv2d(x, w, stride=s, dilation=d), [x, w], "float64")
@@ -729,9 +730,9 @@ def test_chunked_packing_on_the_conv_sweep(k, s, d, monkeypatch):
 def test_chunked_packing_with_non_finite_operands(pattern, monkeypatch):
     """The non-finite cases of test_non_finite_operands with chunked packing (the
     output-side check of a gradient's small output included)."""
-    monkeypatch.setattr(C, "CHUNK_BYTES", 1)
-    monkeypatch.setattr(C, "CHUNK_MIN_BYTES", 0)
-    monkeypatch.setattr(C, "GEMM_THREADS", 2)
+    monkeypatch.setattr(G, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(G, "CHUNK_MIN_BYTES", 0)
+    monkeypatch.setattr(G, "GEMM_THREADS", 2)
     test_non_finite_operands("conv2d_s2", pattern)
 
 
@@ -739,8 +740,8 @@ def test_padded_buffers_kept_between_runs_hold_each_runs_values(monkeypatch):
     """A plan's zero-padded operand buffer is reused from run to run (its border
     stays zero) and from two threads at once (each its own): every run gives the
     evaluator's values for its own inputs."""
-    monkeypatch.setattr(C, "CHUNK_BYTES", 1)
-    monkeypatch.setattr(C, "CHUNK_MIN_BYTES", 0)
+    monkeypatch.setattr(G, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(G, "CHUNK_MIN_BYTES", 0)
     x = te.placeholder((2, 3, 10, 10), "X")
     w = te.placeholder((4, 3, 3, 3), "W")
     y = nn.conv2d(x, w, padding=1)

@@ -1,4 +1,4 @@
-"""GEMM stages run in chunks (texpr.codegen.contraction._run_chunked): three
+"""GEMM stages run in chunks (texpr.codegen.gemm._run_chunked): three
 defects an attack on the chunked path found, each a test that failed before its
 fix -- summed chunks that disagreed on a turned-around GEMM's orientation (a raw
 ValueError, timing-dependent), a constant factor applied after the GEMM (inf
@@ -16,7 +16,7 @@ import pytest
 
 import texpr as te
 from texpr import codegen
-from texpr.codegen import contraction as C
+from texpr.codegen import gemm as G
 from test_codegen_contraction import _count_chunked
 
 nn = te.nn
@@ -50,17 +50,17 @@ def test_reduction_chunks_agree_on_the_turned_around_gemm(monkeypatch):
     product). The race window is widened here by a delay inside _flip_pays (its
     result unchanged); naturally it needs a thread switch inside that window."""
     k, x, h, dw = _conv_dw_kernel()
-    monkeypatch.setattr(C, "CHUNK_MIN_BYTES", 0)
-    monkeypatch.setattr(C, "CHUNK_BYTES", 55000)  # chunks of 2 images, then 1
-    monkeypatch.setattr(C, "GEMM_THREADS", 2)
+    monkeypatch.setattr(G, "CHUNK_MIN_BYTES", 0)
+    monkeypatch.setattr(G, "CHUNK_BYTES", 55000)  # chunks of 2 images, then 1
+    monkeypatch.setattr(G, "GEMM_THREADS", 2)
     runs = _count_chunked(monkeypatch)
-    orig_flip = C._flip_pays
+    orig_flip = G._flip_pays
 
     def slow_flip(am, bm):
         r = orig_flip(am, bm)
         time.sleep(0.05 if r else 0.25)  # both workers read the cell as unset
         return r
-    monkeypatch.setattr(C, "_flip_pays", slow_flip)
+    monkeypatch.setattr(G, "_flip_pays", slow_flip)
     rng = np.random.default_rng(0)
     a = rng.standard_normal(x.shape).astype("float32")
     g = rng.standard_normal(h.shape).astype("float32")
@@ -112,21 +112,21 @@ def test_a_chunked_gemm_runs_in_a_child_forked_while_another_thread_runs_one(mon
     _blas_one_thread). Here the other thread holds the lock at the fork
     deterministically, as it does for the span of threadpoolctl's limit()."""
     k, x, w, y = _padded_conv_kernel()
-    monkeypatch.setattr(C, "CHUNK_MIN_BYTES", 0)
-    monkeypatch.setattr(C, "CHUNK_BYTES", 1)
-    monkeypatch.setattr(C, "GEMM_THREADS", 0)
-    monkeypatch.setattr(C, "_oversubscribed", lambda: False)
+    monkeypatch.setattr(G, "CHUNK_MIN_BYTES", 0)
+    monkeypatch.setattr(G, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(G, "GEMM_THREADS", 0)
+    monkeypatch.setattr(G, "_oversubscribed", lambda: False)
     rng = np.random.default_rng(0)
     a = rng.standard_normal(x.shape).astype("float32")
     b = rng.standard_normal(w.shape).astype("float32")
     ref = te.evaluate(y, {x: a, w: b})
-    chunked = C.CHUNKED[0]
+    chunked = G.CHUNKED[0]
     np.testing.assert_allclose(k(a, b)[0], ref, rtol=1e-4, atol=1e-4)
-    assert C.CHUNKED[0] > chunked  # the chunked path (and its BLAS limit) ran
+    assert G.CHUNKED[0] > chunked  # the chunked path (and its BLAS limit) ran
     held, release = threading.Event(), threading.Event()
 
     def other_thread():  # a thread of the parent inside _blas_one_thread's lock
-        with C._ONE_THREAD[0]:
+        with G._ONE_THREAD[0]:
             held.set()
             release.wait(120)
     t = threading.Thread(target=other_thread)
@@ -190,9 +190,9 @@ def test_chunked_gemm_scales_before_it_can_overflow(kind, monkeypatch):
         assert np.isfinite(ref).all() and np.abs(ref).max() == pytest.approx(1e38, rel=1e-6)
         np.testing.assert_allclose(k(x, w)[0], ref, rtol=1e-6)  # one call: finite
         runs = _count_chunked(monkeypatch)
-        monkeypatch.setattr(C, "CHUNK_MIN_BYTES", 0)
-        monkeypatch.setattr(C, "CHUNK_BYTES", 1)
-        monkeypatch.setattr(C, "GEMM_THREADS", 1)
+        monkeypatch.setattr(G, "CHUNK_MIN_BYTES", 0)
+        monkeypatch.setattr(G, "CHUNK_BYTES", 1)
+        monkeypatch.setattr(G, "GEMM_THREADS", 1)
         got = k(x, w)[0]
     assert runs and runs[0][1] == kind, runs
     assert np.isfinite(got).all(), np.argwhere(~np.isfinite(got)).tolist()
