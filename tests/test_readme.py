@@ -6,6 +6,8 @@ import io
 import re
 from pathlib import Path
 
+import numpy as np
+
 from texpr.simplify import PIPELINE
 
 
@@ -23,6 +25,11 @@ def _run_readme():
 def test_readme_python_blocks_run():
     namespace, printed = _run_readme()
     assert namespace["dw"].shape == (3, 5)
+    # the reductions' snippet: a where= prefix sum and a tuple argmax
+    x, p, v, at = (namespace[n] for n in ("x", "p", "v", "at"))
+    np.testing.assert_allclose(p, [x[i, :i + 1].sum() for i in range(4)], rtol=1e-6)
+    np.testing.assert_array_equal(at, x.argmax(axis=1))
+    np.testing.assert_array_equal(v, x.max(axis=1))
     # the tour's explain: one line per pass of the first round, with counts
     rows = re.findall(r"^  round 1 (\w+)\s+(?:([\d,]+) ->\s+([\d,]+)|=)$", printed, flags=re.M)
     assert [name for name, _b, _a in rows] == [p.__name__ for p in PIPELINE]
