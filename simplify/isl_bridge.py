@@ -37,7 +37,7 @@ from texpr.errors import TexprError
 CTX = isl.DEFAULT_CONTEXT
 
 __all__ = ["isl", "CTX", "VarSpace", "dim_name", "to_pwaff", "to_set", "box_set",
-           "pwaff_to_expr", "set_to_expr", "ast_expr_to_ir", "is_quasi_affine"]
+           "pwaff_to_expr", "set_to_expr", "ast_expr_to_ir", "ast_cond_to_ir", "is_quasi_affine"]
 
 
 def dim_name(v):
@@ -233,9 +233,7 @@ def set_to_expr(s, space, context=None):
     if s.plain_is_universe():
         return E.const(True)
     expr = _ast_build_on(space, context).expr_from_set(s)
-    out = ast_expr_to_ir(expr, space.by_name)
-    if isinstance(out, E.Const) and out.dtype != "bool":  # ISL says 1 for "always"
-        out = E.const(bool(out.value))
+    out = ast_cond_to_ir(expr, space.by_name)  # ISL says 1 for "always"
     # translation validation: the condition must hold exactly on the set (where
     # the context holds); else without the context, else an error
     back, resid = to_set(out, space)
@@ -274,9 +272,32 @@ def _c_div(a, b):
                      "constant")
 
 
+_AST_LOGICAL = (isl.ast_expr_op_type.and_, isl.ast_expr_op_type.and_then,
+                isl.ast_expr_op_type.or_, isl.ast_expr_op_type.or_else)
+
+
+def _truth(e):
+    """A condition from an ISL AST expression: C's truth value of an integer where
+    ISL writes one (``4 * c0 + c1 <= 5 || 1``: ``1`` is true; fuzz seed
+    7002200745, where the loop nest's ``if`` failed to build)."""
+    if e.dtype == "bool":
+        return e
+    if isinstance(e, E.Const):
+        return E.const(bool(e.value), "bool")
+    return e != 0
+
+
+def ast_cond_to_ir(ae, by_name):
+    """Convert an ``isl.AstExpr`` in a condition's place (an ``if``, a guard) to a
+    boolean texpr expression (an integer is C's truth value: non-zero is true)."""
+    return _truth(ast_expr_to_ir(ae, by_name))
+
+
 def ast_expr_to_ir(ae, by_name):
     """Convert an ``isl.AstExpr`` to texpr IR; identifiers are looked up in
-    ``by_name`` (dimension name -> Var, see :func:`dim_name`).
+    ``by_name`` (dimension name -> Var, see :func:`dim_name`). The operands of
+    ``&&``, ``||`` and a select's condition are conditions (an integer there is
+    C's truth value, see :func:`ast_cond_to_ir`).
 
     Note: ``zdiv_r`` (remainder with C semantics) is only produced by ISL in
     tests against zero, where it agrees with floor modulo.
@@ -292,6 +313,8 @@ def ast_expr_to_ir(ae, by_name):
             raise TexprError(f"isl_bridge: unknown identifier {name!r} in an ISL expression") from None
     op = ae.get_op_type()
     args = [ast_expr_to_ir(ae.get_op_arg(k), by_name) for k in range(ae.get_op_n_arg())]
+    if op in _AST_LOGICAL:
+        args = [_truth(a) for a in args]
     if op in _AST_BIN:
         out = args[0]
         for b in args[1:]:
@@ -310,7 +333,7 @@ def ast_expr_to_ir(ae, by_name):
             out = E.maximum(out, b)
         return out
     if op in (isl.ast_expr_op_type.select, isl.ast_expr_op_type.cond):
-        return E.select(args[0], args[1], args[2])
+        return E.select(_truth(args[0]), args[1], args[2])
     raise TexprError(f"isl_bridge: unsupported ISL AST operation {op}")
 
 

@@ -28,7 +28,7 @@ scanning polyhedra", TOPLAS 2015.
 from texpr import expr as E
 from texpr.errors import TexprError
 
-from .isl_bridge import CTX, VarSpace, ast_expr_to_ir, dim_name, isl, to_pwaff, to_set
+from .isl_bridge import CTX, VarSpace, ast_cond_to_ir, ast_expr_to_ir, dim_name, isl, to_pwaff, to_set
 
 __all__ = ["Statement", "For", "If", "Block", "Stmt", "generate", "runs_exactly", "ast_str",
            "walk"]
@@ -287,7 +287,7 @@ def _convert(node, by_name):
         stride = node.for_get_inc().get_val().to_python()
         return For(var, lo, hi, int(stride), body)
     if t == isl.ast_node_type.if_:
-        cond = ast_expr_to_ir(node.if_get_cond(), by_name)
+        cond = ast_cond_to_ir(node.if_get_cond(), by_name)
         then = _convert(node.if_get_then_node(), by_name)
         orelse = _convert(node.if_get_else_node(), by_name) if node.if_has_else_node() else None
         return If(cond, then, orelse)

@@ -222,3 +222,74 @@ def test_two_classes_in_one_strided_loop_are_accepted_and_a_repeat_is_not():
     assert sorted(x for _, x in trace) == [(0, 2), (1, 1), (2, 2), (3, 1)]
     extra = E.var("c_extra")
     assert "twice" in LA.runs_exactly(LA.For(extra, 0, 2, 1, tree), sts, lv + [extra])
+
+
+# ---- an integer where isl's AST has a condition (fuzz seed 7002200745) -------------------
+
+#: the schedule of a gradient stage for which isl's default generator wrote the
+#: guard ``if (4 * c0 + c1 <= 5 || 1 || 1)``: C's ``1`` is true; the converter
+#: took it for an integer operand of ``||`` and the kernel failed to build
+_OR_ONE_UMAP = (
+    "{ F0[j0, j1] -> [c0 = j0, c1 = j1, c2 = 2, c3 = 0, c4 = 0, c5 = 0] : 0 <= j0 <= 4 and "
+    "0 <= j1 <= 3; I0[j0, j1] -> [c0 = j0, c1 = j1, c2 = 0, c3 = 0, c4 = 0, c5 = 0] : "
+    "0 <= j0 <= 4 and 0 <= j1 <= 3; U0[j0, j1, ra, rb, rk] -> [c0 = j0, c1 = j1, c2 = 1, "
+    "c3 = ra, c4, c5 = rb] : 2rk = -1 + 4j0 + j1 - 3rb and 2c4 = -1 + 4j0 + j1 - 3rb and "
+    "0 <= j1 <= 3 and ra <= 3 and 0 <= rb <= 1 and 3rb >= -5 + 4j0 + j1 and "
+    "-1 + 4j0 + j1 - 2ra <= 3rb < 4j0 + j1; U0[j0, j1, ra, rb, rk] -> [c0 = j0, c1 = j1, "
+    "c2 = 1, c3 = ra, c4 = rk, c5] : 3rb = j1 and 3c5 = j1 and (j0 + ra) mod 3 = 0 and "
+    "j0 <= 4 and 0 <= j1 <= 3 and -2 + j0 <= ra <= 3 and ra <= j0 and 0 <= rk <= 2 and "
+    "rk <= ra }")
+
+
+def test_an_isl_guard_with_an_integer_operand_converts_and_runs_its_domain():
+    import islpy as isl
+    from texpr.simplify.isl_bridge import CTX
+
+    umap = isl.UnionMap.read_from_str(CTX, _OR_ONE_UMAP)
+    names = [f"c{d}" for d in range(6)]
+    ids = isl.IdList.alloc(CTX, 6)
+    for n in names:
+        ids = ids.add(isl.Id(n))
+    build = isl.AstBuild.from_context(isl.Set.universe(isl.Space.params_alloc(CTX, 0)))
+    node = build.set_iterators(ids).node_from_schedule_map(umap)
+    assert "|| 1" in node.to_C_str()  # (this isl's output: the case under test)
+    lv = [E.var(n) for n in names]
+    tree = LA._convert(node, dict(zip(names, lv)))
+    conds = [n.cond for n in LA.walk(tree) if isinstance(n, LA.If)]
+    assert conds and all(c.dtype == "bool" for c in conds)
+    # the loop nest runs each statement instance of the map's domain once
+    want = []
+    umap.domain().foreach_set(lambda s: s.foreach_point(lambda p: want.append(
+        (s.get_tuple_name(), tuple(p.get_coordinate_val(isl.dim_type.set, k).to_python()
+                                   for k in range(s.dim(isl.dim_type.set)))))))
+    got = run(tree)
+    assert sorted(got) == sorted(want) and len(got) == len(set(got)) == len(want)
+
+
+def test_an_integer_in_an_isl_condition_is_its_c_truth_value():
+    import islpy as isl
+    from texpr.simplify.isl_bridge import CTX, ast_cond_to_ir, ast_expr_to_ir
+
+    c = E.var("c")
+    by_name = {"c": c}
+    cx = isl.AstExpr.from_id(isl.Id("c", context=CTX))
+
+    def val(n):
+        return isl.AstExpr.from_val(isl.Val.int_from_si(CTX, n))
+
+    cases = [  # (isl expression, value at c = 0, 3, 7)
+        (cx.le(val(5)).or_(val(1)), (True, True, True)),
+        (cx.ge(val(2)).and_(val(1)), (False, True, True)),
+        (val(0).or_else(cx.eq(val(3))), (False, True, False)),
+        (cx.le(val(5)).and_then(val(0)), (False, False, False)),
+    ]
+    for ae, values in cases:
+        e = ast_expr_to_ir(ae, by_name)
+        assert e.dtype == "bool"
+        assert tuple(bool(_ev(e, {id(c): v})) for v in (0, 3, 7)) == values, ae.to_C_str()
+    for n, truth in ((1, True), (0, False), (-2, True)):
+        e = ast_cond_to_ir(val(n), by_name)
+        assert isinstance(e, E.Const) and e.dtype == "bool" and e.value is truth
+    e = ast_cond_to_ir(cx, by_name)  # an integer expression: non-zero is true
+    assert e.dtype == "bool"
+    assert [bool(_ev(e, {id(c): v})) for v in (0, 3, -1)] == [False, True, True]

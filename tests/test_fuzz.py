@@ -160,6 +160,14 @@ def test_fuzz_tie_order_of_a_residue_class_reduction():
     assert not findings, _report(findings)
 
 
+def test_fuzz_isl_guard_with_an_integer_operand_builds():
+    # the long run on ddbcc45: isl guarded a loop of a gradient stage with
+    # ``4 * c0 + c1 <= 5 || 1 || 1`` and the kernel failed to build (a DTypeError
+    # from the converter); tests/test_codegen_loop_ast.py has its variants
+    findings = fuzz.check_programs([7002200745], batch=1)
+    assert not findings, _report(findings)
+
+
 @pytest.mark.skipif(not os.environ.get("TEXPR_FUZZ"), reason="long run: set TEXPR_FUZZ=N")
 def test_fuzz_long_run():
     n = int(os.environ["TEXPR_FUZZ"])
