@@ -52,7 +52,9 @@ class NumbaUnit:
         self.in_worker = compiled.in_worker
         self.fn = compiled.fn
         self._entry = compiled.entry
-        if len(self.args) == 1:
+        if not self.args:  # every buffer of the stage has a zero-size axis: none is passed
+            self._pick = lambda arrays: ()
+        elif len(self.args) == 1:
             self._pick = lambda arrays, i=self.args[0]: (arrays[i],)
         else:
             self._pick = operator.itemgetter(*self.args)
