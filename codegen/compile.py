@@ -601,6 +601,19 @@ def _pool(n):
 _MP_EXIT = [None]  # the pid whose multiprocessing exit shuts the pool down
 
 
+def _forget_parent_pool():
+    """In a forked child: the parent's compile workers are not this process's
+    children, and its executor's threads did not survive the fork; the child
+    starts a pool of its own when it needs one."""
+    global _POOL
+    _POOL = None
+    _STARTED["pool"] = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_parent_pool)
+
+
 def _shutdown_at_multiprocessing_exit():
     """In a process that multiprocessing started (a DDP rank, a Process target),
     atexit handlers do not run: multiprocessing's own exit joins the process's

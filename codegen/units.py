@@ -30,6 +30,7 @@ their compilation can run concurrently; other kinds are built one by one.
 import operator
 
 from . import compile as _compile
+from . import forksafe as _forksafe
 
 __all__ = ["NumbaUnit", "FACTORIES", "make_units"]
 
@@ -52,6 +53,11 @@ class NumbaUnit:
         self.in_worker = compiled.in_worker
         self.fn = compiled.fn
         self._entry = compiled.entry
+        # a parallel unit keeps its text: in a child forked after numba's GNU
+        # OpenMP layer started, it runs its serial twin (codegen.forksafe)
+        self.parallel = "@njit(parallel=True" in desc.module_source
+        self._desc = desc if self.parallel else None
+        self._serial = None
         if not self.args:  # every buffer of the stage has a zero-size axis: none is passed
             self._pick = lambda arrays: ()
         elif len(self.args) == 1:
@@ -60,7 +66,19 @@ class NumbaUnit:
             self._pick = operator.itemgetter(*self.args)
 
     def run(self, arrays, err):
+        if self.parallel and _forksafe.FORKED_FROM_OPENMP[0]:
+            self._serial_entry()(*self._pick(arrays), err)
+            return
         self._entry(*self._pick(arrays), err)
+
+    def _serial_entry(self):
+        """The compiled serial twin of this parallel unit (compiled, or loaded from
+        the cache, on first use in this process)."""
+        if self._serial is None:
+            d = self._desc
+            self._serial = _compile.compile_source(_forksafe.serial_source(d.module_source),
+                                                   d.arg_specs, d.describe(), "unit").entry
+        return self._serial
 
     def __repr__(self):
         return f"NumbaUnit({self.stage!r}, args={self.args}, key={self.key})"
