@@ -55,6 +55,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from texpr.jax_ffi import array_view
+
 from . import forksafe as _forksafe
 from .compile import _array_type
 from .units import NumbaUnit
@@ -465,8 +467,9 @@ class Runner:
             # after numba's GNU OpenMP started, the Python driver runs their serial
             # twins instead (codegen.forksafe)
             k = self.kernel
-            arrays = [_array_at(p, tuple(t.shape), t.dtype) for p, t in
-                      zip(pointers, list(k.inputs) + list(k.outputs))]
+            arrays = [array_view(p, tuple(t.shape), t.dtype, int(np.prod(t.shape, dtype=np.int64)),
+                                 np.dtype(t.dtype).itemsize)
+                      for p, t in zip(pointers, list(k.inputs) + list(k.outputs))]
             k.run_into(arrays[:len(k.inputs)], arrays[len(k.inputs):])
             return
         io = np.array(pointers + self._tail, dtype=np.int64)
@@ -475,18 +478,6 @@ class Runner:
 
             code, value, u = int(io[-3]), int(io[-2]), int(io[-1])
             raise unit_error(self.kernel.units[u] if u >= 0 else None, code, value)
-
-
-def _array_at(address, shape, dtype):
-    """A numpy array over the C-contiguous buffer at ``address`` (no copy)."""
-    import ctypes
-
-    dtype = np.dtype(dtype)
-    n = int(np.prod(shape, dtype=np.int64))
-    if n == 0:
-        return np.empty(shape, dtype)
-    raw = (ctypes.c_char * (n * dtype.itemsize)).from_address(address)
-    return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
 
 def runner(kernel):

@@ -289,7 +289,9 @@ def _truth(e):
 
 def ast_cond_to_ir(ae, by_name):
     """Convert an ``isl.AstExpr`` in a condition's place (an ``if``, a guard) to a
-    boolean texpr expression (an integer is C's truth value: non-zero is true)."""
+    boolean texpr expression (an integer is C's truth value: non-zero is true).
+    Identifiers are looked up in ``by_name`` as for :func:`ast_expr_to_ir`;
+    raises TexprError as it does (an unknown identifier or operation)."""
     return _truth(ast_expr_to_ir(ae, by_name))
 
 

@@ -133,8 +133,10 @@ def _ptr(address):
     return C.c_void_p.from_address(address).value
 
 
-def _view(data, shape, dtype, size, itemsize):
-    """A numpy array over ``size`` elements at address ``data`` (no copy)."""
+def array_view(data, shape, dtype, size, itemsize):
+    """A numpy array of ``shape`` and ``dtype`` over the ``size`` elements of
+    ``itemsize`` bytes at address ``data`` (no copy; a fresh empty array for
+    ``size`` 0 or a null address). The caller vouches for the memory."""
     if size == 0 or not data:
         return np.empty(shape, dtype=dtype)
     raw = (C.c_char * (size * itemsize)).from_address(data)
@@ -208,7 +210,7 @@ def register(run, inputs, outputs):
             if a is None:
                 if len(c) >= 8:
                     c.clear()
-                a = c[data] = _view(data, *spec)
+                a = c[data] = array_view(data, *spec)
             arrays.append(a)
         return arrays
 
