@@ -698,11 +698,48 @@ def contraction_chunk_runs():
 
     return gemm.CHUNKED[0]
 
+#: the fewest points of a stage built as a parallel (prange) loop nest in the
+#: fuzzer's "parallel" mode: fuzzed stages have 1 to a few hundred points, far
+#: below ``stage.PARALLEL_MIN_POINTS`` (at 1, 47 of the 148 numba units of 32
+#: programs were parallel; at 8, 23)
+PARALLEL_FUZZ_MIN_POINTS = 1
+
+
+def stages_parallel(min_points=None):
+    """Builds inside run every stage of at least ``min_points`` points (default
+    :data:`PARALLEL_FUZZ_MIN_POINTS`) as a parallel loop nest (``prange``,
+    numba's ``parallel=True``), the path of large stages, with the symbolic
+    cache off."""
+    from texpr.codegen import stage
+
+    return _patched(stage, PARALLEL_MIN_POINTS=min_points or PARALLEL_FUZZ_MIN_POINTS)
+
+
+@contextlib.contextmanager
+def serial_twins():
+    """Kernel runs inside run every parallel unit's serial twin (its text with
+    ``prange`` as ``range``), as in a child forked after numba's OpenMP layer
+    started (:mod:`texpr.codegen.forksafe`)."""
+    from texpr.codegen import forksafe
+
+    old = forksafe.FORKED_FROM_OPENMP[0]
+    forksafe.FORKED_FROM_OPENMP[0] = True
+    try:
+        yield
+    finally:
+        forksafe.FORKED_FROM_OPENMP[0] = old
+
+
 #: how a batch's kernel is built: the default rules, every contraction on BLAS
 #: (then run twice: GEMMs in one call, and split on worker threads), every
-#: repeated subexpression hoisted
+#: repeated subexpression hoisted, stages of a few points as parallel loop
+#: nests (then run twice: parallel, and the serial twins)
 _MODES = {"default": contextlib.nullcontext, "blas": every_contraction_on_blas,
-          "cse": every_subexpression_hoisted}
+          "cse": every_subexpression_hoisted, "parallel": stages_parallel}
+
+#: parallel units built by the fuzzer's kernels so far, and their serial twins run
+PARALLEL_UNITS = [0]
+SERIAL_TWIN_RUNS = [0]
 
 
 #: kernels the fuzzer also ran through the bridges' compiled driver
@@ -796,6 +833,8 @@ def _check_kernel(qs, findings, mode="default"):
     program. ``mode`` (a key of :data:`_MODES`): ``"blas"``, every contraction
     stage runs on BLAS (see :func:`every_contraction_on_blas`); ``"cse"``,
     codegen.cse at its smallest thresholds (:func:`every_subexpression_hoisted`);
+    ``"parallel"``, stages of a few points as parallel loop nests, run again
+    with their serial twins (:func:`stages_parallel`, :func:`serial_twins`);
     ``"default"``, the default rules decide."""
     outs = [t for q in qs for t in q.outputs]
     ins = [t for q in qs for t in q.p.inputs]
@@ -808,13 +847,19 @@ def _check_kernel(qs, findings, mode="default"):
         BLAS_UNITS[0] += n_blas
         PACKED_STAGES[0] += sum(1 for u in kernel.units
                                 if re.search(r"_packed[0-9]+$", u.stage or ""))
-        runs = [got]
+        runs = [(got, "")]
         if n_blas:
             chunked = contraction_chunk_runs()
             with split_gemms():
-                runs.append(kernel(*arrays))
+                runs.append((kernel(*arrays), ", GEMMs split on worker threads"))
             SPLIT_BLAS_UNITS[0] += n_blas
             CHUNKED_RUNS[0] += contraction_chunk_runs() - chunked
+        n_par = sum(1 for u in kernel.units if getattr(u, "parallel", False))
+        PARALLEL_UNITS[0] += n_par
+        if n_par:
+            with serial_twins():
+                runs.append((kernel(*arrays), ", parallel units' serial twins"))
+            SERIAL_TWIN_RUNS[0] += n_par
     except Exception as exc:  # noqa: BLE001 - isolate the program at fault
         if len(qs) > 1:
             for q in qs:
@@ -827,7 +872,7 @@ def _check_kernel(qs, findings, mode="default"):
         return
     _check_native(qs[0].p, kernel, arrays, got, findings)
     _check_torch(qs[0].p, kernel, arrays, got, findings, strided=mode == "cse")
-    for run, how in zip(runs, ("", ", GEMMs split on worker threads")):
+    for run, how in runs:
         pos = 0
         for q in qs:
             p = q.p
@@ -888,21 +933,34 @@ def _check_fd(q, findings):
                                      f"d{p.loss.name}/d{x.name}:\n got {g!r}\n fd  {fd!r}"))
 
 
-def check_programs(seeds, batch=8, fd=True, compile_every=1, log=None, reshape=True):
+#: the build modes batches take turns in (keys of :data:`_MODES`)
+MODES = ("blas", "cse", "default", "parallel")
+
+
+def check_programs(seeds, batch=8, fd=True, compile_every=1, log=None, reshape=True,
+                   modes=MODES):
     """Run every check on the programs of ``seeds``; returns the list of findings.
 
     Programs are compiled ``batch`` at a time into one kernel (one numba compile
     for many programs); a program whose forward raises OutOfBoundsError is
     built alone and must raise it too. Only every ``compile_every``-th program
     (by position) is compiled (none for 0); the rest get the evaluator checks only.
-    Batches take turns: codegen.cse at its smallest thresholds, the default
-    rules (loop nests at these sizes), every contraction stage on BLAS (the
-    last batch too; its kernel runs twice, GEMMs in one call and split on
-    worker threads); a program expecting OutOfBoundsError is built alternately
-    with the default rules and with the smallest CSE thresholds (the first
-    failing check must still be an OutOfBoundsError). ``reshape``: as for
-    :func:`make_program`.
+    Batches take turns in ``modes`` (keys of :data:`_MODES`), from the second:
+    codegen.cse at its smallest thresholds, the default rules (loop nests at
+    these sizes), stages of a few points as parallel loop nests (run again
+    with their serial twins), every contraction stage on BLAS (also the last
+    batch when ``modes`` has it; its kernel runs twice, GEMMs in one call and
+    split on worker threads); a program expecting OutOfBoundsError is built
+    alone in the modes other than BLAS, in turn (the first failing check must
+    still be an OutOfBoundsError). ``reshape``: as for :func:`make_program`.
     """
+    modes = tuple(modes)
+    unknown = [m for m in modes if m not in _MODES]
+    if not modes or unknown:
+        raise ValueError(f"modes: expected some of {sorted(_MODES)}, got {modes!r}")
+    oob_modes = tuple(m for m in modes if m != "blas") or ("default",)
+    last = "blas" if "blas" in modes else modes[0]
+    oob_built = 0
     findings = []
     ready = []
     batches = 0
@@ -925,7 +983,8 @@ def check_programs(seeds, batch=8, fd=True, compile_every=1, log=None, reshape=T
         _check_reference(q, findings)
         if q.oob:
             if compiled:
-                _check_kernel_oob(q, findings, ("default", "cse")[pos % 2])
+                _check_kernel_oob(q, findings, oob_modes[oob_built % len(oob_modes)])
+                oob_built += 1
             continue
         if fd and p.smooth and p.finite_inputs and np.all(np.isfinite(q.ref_fwd[1])):
             _check_fd(q, findings)
@@ -933,10 +992,10 @@ def check_programs(seeds, batch=8, fd=True, compile_every=1, log=None, reshape=T
             ready.append(q)
         if len(ready) == batch:
             batches += 1
-            _check_kernel(ready, findings, ("blas", "cse", "default")[batches % 3])
+            _check_kernel(ready, findings, modes[batches % len(modes)])
             ready = []
     if ready:
-        _check_kernel(ready, findings, "blas")
+        _check_kernel(ready, findings, last)
     if log is not None:
         log(f"done: {len(findings)} finding(s)", findings)
     return findings

@@ -5,7 +5,9 @@ float64 finite differences, OutOfBoundsError on every path or none.
 The CI profile runs ``CI_PROGRAMS`` programs from a fixed seed; kernels are
 compiled for every ``CI_COMPILE_EVERY``-th program (several programs batched
 into one kernel) to keep the profile within its time budget on a shared
-2-core machine. Long runs: ``TEXPR_FUZZ=N`` runs N programs from a random
+2-core machine. The parallel profile compiles ``PARALLEL_PROGRAMS`` programs
+with every stage a parallel loop nest, each kernel run again with its serial
+twins. Long runs: ``TEXPR_FUZZ=N`` runs N programs from a random
 first seed (printed; replay with ``TEXPR_FUZZ_SEED=S``), every one compiled.
 A finding prints its seed: ``fuzz.make_program(seed)`` rebuilds the program.
 """
@@ -121,6 +123,22 @@ def test_fuzz_ci_profile():
     assert fuzz.PACKED_STAGES[0] > runs[4]
     # GEMMs whose packing copies were made in chunks (the im2col of large inputs)
     assert fuzz.CHUNKED_RUNS[0] > runs[5]
+
+
+#: the parallel profile: stages of a few points built as parallel loop nests
+#: (the path of large stages, which fuzzed programs never reach), each kernel
+#: also run with its units' serial twins (a forked child's path)
+PARALLEL_SEED = 20262130
+PARALLEL_PROGRAMS = 16
+
+
+def test_fuzz_parallel_profile():
+    seeds = range(PARALLEL_SEED, PARALLEL_SEED + PARALLEL_PROGRAMS)
+    units, twins = fuzz.PARALLEL_UNITS[0], fuzz.SERIAL_TWIN_RUNS[0]
+    findings = fuzz.check_programs(seeds, modes=("parallel",))
+    assert not findings, _report(findings)
+    assert fuzz.PARALLEL_UNITS[0] > units
+    assert fuzz.SERIAL_TWIN_RUNS[0] > twins
 
 
 def test_the_order_oracle_accepts_only_a_partial_sum_overflow():
