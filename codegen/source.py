@@ -23,7 +23,6 @@ every reader and the text encodes as UTF-8.
 import ast
 import io
 import re
-import threading
 import tokenize
 
 from .runtime import NAMES
@@ -31,17 +30,19 @@ from .runtime import NAMES
 __all__ = ["comment_text", "buffer_identifiers", "rename", "remove_dead_assignments",
            "parse_module"]
 
-_PARSE_LOCK = threading.Lock()
-
-
 def parse_module(source):
     """``ast.parse(source)``, one thread at a time: CPython before 3.11.8/3.12.1
     keeps the AST converter's recursion depth in state shared by all threads, so
-    two threads parsing at once fail with ``SystemError: AST constructor
-    recursion depth mismatch`` (CPython gh-106905). Kernels are built from
-    several threads when a framework op is first called (or first
-    differentiated) from several threads at once."""
-    with _PARSE_LOCK:
+    two threads parsing or compiling at once fail with ``SystemError: AST
+    constructor recursion depth mismatch`` (CPython gh-106905). Kernels are
+    built from several threads when a framework op is first called (or first
+    differentiated) from several threads at once. The lock is numba's compiler
+    lock (re-entrant), the one :func:`codegen.compile._load` compiles a unit's
+    text under: a lock of our own let a parse here run beside a compile there
+    (CI, tests/test_codegen_cache.py, 4 threads building: the same SystemError)."""
+    from numba.core.compiler_lock import global_compiler_lock
+
+    with global_compiler_lock:
         return ast.parse(source)
 
 

@@ -18,6 +18,8 @@ indices that move by -1, 0 or +1 per iteration, at least one of them by one.
 
 import ast
 
+from .source import parse_module
+
 __all__ = ["loop_vectorize_pays"]
 
 _BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
@@ -116,7 +118,7 @@ def loop_vectorize_pays(source):
     (see the module docstring). A text that does not parse gives True (numba's
     default)."""
     try:
-        tree = ast.parse(source)
+        tree = parse_module(source)
     except (SyntaxError, ValueError, RecursionError):
         return True
     for loop in _innermost_loops(tree):
