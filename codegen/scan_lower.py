@@ -334,7 +334,10 @@ def _lower_pointwise(sl, depth, point, tv, buffers):
         st.reorder(*(rest + (t,)))
         if out.size >= PARALLEL_MIN_POINTS and sl.parallel_on:
             st.parallel(rest[0])
-    sub = _StageLowering(f"{k}p", nest, st, buffers, sl.inlined, sl.errors, sl.parallel_on,
-                         _SubWriter(sl.w, f"{k}p"))
+    # a state of no axes but time: its one loop is the recurrence, never parallel
+    # (the default rules made it a prange loop once it had 65,536 steps: a prefix
+    # sum of 200,000 values was off by 90, found by the fuzzer's parallel mode)
+    sub = _StageLowering(f"{k}p", nest, st, buffers, sl.inlined, sl.errors,
+                         sl.parallel_on and bool(rest), _SubWriter(sl.w, f"{k}p"))
     sub.run(depth)
     sl.uses_prange |= sub.uses_prange

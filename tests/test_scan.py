@@ -415,6 +415,46 @@ def test_kernel_big_step_runs_parallel():
     assert "prange" in kernel.source
 
 
+def test_a_long_scan_of_a_scalar_state_runs_its_steps_in_order():
+    # 70,000 steps of a state with no axis but time: the pointwise lowering's one
+    # loop is the recurrence; the default rules ran it as a prange loop (65,536
+    # points and more), so steps read states not yet written: a prefix sum off by
+    # up to 90 at 200,000 steps (found through fuzz seed 7002900036, the parallel mode)
+    T = 70_000
+    X = te.placeholder((T,), name="X", dtype="float64")
+    S = te.placeholder((T,), name="S", dtype="float64")
+    init = te.compute((1,), lambda _: X[0], name="init")
+    upd = te.compute((T,), lambda t: S[t - 1] * 0.5 + X[t], name="upd")
+    c = te.scan(init, upd, S, name="ema")
+    H = te.placeholder((T,), name="H", dtype="float64")
+    (dX,) = te.differentiate(c, [X], head=H).result
+    x, h = RNG.standard_normal(T), RNG.standard_normal(T)
+    kernel, got = _kernel_matches([c, dX], [X, H], {X: x, H: h}, rtol=1e-9)
+    want = np.empty(T)
+    want[0] = x[0]
+    for t in range(1, T):
+        want[t] = want[t - 1] * 0.5 + x[t]
+    np.testing.assert_allclose(got[0], want, rtol=1e-9, atol=1e-9)
+
+
+def test_a_long_prefix_sum_written_as_a_reduction_is_exact():
+    # the same recurrence reached from a where= reduction (the simplifier makes
+    # the prefix sum a scan), 1-D, and its gradient (a suffix sum)
+    n = 70_000
+    X = te.placeholder((n,), "X", "float64")
+    k = te.reduce_axis(n, "k")
+    S = te.compute((n,), lambda j: te.sum(X[k], axis=k, where=k <= j), name="S")
+    H = te.placeholder((n,), "H", "float64")
+    (dX,) = te.differentiate(S, [X], head=H).result
+    from texpr import codegen
+
+    kernel = codegen.build([S, dX], [X, H])
+    x, h = RNG.standard_normal(n), RNG.standard_normal(n)
+    s, dx = kernel(x, h)
+    np.testing.assert_allclose(s, np.cumsum(x), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(dx, np.cumsum(h[::-1])[::-1], rtol=1e-9, atol=1e-9)
+
+
 def test_schedule_cannot_inline_scan_or_its_input():
     from texpr import codegen
 
