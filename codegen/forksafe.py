@@ -27,17 +27,22 @@ is installed) and ``workqueue`` are fork-safe: the flag stays False with them.
 
 import os
 
-__all__ = ["FORKED_FROM_OPENMP", "serial_source", "openmp_started"]
+__all__ = ["FORKED_FROM_OPENMP", "OPENMP_USED", "serial_source", "openmp_started"]
 
 #: True in a process forked from one whose GNU OpenMP layer had started
 FORKED_FROM_OPENMP = [False]
+#: True once this process launched a GNU OpenMP team itself (codegen.chunks)
+OPENMP_USED = [False]
 
 
 def openmp_started():
-    """Whether numba's threading layer in this process is GNU OpenMP and has
-    started (numba starts it when it first compiles or loads a parallel
+    """Whether GNU OpenMP has started in this process: a chunked unit launched
+    its team (:mod:`codegen.chunks`), or numba's threading layer is GNU OpenMP
+    and has started (numba starts it when it first compiles or loads a parallel
     function). True also when numba's state cannot be read (the serial twins
     are then used in a forked child: slower, never killed)."""
+    if OPENMP_USED[0]:
+        return True
     try:
         from numba.np.ufunc import parallel as _parallel
 

@@ -18,15 +18,14 @@ code is keyed on it (:mod:`codegen.compile`), so a layer repeated with the
 same shapes compiles once, editing one operator recompiles only its stages,
 and two graphs that share a stage share its machine code.
 
-A unit gets ``parallel=True`` (numba's parfor pass) only when it has a
-``prange`` loop: a stage of at least ``PARALLEL_MIN_POINTS`` points (or one the
-schedule marks parallel). The parfor pass costs 2-3x the compile time of the
-same unit compiled serially (measured, CPU seconds of one unit on a loaded
-2-core machine, parallel vs serial: dense forward 7.6 vs 3.6, dense dX 3.3
-vs 1.1, dW 3.5 vs 1.3; conv2d forward 5.9 vs 2.5, dX 6.6 vs 3.0, dW 4.7 vs
-2.0). A stage large enough to be parallel gains more at run time than that;
-a small stage, compiled serially, no longer pays the pass (before units, one
-prange anywhere made numba run it over every stage).
+A stage big enough to gain from a second thread (``PARALLEL_MIN_POINTS`` points
+and ``PARALLEL_MIN_WORK`` work, :mod:`codegen.stage`; or one the schedule marks
+parallel) is a *chunked* unit where its loop nests allow it: serial text
+``unit(b0, .., part, err)`` whose parallel loop runs one part of a spatial
+axis, the parts run at the same time (:mod:`codegen.chunks`), so it compiles
+without numba's parfor pass (about 0.5-1 s a unit). Otherwise (a scan, a
+scatter, a split or second parallel axis) the unit gets ``parallel=True`` and
+``prange`` loops.
 
 :attr:`Program.source` (``Kernel.source``) is the readable text of the whole
 program: the units with buffers named after their tensors and each stage's
@@ -121,15 +120,21 @@ class UnitSource:
     parameter order); ``arg_specs`` (``(dtype, 1)`` per parameter, then
     ``("int64", 1)`` for ``err``); ``errors`` (flag code - 1 -> message, naming
     the stage); ``parallel`` (the text has a ``prange`` loop); ``source`` (the
-    readable text of the unit, as in :attr:`Program.source`). Picklable."""
+    readable text of the unit, as in :attr:`Program.source`); ``chunks`` (0, or
+    the extent ``n`` of the spatial axis a *chunked* unit splits: its text
+    defines ``unit(b0, .., part, err)``, serial, which runs the points whose
+    value of that axis is in ``part[0] <= v < part[1]``, and the parts
+    ``[0, n)`` is cut into run at the same time, each starting at a multiple of
+    ``chunk_align``, :mod:`codegen.chunks`). Picklable."""
 
     kind = "numba"
 
     def __init__(self, stage, definition, module_source, args, arg_specs, errors, parallel,
-                 source):
+                 source, chunks=0, chunk_align=1):
         self.stage, self.definition, self.module_source = stage, definition, module_source
         self.args, self.arg_specs, self.errors = tuple(args), list(arg_specs), list(errors)
-        self.parallel, self.source = parallel, source
+        self.parallel, self.source, self.chunks = parallel, source, chunks
+        self.chunk_align = chunk_align or 1
 
     def describe(self):
         """``"the stage <definition>"`` (shortened), for messages."""
@@ -173,19 +178,46 @@ class _UnitBuffers(dict):
         return b
 
 
-def _lower_unit(op, stage, buffers, order, idents, inlined, parallel):
-    """The :class:`UnitSource` of the materialised ``op`` (see the module docstring)."""
+def _lower_stage(op, stage, buffers, inlined, parallel, chunking):
+    """``(lowering, unit buffers, writer)``: ``op`` lowered (chunked parallel loops
+    when ``chunking``)."""
     ub = _UnitBuffers(buffers)
-    errors = []
     w = _Writer()
-    sl = _StageLowering(0, op, stage, ub, inlined, errors, parallel, w)
+    sl = _StageLowering(0, op, stage, ub, inlined, [], parallel, w)
+    sl.chunking = chunking
     try:
         sl.run(1)
     except isl.Error as exc:
         raise TexprError(f"stage {op.name}: isl failed while lowering it ({exc}); "
                          "please report the program") from None
+    return sl, ub, w
+
+
+def _chunked(sl):
+    """Whether the chunked lowering ``sl`` is a chunked unit (True), a serial one
+    that never mentions its part (None: no loop went parallel), or neither
+    (False: lower again with prange loops)."""
+    if sl.chunk_broken:
+        return False
+    if sl.chunk_axis is None:
+        return None if not any("part[" in ln for ln in sl.w.lines) else False
+    return not sl._stmt_outside_chunk
+
+
+def _lower_unit(op, stage, buffers, order, idents, inlined, parallel):
+    """The :class:`UnitSource` of the materialised ``op`` (see the module docstring)."""
+    chunks = align = 0
+    use_chunks = parallel and _stage.CHUNKS
+    sl, ub, w = _lower_stage(op, stage, buffers, inlined, parallel, use_chunks)
+    if use_chunks:
+        how = _chunked(sl)
+        if how:
+            chunks, align = sl.chunk_axis.extent, sl.chunk_align
+        elif how is False:  # prange loops, numba's parfor pass (see the module docstring)
+            sl, ub, w = _lower_stage(op, stage, buffers, inlined, parallel, False)
+    errors = sl.errors
     w(1, "return 0")
-    params = [f"b{j}" for j in range(len(ub.used))] + ["err"]
+    params = [f"b{j}" for j in range(len(ub.used))] + (["part"] if chunks else []) + ["err"]
     deco = (f"@njit(parallel={sl.uses_prange}, fastmath=False, cache=True, "
             "error_model='numpy', nogil=True)")
     body = f"{deco}\ndef unit({', '.join(params)}):\n" + "\n".join(w.lines) + "\n"
@@ -202,9 +234,9 @@ def _lower_unit(op, stage, buffers, order, idents, inlined, parallel):
     readable = "".join(
         ln[:len(ln) - len(ln.lstrip())] + w.comments[ln.strip()] + "\n"
         if ln.strip() in w.comments else ln for ln in readable.splitlines(keepends=True))
-    specs = [(b.dtype, 1) for b in ub.used] + [("int64", 1)]
+    specs = [(b.dtype, 1) for b in ub.used] + [("int64", 1)] * (2 if chunks else 1)
     return UnitSource(op.name, tensor_str(op.output(0)), src, args, specs, errors,
-                      sl.uses_prange, readable)
+                      sl.uses_prange, readable, chunks, align)
 
 
 def _blas_unit(op, plan):
@@ -317,7 +349,12 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
             driver.append(f"    # unit{k}: {u.stage} runs as GEMMs (numpy's BLAS; see its comment)")
             continue
         parts.append(u.source.replace("\ndef unit(", f"\ndef unit{k}(", 1).rstrip("\n"))
-        driver.append(f"    unit{k}({', '.join([idents[a] for a in u.args] + ['err'])})")
+        if u.chunks:
+            driver.append(f"    # unit{k}: the parts [lo, hi) of 0..{u.chunks} at the same time, "
+                          "one per thread (codegen.chunks)")
+            driver.append(f"    unit{k}({', '.join([idents[a] for a in u.args] + ['part', 'err'])})")
+        else:
+            driver.append(f"    unit{k}({', '.join([idents[a] for a in u.args] + ['err'])})")
         driver.append("    if err[0]:")
         driver.append("        return 0")
     driver.append("    return 0")

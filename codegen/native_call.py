@@ -38,7 +38,8 @@ Safety:
   from the descriptor (length, item size, data pointer) and calls with them;
   :func:`describe` returns None (the caller keeps the kernel's Python driver)
   for a unit whose compiled overload is not exactly that, with more than
-  :data:`MAX_ARGS` arguments, or a unit that is not a numba unit (a GEMM);
+  :data:`MAX_ARGS` arguments, a unit that is not a numba unit (a GEMM), or a
+  chunked unit (:mod:`codegen.chunks`: its parts are launched from Python);
 * XLA has checked the operands' shapes and dtypes against the call's declared
   types, and the PyTorch bridge checks its tensors, so every buffer has the
   size the units were compiled for;
@@ -149,6 +150,21 @@ def _free(typingctx, addr):
         return context.get_dummy_value()
 
     return types.none(addr), codegen
+
+
+@intrinsic
+def _fetch_add(typingctx, addr, value):
+    """Atomically add ``value`` to the int64 at address ``addr``; the old value
+    (sequentially consistent: the part counter of :mod:`codegen.chunks`)."""
+    if not isinstance(addr, types.Integer) or not isinstance(value, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = builder.inttoptr(args[0], ir.IntType(64).as_pointer())
+        v = context.cast(builder, args[1], sig.args[1], types.int64)
+        return builder.atomic_rmw("add", p, v, "seq_cst")
+
+    return types.int64(addr, value), codegen
 
 
 @intrinsic
@@ -394,7 +410,8 @@ def describe(kernel, on_error_address=0):
     """
     addresses = []
     for u in kernel.units:
-        if not isinstance(u, NumbaUnit):
+        if not isinstance(u, NumbaUnit) or u.chunks:
+            # (a chunked unit runs its parts from the Python driver: codegen.chunks)
             return None
         a = _unit_overload(u)
         if a is None:

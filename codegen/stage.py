@@ -108,6 +108,23 @@ BUFFER_TILE = 4096
 #: stages visiting fewer points run sequentially by default (waking the worker
 #: threads costs more than the loop)
 PARALLEL_MIN_POINTS = 1 << 16
+#: ... and, below ``PARALLEL_POINTS`` points, whose *work* (its points times the
+#: expression nodes of its body; a reduction's summand and condition) is below
+#: ``PARALLEL_MIN_WORK``. Waking the second thread costs about 0.1 ms here
+#: (numba's prange and a chunked unit's launch alike, OpenMP waiting passively:
+#: codegen.compile), so a stage of few cheap points runs faster serially.
+#: Calibrated on the suite's stages (2 cores, bench_variants, docs/stages.md):
+#: upsample2's and pixel_shuffle2's copies and selects (0.4 M points, work 3-9
+#: M) and layernorm's stages (0.13 M points) lose in parallel; max_pool2d's
+#: forward max and argmax (0.8 M points, work 7-14 M), avg_pool2d's and the
+#: depthwise convolution's stages (1.7-6.9 M points) gain
+PARALLEL_POINTS = 1 << 19
+PARALLEL_MIN_WORK = 16_000_000
+#: a parallel stage is a *chunked* serial unit whose parts of its outermost
+#: spatial axis run at the same time (:mod:`codegen.chunks`), where its loop nests
+#: allow it, instead of prange loops (numba's parfor pass: about 0.5-1 s of
+#: compile time per unit)
+CHUNKS = True
 #: reductions whose iteration box has fewer points are neither unrolled nor
 #: register-blocked
 UNROLL_MIN_POINTS = 1 << 15
@@ -330,6 +347,31 @@ def _points(s):
         return 1 << 62
 
 
+def _chunk_form(x):
+    """``(axis, d)`` when the schedule value ``x`` is a spatial axis (``d = 1``) or
+    its tile ``axis // d`` (a positive constant ``d``); ``(None, 1)`` otherwise."""
+    if isinstance(x, E.IterVar):
+        return x, 1
+    if (isinstance(x, E.FloorDiv) and isinstance(x.a, E.IterVar) and isinstance(x.b, E.Const)
+            and isinstance(x.b.value, int) and x.b.value > 0):
+        return x.a, x.b.value
+    return None, 1
+
+
+def _worth_parallel(points, exprs):
+    """Whether a stage of ``points`` points whose body is ``exprs`` is worth its
+    parallel launch (``PARALLEL_MIN_POINTS``, ``PARALLEL_POINTS``,
+    ``PARALLEL_MIN_WORK``)."""
+    if points < PARALLEL_MIN_POINTS:
+        return False
+    if points >= PARALLEL_POINTS:
+        return True
+    from texpr.visitor import post_order
+
+    nodes = sum(len(post_order(x)) for x in exprs if isinstance(x, E.Expr))
+    return points * max(nodes, 1) >= PARALLEL_MIN_WORK
+
+
 def _free(e):
     from texpr.visitor import free_vars
     return free_vars(e) if isinstance(e, E.Expr) else []
@@ -412,6 +454,16 @@ class _StageLowering:
         self.inlined, self.errors, self.parallel_on, self.w = inlined, errors, parallel_on, w
         self.names = {}
         self.uses_prange = False
+        # chunked lowering (codegen.chunks): the parallel loop over ``chunk_axis``
+        # runs the part ``part[0] <= value < part[1]`` of its range only
+        self.chunking = False  # lower parallel loops as chunks (set by the unit)
+        self.chunk_axis = None  # the one spatial axis every chunked loop runs over
+        self.chunk_broken = False  # a parallel loop chunks cannot take
+        self._chunk_ok_path = False  # the op kind's lowering supports chunks
+        self._in_chunk = 0  # depth of chunked loops around the emission point
+        self._stmt_outside_chunk = False  # a statement emitted outside every chunk loop
+        self.chunk_align = 1  # parts start at multiples of this (tiles of the axis)
+        self._chunk_div = {}  # id(loop var) -> d: the loop runs the values axis // d
         self.unroll = None
         self.jam_dim = None
         self.lanes = None  # (loop dimension, count) of an unrolled reduction loop
@@ -430,6 +482,7 @@ class _StageLowering:
         spatial = list(op.axis)
         body = [inline_expand(b, self.inlined) for b in op.body]
         red = body[0] if isinstance(body[0], E.Reduce) else None
+        self._chunk_ok_path = True
         reduce_ = list(op.reduce_axis)
         for d, a in enumerate(spatial):
             self.names[id(a)] = f"i{self.k}_{d}"
@@ -440,7 +493,7 @@ class _StageLowering:
         sp_space = VarSpace(spatial)
         sp_box = box_set(sp_space)
         if red is None:
-            if not self.stage.parallel_set and int(np.prod(op.shape)) < PARALLEL_MIN_POINTS:
+            if not self.stage.parallel_set and not _worth_parallel(int(np.prod(op.shape)), body):
                 par = []
             em = self._emitter()
             ck = _BoundsChecker(op.name, sp_space, sp_box)
@@ -480,7 +533,8 @@ class _StageLowering:
         # counting a domain's points can cost (barvinok on modulus conditions;
         # _points bounds it): only where the parallel rules need it
         self.stage_points = _points(dom) if par else None
-        if not self.stage.parallel_set and par and self.stage_points < PARALLEL_MIN_POINTS:
+        if not self.stage.parallel_set and par and not _worth_parallel(
+                self.stage_points, list(red.source) + [red.where]):
             par = []
         em = self._emitter()
         ck = _BoundsChecker(op.name, space, box)
@@ -569,8 +623,18 @@ class _StageLowering:
                    LA.Statement(f"F{self.k}", spatial, rest_sp, sched_f)]
             return self._emit_nest(depth, sts, len(order) + 1, stmts, par_dims)
         # buffer mode
+        # (a view's layout is another tensor's: no rows of its own to slice)
+        sliced = (self.chunking and par and par[0] is op.axis[0]
+                  and not any(hasattr(o, "perm") for o in outs))
+        if self.chunking and par and not sliced:
+            self.chunk_broken = True  # a chunk could not fill its own part only
+        if sliced:
+            self.chunk_axis = op.axis[0]  # every nest must chunk the rows filled
+        row = math.prod(op.shape[1:])
         for o, c in zip(outs, comb.identity):
-            w(depth, f"_fill_{o.dtype}({o.name}, {fill_value(c.value, o.dtype)})")
+            # chunked: each chunk fills its own rows (the leading axis is the chunks')
+            target = f"{o.name}[part[0] * {row}:part[1] * {row}]" if sliced else o.name
+            w(depth, f"_fill_{o.dtype}({target}, {fill_value(c.value, o.dtype)})")
         targets = [self._store(o) for o in outs]
         stmts = {"U": lambda d, lane=None: combine(d, targets)}
         rest = dom
@@ -758,7 +822,8 @@ class _StageLowering:
         return math.prod(a.extent for a in axes)
 
     def _emit_nest(self, depth, statements, ndims, stmt_code, par_dims):
-        if par_dims and not self.stage.parallel_set and self.stage_points:
+        if par_dims and not self.stage.parallel_set and self.stage_points and not self.chunking:
+            # (a chunked unit's parts run every nest: each must run its part only)
             points = sum(_points(st.domain) for st in statements if st.name.startswith("U"))
             if points < REST_PARALLEL_FRACTION * self.stage_points:
                 par_dims = set()
@@ -787,8 +852,37 @@ class _StageLowering:
             return
         self._check_loop_arithmetic(tree, statements, loop_vars)
         par_vars = {id(loop_vars[d]) for d in par_dims}
+        if self.chunking and par_dims:
+            self._check_chunkable(statements, par_dims, loop_vars[next(iter(par_dims))])
         stmt_vars = {st.name: st.vars for st in statements}
         self._emit_tree(tree, depth, par_vars, stmt_vars, stmt_code)
+
+    def _check_chunkable(self, statements, par_dims, loop_var):
+        """Chunks need one parallel dimension whose schedule value is, in every
+        statement, the same spatial axis of the op (the one every other nest of
+        the unit chunks too): instances at different values of it then write
+        different output elements, so the chunks of its range are independent
+        of each other in every statement, not only within one loop (numba's
+        prange synchronises between two parallel loops; chunks do not)."""
+        if not self._chunk_ok_path or len(par_dims) != 1:
+            self.chunk_broken = True
+            return
+        (d,) = par_dims
+        forms = {_chunk_form(st.schedule[d]) for st in statements}
+        if len(forms) != 1:
+            self.chunk_broken = True
+            return
+        ((axis, div),) = forms
+        if not (axis is not None and axis.kind == "spatial"
+                and any(axis is a for a in self.op.axis)
+                and (self.chunk_axis is None or self.chunk_axis is axis)):
+            self.chunk_broken = True
+            return
+        self.chunk_axis = axis
+        # a register-blocked nest runs its tiles (axis // JAM): parts start at a
+        # multiple of every tile size, so a tile is in one part
+        self.chunk_align = math.lcm(self.chunk_align, div)
+        self._chunk_div[id(loop_var)] = div
 
     def _check_loop_arithmetic(self, tree, statements, loop_vars):
         """The loop bounds, guards and statement arguments isl generated stay in
@@ -836,6 +930,26 @@ class _StageLowering:
         elif isinstance(node, LA.For):
             v = self.names[id(node.var)]
             lo, hi = em(node.lo), em(node.hi)
+            if self.chunking and id(node.var) in par_vars:
+                # a chunk: the values of the loop whose axis value is in
+                # part[0] <= a < part[1] (the loop runs a // d; parts start at
+                # multiples of d)
+                d = self._chunk_div.get(id(node.var), 1)
+                p0, p1 = ("part[0]", "part[1]") if d == 1 else \
+                    (f"(part[0] // {d})", f"((part[1] + {d - 1}) // {d})")
+                if node.degenerate:
+                    w(depth, f"{v} = {lo}")
+                    w(depth, f"if {p0} <= {v} < {p1}:")
+                elif node.stride == 1:
+                    w(depth, f"for {v} in range(max({lo}, {p0}), min({hi}, {p1})):")
+                else:
+                    s = node.stride
+                    w(depth, f"for {v} in range({lo} + (max({p0}, {lo}) - ({lo}) + {s - 1})"
+                             f" // {s} * {s}, min({hi}, {p1}), {s}):")
+                self._in_chunk += 1
+                self._emit_tree(node.body, depth + 1, par_vars, stmt_vars, stmt_code)
+                self._in_chunk -= 1
+                return
             if node.degenerate:
                 w(depth, f"{v} = {lo}")
                 self._emit_tree(node.body, depth, par_vars, stmt_vars, stmt_code)
@@ -896,6 +1010,8 @@ class _StageLowering:
         if not isinstance(node, LA.Stmt):
             raise TexprError(f"stage {self.op.name}: internal: a register-blocked loop "
                              "around more than one statement")
+        if self.chunking and not self._in_chunk:
+            self._stmt_outside_chunk = True
         em = self._emitter()
         kind = node.name[0]
         for v, a in zip(stmt_vars[node.name], node.args):

@@ -29,6 +29,7 @@ their compilation can run concurrently; other kinds are built one by one.
 
 import operator
 
+from . import chunks as _chunks
 from . import compile as _compile
 from . import forksafe as _forksafe
 
@@ -58,6 +59,10 @@ class NumbaUnit:
         self.parallel = "@njit(parallel=True" in desc.module_source
         self._desc = desc if self.parallel else None
         self._serial = None
+        # a chunked unit (codegen.chunks): the extent of the axis its parts cut
+        self.chunks = getattr(desc, "chunks", 0)
+        self.chunk_align = getattr(desc, "chunk_align", 1)
+        self._chunk_state = None
         if not self.args:  # every buffer of the stage has a zero-size axis: none is passed
             self._pick = lambda arrays: ()
         elif len(self.args) == 1:
@@ -66,6 +71,9 @@ class NumbaUnit:
             self._pick = operator.itemgetter(*self.args)
 
     def run(self, arrays, err):
+        if self.chunks:
+            _chunks.run(self, self._pick(arrays), err)
+            return
         if self.parallel and _forksafe.FORKED_FROM_OPENMP[0]:
             self._serial_entry()(*self._pick(arrays), err)
             return

@@ -712,7 +712,8 @@ def stages_parallel(min_points=None):
     cache off."""
     from texpr.codegen import stage
 
-    return _patched(stage, PARALLEL_MIN_POINTS=min_points or PARALLEL_FUZZ_MIN_POINTS)
+    return _patched(stage, PARALLEL_MIN_POINTS=min_points or PARALLEL_FUZZ_MIN_POINTS,
+                    PARALLEL_POINTS=1, PARALLEL_MIN_WORK=0)
 
 
 @contextlib.contextmanager
@@ -730,6 +731,20 @@ def serial_twins():
         forksafe.FORKED_FROM_OPENMP[0] = old
 
 
+@contextlib.contextmanager
+def chunks_on_python_threads():
+    """Kernel runs inside run chunked units' parts on Python worker threads (the
+    path without libgomp, :mod:`texpr.codegen.chunks`), not on OpenMP's team."""
+    from texpr.codegen import chunks
+
+    old = chunks.RUNNER
+    chunks.RUNNER = "threads"
+    try:
+        yield
+    finally:
+        chunks.RUNNER = old
+
+
 #: how a batch's kernel is built: the default rules, every contraction on BLAS
 #: (then run twice: GEMMs in one call, and split on worker threads), every
 #: repeated subexpression hoisted, stages of a few points as parallel loop
@@ -737,9 +752,12 @@ def serial_twins():
 _MODES = {"default": contextlib.nullcontext, "blas": every_contraction_on_blas,
           "cse": every_subexpression_hoisted, "parallel": stages_parallel}
 
-#: parallel units built by the fuzzer's kernels so far, and their serial twins run
+#: parallel units (prange loops, or chunked: codegen.chunks) built by the fuzzer's
+#: kernels so far, and their serial runs (twins; a chunked unit in one part)
 PARALLEL_UNITS = [0]
 SERIAL_TWIN_RUNS = [0]
+#: kernels with chunked units also run with their parts on Python threads
+CHUNKED_THREAD_RUNS = [0]
 
 
 #: kernels the fuzzer also ran through the bridges' compiled driver
@@ -854,12 +872,17 @@ def _check_kernel(qs, findings, mode="default"):
                 runs.append((kernel(*arrays), ", GEMMs split on worker threads"))
             SPLIT_BLAS_UNITS[0] += n_blas
             CHUNKED_RUNS[0] += contraction_chunk_runs() - chunked
-        n_par = sum(1 for u in kernel.units if getattr(u, "parallel", False))
+        n_par = sum(1 for u in kernel.units
+                    if getattr(u, "parallel", False) or getattr(u, "chunks", 0))
         PARALLEL_UNITS[0] += n_par
         if n_par:
             with serial_twins():
                 runs.append((kernel(*arrays), ", parallel units' serial twins"))
             SERIAL_TWIN_RUNS[0] += n_par
+        if any(getattr(u, "chunks", 0) for u in kernel.units):
+            with chunks_on_python_threads():
+                runs.append((kernel(*arrays), ", chunked units' parts on Python threads"))
+            CHUNKED_THREAD_RUNS[0] += 1
     except Exception as exc:  # noqa: BLE001 - isolate the program at fault
         if len(qs) > 1:
             for q in qs:

@@ -9,6 +9,9 @@ prod, empty and shifted reduction axes, a data-dependent ``where``), and
 data-dependent gathers/scatters with their run-time errors.
 """
 
+import contextlib
+import os
+
 import numpy as np
 import pytest
 
@@ -250,16 +253,72 @@ def test_data_dependent_index_out_of_bounds_is_reported(gather_case):
         kernel(feed[inputs[0]], bad, feed[inputs[2]])
 
 
-def test_large_stages_run_their_outermost_loop_in_parallel():
+def _heavy_transpose():
+    # 360,000 points of about 120 expression nodes each: work enough for parallel
+    X = te.placeholder((600, 600), "X", "float64")
+
+    def body(i, j):
+        y = X[j, i]
+        for _ in range(20):
+            y = te.tanh(y) * 0.5 + X[j, i] * 0.25
+        return y
+    return X, te.compute((600, 600), body, name="Y")
+
+
+def _heavy_transpose_value(x):
+    y = x.T.copy()
+    for _ in range(20):
+        y = np.tanh(y) * 0.5 + x.T * 0.25
+    return y
+
+
+def test_large_stages_run_in_parts_of_their_outermost_axis():
+    from texpr.codegen import stage
+
+    X, Y = _heavy_transpose()
+    kernel = codegen.build([Y], [X])
+    # a chunked unit (codegen.chunks): serial text, the parts of axis 0 run at once
+    assert "for c0_0 in range(max(0, part[0]), min(600, part[1])):" in kernel.source
+    assert "prange(" not in kernel.source and kernel.units[0].chunks == 600
+    x = np.random.default_rng(0).uniform(-1, 1, (600, 600))
+    np.testing.assert_allclose(kernel(x)[0], _heavy_transpose_value(x), rtol=1e-12)
+    serial = codegen.build([Y], [X], parallel=False)
+    assert "prange(" not in serial.source and "part[" not in serial.source
+    np.testing.assert_allclose(serial(x)[0], _heavy_transpose_value(x), rtol=1e-12)
+    # chunks off: numba's prange loop
+    old = stage.CHUNKS
+    stage.CHUNKS = False
+    try:
+        with _no_symbolic_cache():
+            pr = codegen.build([Y], [X])
+    finally:
+        stage.CHUNKS = old
+    assert "for c0_0 in prange(0, 600):" in pr.source
+    np.testing.assert_allclose(pr(x)[0], _heavy_transpose_value(x), rtol=1e-12)
+
+
+def test_cheap_stages_run_serially_however_many_points():
+    # 90,000 points of a copy: waking a second thread costs more than the loop
     X = te.placeholder((300, 300), "X", "float64")
     Y = te.compute((300, 300), lambda i, j: X[j, i] * 2.0, name="Y")
     kernel = codegen.build([Y], [X])
-    assert "for c0_0 in prange(0, 300):" in kernel.source
+    assert "prange(" not in kernel.source and "part[" not in kernel.source
     x = np.random.default_rng(0).uniform(-1, 1, (300, 300))
     np.testing.assert_array_equal(kernel(x)[0], x.T * 2.0)
-    serial = codegen.build([Y], [X], parallel=False)
-    assert "prange(" not in serial.source
-    np.testing.assert_array_equal(serial(x)[0], x.T * 2.0)
+
+
+@contextlib.contextmanager
+def _no_symbolic_cache():
+    # the lowered program is cached by graph, not by codegen's knobs
+    old = os.environ.get("TEXPR_SYMBOLIC_CACHE")
+    os.environ["TEXPR_SYMBOLIC_CACHE"] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TEXPR_SYMBOLIC_CACHE")
+        else:
+            os.environ["TEXPR_SYMBOLIC_CACHE"] = old
 
 
 def test_affine_out_of_bounds_is_reported_at_build_time():

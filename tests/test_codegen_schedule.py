@@ -85,7 +85,9 @@ def test_default_schedule_with_user_parallel_on_inner_axis(data):
     s[E].parallel(E.op.axis[1])
     kernel = _run(E, A, B, s, data)
     src = kernel.source
-    assert "prange" in src[src.index("stage E"):]
+    # a chunked unit (codegen.chunks) whose parts cut axis 1
+    assert "part[0]" in src[src.index("stage E"):]
+    assert [u.chunks for u in kernel.units if u.stage == "E"] == [E.shape[1]]
 
 
 # ---- impossible requests ---------------------------------------------------------------

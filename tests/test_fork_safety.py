@@ -16,31 +16,44 @@ import texpr as te
 from texpr import codegen
 from texpr.codegen import compile as cmp
 from texpr.codegen import forksafe
+from texpr.codegen import stage
 
 from test_gemm_chunks import _run_in_child
 
 
+COLS = 512
+
+
 def _parallel_graph():
-    # a map and a reduction over 4096 rows: both stages run prange loops
-    X = te.placeholder((4096, 64), name="X")
-    W = te.placeholder((64,), name="W")
-    j = te.reduce_axis(64, "j")
+    # a map and a reduction over 4096 rows of 512: both stages run in parallel
+    # (chunked units: codegen.chunks)
+    X = te.placeholder((4096, COLS), name="X")
+    W = te.placeholder((COLS,), name="W")
+    j = te.reduce_axis(COLS, "j")
     Y = te.compute((4096,), lambda i: te.sum(te.tanh(X[i, j]) * W[j], axis=j), name="Y")
     return X, W, Y
 
 
 def _feed():
     rng = np.random.default_rng(0)
-    return (rng.standard_normal((4096, 64)).astype(np.float32),
-            rng.standard_normal(64).astype(np.float32))
+    return (rng.standard_normal((4096, COLS)).astype(np.float32),
+            rng.standard_normal(COLS).astype(np.float32))
 
 
-def test_a_parallel_kernel_and_its_gradient_run_in_a_child_forked_after_they_ran():
+@pytest.mark.parametrize("how", ["chunks", "prange"])
+def test_a_parallel_kernel_and_its_gradient_run_in_a_child_forked_after_they_ran(
+        how, monkeypatch):
     X, W, Y = _parallel_graph()
     H = te.placeholder((4096,), name="H")
     dX, dW = te.differentiate(Y, [X, W], head=H).result
+    if how == "prange":  # chunks off: numba's prange loops, their serial twins in the child
+        monkeypatch.setattr(stage, "CHUNKS", False)
+        monkeypatch.setenv("TEXPR_SYMBOLIC_CACHE", "0")
     k = codegen.build([Y, dX, dW], [X, W, H])
-    assert "parallel=True" in k.source
+    if how == "prange":
+        assert "parallel=True" in k.source
+    else:
+        assert "prange(" not in k.source and sum(1 for u in k.units if u.chunks) >= 2
     x, w = _feed()
     h = np.linspace(-1, 1, 4096, dtype=np.float32)
     want = k(x, w, h)  # numba's threading layer starts here
@@ -111,7 +124,7 @@ def test_a_forked_child_builds_with_compile_workers_of_its_own(tmp_path, monkeyp
 
     def child():
         assert cmp._POOL is None  # the parent's workers are not the child's
-        j = te.reduce_axis(64, "j")
+        j = te.reduce_axis(COLS, "j")
         Z = te.compute((4096,), lambda i: te.sum(te.sigmoid(X[i, j]) * W[j], axis=j), name="Z")
         dX, dW = te.differentiate(Z, [X, W], head=H).result
         got = codegen.build([Z, dX, dW], [X, W, H])(x, w, h)
