@@ -57,11 +57,17 @@ _HEAD = 6  # words: part counter, parts, unit address, err address, status, bloc
 
 
 def threads():
-    """The number of parts a chunked unit is cut into: numba's thread count
-    (``NUMBA_NUM_THREADS``, by default the machine's cores)."""
-    from numba.core import config
+    """The number of parts a chunked unit is cut into: numba's thread count in
+    this thread (``numba.set_num_threads``; by default ``NUMBA_NUM_THREADS``,
+    the machine's cores)."""
+    import numba
 
-    return int(config.NUMBA_NUM_THREADS)
+    try:
+        return int(numba.get_num_threads())
+    except Exception:  # noqa: BLE001 - no threading layer: numba's configured count
+        from numba.core import config
+
+        return int(config.NUMBA_NUM_THREADS)
 
 
 def _trampoline_source(nargs):
@@ -243,8 +249,11 @@ def run(unit, bufs, err):
     st = unit._chunk_state
     if st is None:
         st = unit._chunk_state = _State(unit, bufs)
+    if _forksafe.FORKED_FROM_OPENMP[0]:
+        unit._entry(*bufs, st.whole, err)
+        return
     nt = min(threads(), st.n)
-    if nt < 2 or _forksafe.FORKED_FROM_OPENMP[0]:
+    if nt < 2:
         unit._entry(*bufs, st.whole, err)
         return
     if st.trampoline is not None and RUNNER == "openmp":

@@ -352,7 +352,8 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
         if u.chunks:
             driver.append(f"    # unit{k}: the parts [lo, hi) of 0..{u.chunks} at the same time, "
                           "one per thread (codegen.chunks)")
-            driver.append(f"    unit{k}({', '.join([idents[a] for a in u.args] + ['part', 'err'])})")
+            driver.append(f"    unit{k}({', '.join([idents[a] for a in u.args])}, "
+                          f"np.array([0, {u.chunks}]), err)  # (here: one part, all of it)")
         else:
             driver.append(f"    unit{k}({', '.join([idents[a] for a in u.args] + ['err'])})")
         driver.append("    if err[0]:")

@@ -464,6 +464,7 @@ class _StageLowering:
         self._stmt_outside_chunk = False  # a statement emitted outside every chunk loop
         self.chunk_align = 1  # parts start at multiples of this (tiles of the axis)
         self._chunk_div = {}  # id(loop var) -> d: the loop runs the values axis // d
+        self._chunk_vars = []  # [(loop var, d)] of the chunked loops around
         self.unroll = None
         self.jam_dim = None
         self.lanes = None  # (loop dimension, count) of an unrolled reduction loop
@@ -857,6 +858,33 @@ class _StageLowering:
         stmt_vars = {st.name: st.vars for st in statements}
         self._emit_tree(tree, depth, par_vars, stmt_vars, stmt_code)
 
+    def _runs_its_part(self, node, stmt_vars):
+        """Whether the statement node ``node`` (inside a chunked loop) writes the
+        element of the chunk axis value the loop runs: the axis's argument is
+        the loop variable itself (``d * var`` plus a lane or a constant below
+        ``d`` for a tile). isl may run two rows in one pass of a stride-2 loop
+        (``U(c); U(c + 1)``, :func:`texpr.simplify.loop_ast.runs_exactly`): the
+        part that owns ``c`` would then write row ``c + 1`` of another part, and
+        a pass at ``c = -1`` would run in no part (an attack's find: dW rows of a
+        gradient zeroed at a part boundary)."""
+        var, d = self._chunk_vars[-1]
+        svars = stmt_vars[node.name]
+        pos = next((p for p, sv in enumerate(svars) if sv is self.chunk_axis), None)
+        if pos is None:
+            return False
+        arg = node.args[pos]
+        if d == 1:
+            return arg is var
+        if not isinstance(arg, E.Add):
+            return False
+        for tile, lane in ((arg.a, arg.b), (arg.b, arg.a)):
+            if (isinstance(tile, E.Mul) and any(x is var for x in (tile.a, tile.b))
+                    and any(isinstance(x, E.Const) and x.value == d for x in (tile.a, tile.b))
+                    and (isinstance(lane, E.Const) and 0 <= lane.value < d
+                         or isinstance(lane, E.Var) and lane is not var)):
+                return True
+        return False
+
     def _check_chunkable(self, statements, par_dims, loop_var):
         """Chunks need one parallel dimension whose schedule value is, in every
         statement, the same spatial axis of the op (the one every other nest of
@@ -947,7 +975,9 @@ class _StageLowering:
                     w(depth, f"for {v} in range({lo} + (max({p0}, {lo}) - ({lo}) + {s - 1})"
                              f" // {s} * {s}, min({hi}, {p1}), {s}):")
                 self._in_chunk += 1
+                self._chunk_vars.append((node.var, d))
                 self._emit_tree(node.body, depth + 1, par_vars, stmt_vars, stmt_code)
+                self._chunk_vars.pop()
                 self._in_chunk -= 1
                 return
             if node.degenerate:
@@ -1012,6 +1042,8 @@ class _StageLowering:
                              "around more than one statement")
         if self.chunking and not self._in_chunk:
             self._stmt_outside_chunk = True
+        if self.chunking and self._in_chunk and not self._runs_its_part(node, stmt_vars):
+            self.chunk_broken = True
         em = self._emitter()
         kind = node.name[0]
         for v, a in zip(stmt_vars[node.name], node.args):

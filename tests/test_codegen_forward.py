@@ -340,3 +340,28 @@ def test_missing_input_and_bad_arguments_are_texpr_errors():
         codegen.build([3], [X])
     with pytest.raises(te.TexprError, match="listed twice"):
         codegen.build([Y], [X, Z, X])
+
+
+@pytest.mark.parametrize("n", [7, 10])
+def test_a_chunked_unit_never_clips_a_pass_that_writes_two_rows(n, monkeypatch):
+    # an attack's find: isl ran two rows of dW in one pass of a stride-2 loop
+    # (U(c); U(c + 1)); chunks clipped the loop variable, so the part owning c
+    # wrote row c + 1 of the next part (zeroed by that part's fill) and a pass at
+    # c = -1 ran in no part. Such a unit keeps prange loops now.
+    from texpr.codegen import stage
+
+    monkeypatch.setenv("TEXPR_SYMBOLIC_CACHE", "0")
+    for knob, v in (("PARALLEL_MIN_POINTS", 1), ("PARALLEL_POINTS", 1), ("PARALLEL_MIN_WORK", 0)):
+        monkeypatch.setattr(stage, knob, v)
+    X = te.placeholder((n, 3), "X", "float64")
+    W = te.placeholder((n, 3), "W", "float64")
+    b = te.reduce_axis(n, "b")
+    Y = te.compute((3, 3), lambda i, j: te.sum(X[b, i] * W[b, j], axis=b,
+                                                where=(b + 2 * j) % 4 != 1), name="Y")
+    H = te.placeholder((3, 3), "H", "float64")
+    dX, dW = te.differentiate(Y, [X, W], head=H).result
+    kern = codegen.build([dX, dW], [X, W, H])
+    rng = np.random.default_rng(0)
+    x, w, h = rng.standard_normal((n, 3)), rng.standard_normal((n, 3)), rng.standard_normal((3, 3))
+    for got, want in zip(kern(x, w, h), te.evaluate([dX, dW], {X: x, W: w, H: h})):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
