@@ -40,7 +40,6 @@ chunked units to the Python driver.
 """
 
 import ctypes
-import os
 
 import numpy as np
 
@@ -51,8 +50,6 @@ __all__ = ["run", "threads", "RUNNER"]
 #: how the parts run: "openmp" (libgomp's team, falling back to "threads" when
 #: libgomp cannot be loaded) or "threads" (Python worker threads)
 RUNNER = "openmp"
-#: the most arguments a chunked unit may have to run in parts (as the driver's)
-MAX_ARGS = 24
 _HEAD = 6  # words: part counter, parts, unit address, err address, status, block length
 
 
@@ -89,10 +86,10 @@ def body(block):
     data = np.int64(block.ctypes.data)
     n_parts = block[1]
     err = carray(_pointer(block[3], np.int64), 2)
-    idx = block[{_HEAD}:{_HEAD + MAX_ARGS}]
-    sizes = block[{_HEAD + MAX_ARGS}:{_HEAD + MAX_ARGS + nb}]
-    items = block[{_HEAD + MAX_ARGS + nb}:{_HEAD + MAX_ARGS + 2 * nb}]
-    rows = {_HEAD + MAX_ARGS + 2 * nb}
+    idx = block[{_HEAD}:{_HEAD + nb}]
+    sizes = block[{_HEAD + nb}:{_HEAD + 2 * nb}]
+    items = block[{_HEAD + 2 * nb}:{_HEAD + 3 * nb}]
+    rows = {_HEAD + 3 * nb}
     c = _fetch_add(data, 1)
     while c < n_parts:
         ptrs = block[rows + {nb + 2} * c:rows + {nb + 2} * c + {nb}]
@@ -153,17 +150,16 @@ class _State:
         self.whole = np.array([0, n], dtype=np.int64)
         self.nb = len(bufs) + 1  # the buffers, then part
         self.address = self.trampoline = self.gomp = None
-        self._parts = {}
-        if self.nb + 1 <= MAX_ARGS:
-            self.gomp = _gomp()
+        self._parts, self._templates = {}, {}
+        self.gomp = _gomp()
         if self.gomp is not None:
             self.address = native_call._unit_overload(unit)
         if self.address is not None:
             self.trampoline = _trampoline(self.nb + 1)
-            fixed = np.zeros(_HEAD + MAX_ARGS + 2 * self.nb, dtype=np.int64)
+            fixed = np.zeros(_HEAD + 3 * self.nb, dtype=np.int64)
             fixed[2] = self.address
             fixed[_HEAD:_HEAD + self.nb] = np.arange(self.nb)
-            s = _HEAD + MAX_ARGS
+            s = _HEAD + self.nb
             fixed[s:s + self.nb] = [b.size for b in bufs] + [2]
             fixed[s + self.nb:s + 2 * self.nb] = [b.itemsize for b in bufs] + [8]
             self.fixed = fixed
@@ -172,7 +168,7 @@ class _State:
         """``(block, offsets)``: the call block for ``nt`` parts with every address
         0 (see :func:`_block`), and the byte offsets of the parts' ``[lo, hi)``
         from the block's start."""
-        got = self._parts.get(("block", nt))
+        got = self._templates.get(nt)
         if got is None:
             nb, fixed = self.nb, self.fixed
             row = nb + 2
@@ -185,7 +181,7 @@ class _State:
             rows[:, nb] = cuts[:-1]
             rows[:, nb + 1] = cuts[1:]
             offsets = 8 * (len(fixed) + row * c + nb)
-            got = self._parts[("block", nt)] = (block, offsets)
+            got = self._templates[nt] = (block, offsets)
         return got
 
     def cuts(self, nt):
@@ -213,8 +209,8 @@ def _address(a):
 def _block(st, bufs, err, nt):
     """The call block of one launch (int64 words, a new array per call: calls may
     run at the same time): the head (part counter, parts, unit address, err's
-    address, status, the block's length), the argument indices, lengths and
-    item sizes, then per part its row of data pointers (the buffers', then its
+    address, status, the block's length), the arguments' indices, lengths and
+    item sizes (one word each per argument before ``err``), then per part its row of data pointers (the buffers', then its
     ``[lo, hi)``'s) and ``[lo, hi)`` itself. Made from a template per part
     count (:meth:`_State.template`): only the addresses change between calls."""
     template, offsets = st.template(nt)
@@ -225,20 +221,6 @@ def _block(st, bufs, err, nt):
     rows[:, :st.nb - 1] = [_address(b) for b in bufs]
     rows[:, st.nb - 1] = offsets + base
     return block
-
-
-_POOL = []  # [(pid, executor)]
-
-
-def _pool():
-    """The worker threads of the "threads" runner (created on first use; a forked
-    child inherits the object but not its threads, so it makes its own)."""
-    if not _POOL or _POOL[0][0] != os.getpid():
-        from concurrent.futures import ThreadPoolExecutor
-
-        _POOL[:] = [(os.getpid(), ThreadPoolExecutor(max_workers=max(threads() - 1, 1),
-                                                     thread_name_prefix="texpr-chunk"))]
-    return _POOL[0][1]
 
 
 def run(unit, bufs, err):
@@ -263,6 +245,8 @@ def run(unit, bufs, err):
         if block[4]:
             err[0], err[1] = -1, 0
         return
+    from .gemm import _pool  # codegen's worker threads (the GEMMs' too)
+
     parts = st.parts(nt)
     entry = unit._entry
     futures = [_pool().submit(entry, *bufs, p, err) for p in parts[1:]]

@@ -369,7 +369,8 @@ def _blas_one_thread():
 
 
 def _pool():
-    """The worker threads of the GEMMs and packing copies (created on first use)."""
+    """The worker threads of the GEMMs and packing copies, and of chunked units'
+    parts without libgomp (:mod:`codegen.chunks`); created on first use."""
     if not _POOL or _POOL[0][0] != os.getpid():
         # a forked child inherits the pool object but not its threads: a new one
         from concurrent.futures import ThreadPoolExecutor
