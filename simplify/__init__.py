@@ -58,6 +58,7 @@ _EXPORTS = {
     "SimplifyError": "pipeline", "run_passes": "pipeline", "verify_equal": "pipeline",
     "iteration_count": "materialize", "materialized_stages": "materialize",
     "stage_count": "materialize", "should_inline": "materialize", "is_cheap": "materialize",
+    "inlined_stages": "materialize", "tree_size": "materialize",
     "is_support_stage": "support",
 }
 

@@ -41,16 +41,13 @@ from texpr.visitor import loads, post_order, substitute, transform
 from .domain import Domain, access_is_injective, domain_count
 from .isl_bridge import DomainError, isl
 from .graph import accesses, is_elementwise, is_sum_stage, rebuild, remap_loads
-from .materialize import is_cheap, should_inline, stage_count
+from .materialize import inlined_stages, is_cheap, stage_count
 from .terms import all_expr, guarded_terms
 
 
 def inline_elementwise(tensors):
     """Inline the elementwise stages that the materialisation rule does not keep."""
-    output_ids = {id(t) for t in tensors}
-    accs = accesses(tensors)
-    inline_ids = {id(op) for op in topo_order(tensors)
-                  if should_inline(op, accs.get(id(op), []), output_ids)}
+    inline_ids = inlined_stages(tensors)
     if not inline_ids:
         return list(tensors)
     bodies = {}  # id(new tensor) -> (axis, inlined body)

@@ -48,18 +48,44 @@ from .graph import accesses, is_elementwise
 
 #: the largest body (in distinct nodes) still cheap enough to recompute at each access
 CHEAP_NODES = 48
+#: the largest body written out as a tree still cheap: a subexpression read twice
+#: counts twice, and so does the body of an inlined producer at each of its
+#: loads. Without it, chains of cheap stages that each read their producer a few
+#: times grew geometrically once inlined (a fuzzed gradient stage of 143 KB of
+#: text that numba compiled for over 10 minutes in 10 GB)
+CHEAP_TREE_NODES = 96
 
 _CHEAP_KINDS = (E.Const, E.Var, E.Add, E.Sub, E.Mul, E.Min, E.Max, E.EQ, E.NE, E.LT, E.LE,
                 E.GT, E.GE, E.And, E.Or, E.Not, E.Select, E.Cast, E.FloorDiv, E.FloorMod,
                 E.Load)
 
 
-def is_cheap(body):
-    """Whether an elementwise body is cheap to recompute (see the module docstring)."""
+def tree_size(body, inlined=None):
+    """Nodes of ``body`` written out as a tree (each use of a shared subexpression
+    counted), where a load of a stage in ``inlined`` (``{id(op): its own tree
+    size}``) counts that size plus its indices' (the load is replaced by the
+    stage's body there). Linear in the distinct nodes."""
+    inlined = inlined or {}
+    size = {}
+    for n in post_order(body):
+        k = 1 + sum(size[id(c)] for c in n.args)
+        if isinstance(n, E.Load) and id(n.tensor.op) in inlined:
+            k += inlined[id(n.tensor.op)] - 1
+        size[id(n)] = k
+    return size[id(body)]
+
+
+def is_cheap(body, inlined=None):
+    """Whether an elementwise body is cheap to recompute (see the module
+    docstring): at most :data:`CHEAP_NODES` distinct nodes, all of cheap kinds,
+    and at most :data:`CHEAP_TREE_NODES` as a tree (:func:`tree_size`, with the
+    producers in ``inlined`` written out)."""
     nodes = post_order(body)
     if len(nodes) > CHEAP_NODES:
         return False
-    return all(isinstance(n, _CHEAP_KINDS) for n in nodes)
+    if not all(isinstance(n, _CHEAP_KINDS) for n in nodes):
+        return False
+    return tree_size(body, inlined) <= CHEAP_TREE_NODES
 
 
 def scan_init_only(consumer, op):
@@ -111,7 +137,7 @@ def _index_stays_checked(op, ld):
     return True
 
 
-def should_inline(op, accs, output_ids):
+def should_inline(op, accs, output_ids, inlined=None):
     """Whether the stage ``op`` is inlined into its consumers.
 
     A requested output is still materialised (for whoever asked for it), but a
@@ -121,17 +147,20 @@ def should_inline(op, accs, output_ids):
         op: an Operation.
         accs: its accesses ``[(consumer_op, Load)]`` (see :func:`texpr.simplify.graph.accesses`).
         output_ids: ids of the requested output Tensors.
+        inlined: ``{id(op): tree size}`` of the producers already inlined into
+            ``op`` (:func:`inlined_stages`), written out when judging whether
+            ``op`` is cheap.
     """
     if not is_elementwise(op) or not accs:
         return False
     if all(ld is None and scan_init_only(c, op) for c, ld in accs):
         # a cheap scan init: computed straight into the scan's first steps
-        return is_cheap(op.body[0])
+        return is_cheap(op.body[0], inlined)
     if any(ld is None for _c, ld in accs):  # the init of a scatter-add, a scan's input
         return False
     if not all(_index_stays_checked(op, ld) for _c, ld in accs):
         return False
-    if is_cheap(op.body[0]):
+    if is_cheap(op.body[0], inlined):
         return True
     if id(op.output(0)) in output_ids:
         return False
@@ -151,6 +180,28 @@ def should_inline(op, accs, output_ids):
 
 
 
+def inlined_stages(tensors, output_ids=None):
+    """``{id(op): tree size of its body}`` of the stages :func:`should_inline`
+    inlines into their consumers, decided producers first, each with the
+    inlined producers of its own body written out (:func:`tree_size`).
+
+    Args:
+        tensors: a Tensor or a list of Tensors (the requested outputs).
+        output_ids: ids of the requested output Tensors (default: ``tensors``').
+    """
+    outs = as_tensor_list(tensors, "inlined_stages")
+    if output_ids is None:
+        output_ids = {id(t) for t in outs}
+    accs = accesses(outs)
+    sizes = {}
+    for op in topo_order(outs):
+        if isinstance(op, PlaceholderOp):
+            continue
+        if should_inline(op, accs.get(id(op), []), output_ids, sizes):
+            sizes[id(op)] = tree_size(op.body[0], sizes)
+    return sizes
+
+
 def materialized_stages(tensors):
     """The operations computed into buffers to compute ``tensors`` (producers first).
 
@@ -162,16 +213,9 @@ def materialized_stages(tensors):
     """
     outs = as_tensor_list(tensors, "iteration_count")
     output_ids = {id(t) for t in outs}
-    accs = accesses(outs)
-    result = []
-    for op in topo_order(outs):
-        if isinstance(op, PlaceholderOp):
-            continue
-        if id(op.output(0)) not in output_ids and should_inline(op, accs.get(id(op), []),
-                                                                 output_ids):
-            continue
-        result.append(op)
-    return result
+    inlined = inlined_stages(outs, output_ids)
+    return [op for op in topo_order(outs) if not isinstance(op, PlaceholderOp)
+            and (id(op) not in inlined or id(op.output(0)) in output_ids)]
 
 
 def stage_count(op):

@@ -41,10 +41,10 @@ from texpr import expr as E
 from texpr.tensor import ComputeOp, ScatterAddOp
 from texpr.visitor import post_order, transform
 
-from .graph import accesses, is_elementwise, rebuild
+from .graph import is_elementwise, rebuild
 from .isl_bridge import (VarSpace, box_set, is_subset, isl, pwaff_to_expr, set_to_expr, to_pwaff,
                          to_set)
-from .materialize import should_inline
+from .materialize import inlined_stages
 from .terms import all_expr, guarded_terms
 
 
@@ -159,13 +159,12 @@ def to_support_stage(op):
 def restrict_to_support(tensors):
     """Rewrite every materialised, not inlined elementwise stage whose support is a
     strict subset of its box as a support stage (see the module docstring)."""
-    output_ids = {id(t) for t in tensors}
-    accs = accesses(tensors)
+    inlined = inlined_stages(tensors)
 
     def fn(op, orig, _tmap):
         if not isinstance(orig, ComputeOp) or not is_elementwise(orig):
             return None
-        if should_inline(orig, accs.get(id(orig), []), output_ids):
+        if id(orig) in inlined:
             return None
         new = to_support_stage(op)
         return None if new is None else new.output(0)
