@@ -45,6 +45,7 @@ message, program text), so a run reports all of them, not the first.
 
 import contextlib
 import dataclasses
+import importlib
 import os
 import random
 import re
@@ -846,6 +847,44 @@ def _check_torch(p, kernel, arrays, got, findings, strided):
                                      f":\n torch op {a!r}\n kernel {b!r}"))
 
 
+#: the longest line of generated text a fuzzed kernel may have. Fuzzed programs are
+#: small (their longest lines are a few thousand characters); a longer one is an
+#: expression written out geometrically (seed 7003600271 had a 143 KB statement,
+#: and numba compiled it for more than 10 minutes in 10 GB before the fix)
+MAX_LINE_CHARS = 30_000
+
+
+class CodeTooLarge(Exception):
+    """A fuzzed kernel's generated text has a line above :data:`MAX_LINE_CHARS`."""
+
+
+@contextlib.contextmanager
+def code_size_bounded():
+    """Builds inside raise :class:`CodeTooLarge` before compiling a program whose
+    text has a line above :data:`MAX_LINE_CHARS` (so a blow-up is a finding, not
+    a fuzz run stuck in numba)."""
+    build_module = importlib.import_module("texpr.codegen.build")
+    real = build_module._compile_kernel
+
+    def bounded(program, inputs, outputs):
+        longest = max((len(ln) for ln in program.source.splitlines()), default=0)
+        if longest > MAX_LINE_CHARS:
+            raise CodeTooLarge(f"a line of {longest} characters in the kernel's text "
+                               f"(bound {MAX_LINE_CHARS})")
+        return real(program, inputs, outputs)
+
+    build_module._compile_kernel = bounded
+    try:
+        yield
+    finally:
+        build_module._compile_kernel = real
+
+
+def _kernel_error(p, exc):
+    kind = "code-size" if isinstance(exc, CodeTooLarge) else "kernel-error"
+    return _finding(p, kind, traceback.format_exc(limit=-3))
+
+
 def _check_kernel(qs, findings, mode="default"):
     """One kernel for all ``qs`` (none expecting OOB); on a build error, one per
     program. ``mode`` (a key of :data:`_MODES`): ``"blas"``, every contraction
@@ -858,7 +897,7 @@ def _check_kernel(qs, findings, mode="default"):
     ins = [t for q in qs for t in q.p.inputs]
     try:
         arrays = [q.p.feed[t] for q in qs for t in q.p.inputs]
-        with _MODES[mode]():
+        with _MODES[mode](), code_size_bounded():
             kernel = codegen.build(outs, ins)
         got = kernel(*arrays)
         n_blas = sum(1 for u in kernel.units if u.kind == "blas")
@@ -891,7 +930,7 @@ def _check_kernel(qs, findings, mode="default"):
         q = qs[0]
         if q.p.big and refuses_wraparound(exc):
             return
-        findings.append(_finding(q.p, "kernel-error", traceback.format_exc(limit=-3)))
+        findings.append(_kernel_error(q.p, exc))
         return
     _check_native(qs[0].p, kernel, arrays, got, findings)
     _check_torch(qs[0].p, kernel, arrays, got, findings, strided=mode == "cse")
@@ -916,12 +955,12 @@ def _check_kernel(qs, findings, mode="default"):
 def _check_kernel_oob(q, findings, mode="default"):
     p = q.p
     try:
-        with _MODES[mode]():
+        with _MODES[mode](), code_size_bounded():
             kernel = codegen.build(q.outputs, p.inputs)
     except Exception as exc:  # noqa: BLE001
         if p.big and refuses_wraparound(exc):
             return
-        findings.append(_finding(p, "kernel-error", traceback.format_exc(limit=-3)))
+        findings.append(_kernel_error(p, exc))
         return
     arrays = [p.feed[t] for t in p.inputs]
     # the compiled driver (None: this kernel does not run in it), the PyTorch

@@ -194,3 +194,17 @@ def test_fuzz_long_run():
     findings = fuzz.check_programs(SLOW_REGRESSIONS, log=_progress(), reshape=False)
     findings += fuzz.check_programs(range(first, first + n), log=_progress())
     assert not findings, f"TEXPR_FUZZ_SEED={first}: " + _report(findings)
+
+
+def test_fuzz_a_chain_of_inlined_stages_stays_small():
+    # the long run on a394431: three cheap stages, each reading its producer a few
+    # times, inlined into a gradient as one 143 KB statement that numba compiled
+    # for over 10 minutes in 10 GB (tests/test_inline_growth.py has its variants)
+    findings = fuzz.check_programs([7003600271], batch=1, modes=("cse",))
+    assert not findings, _report(findings)
+
+
+def test_a_kernel_text_above_the_bound_is_a_code_size_finding(monkeypatch):
+    monkeypatch.setattr(fuzz, "MAX_LINE_CHARS", 40)
+    findings = fuzz.check_programs([7003600262], batch=1, modes=("default",), fd=False)
+    assert [f.kind for f in findings] == ["code-size"], _report(findings)
