@@ -184,6 +184,41 @@ def _call_c(typingctx, addr, a, b, c, d):
 _BYTES = types.Array(types.uint8, 1, "C")
 
 
+def _unit_array(context, builder, sig, llargs, j):
+    """The 1-D byte array (numba's array struct) of the ``j``-th argument of a unit
+    call (:func:`_call_unit`): ``sizes[b]`` elements of ``items[b]`` bytes at
+    ``ptrs[b]``, ``b = idx[j]``; ``j`` an LLVM int64."""
+    def word(k_arg, k):
+        data = context.make_array(sig.args[k_arg])(context, builder, llargs[k_arg]).data
+        return builder.load(builder.gep(data, [k]))
+
+    b = word(4, j)
+    size, item = word(2, b), word(3, b)
+    ptr = builder.inttoptr(word(1, b), ir.IntType(8).as_pointer())
+    ary = context.make_array(_BYTES)(context, builder)
+    # the unit's own dtype has this layout: only the item size differs
+    ary.meminfo = cgutils.get_null_value(ary.meminfo.type)
+    ary.parent = cgutils.get_null_value(ary.parent.type)
+    ary.nitems = size
+    ary.itemsize = item
+    ary.data = ptr
+    ary.shape = cgutils.pack_array(builder, [size])
+    ary.strides = cgutils.pack_array(builder, [item])
+    return ary._getvalue()
+
+
+def _unit_call(context, builder, addr, arrays, err, errty):
+    """Call the unit at ``addr`` with the array structs ``arrays`` and ``err``;
+    an LLVM int64: 0, or -1 when the unit raised inside numba."""
+    i64 = ir.IntType(64)
+    argtys = [_BYTES] * len(arrays) + [errty]
+    fnty = context.call_conv.get_function_type(types.int64, argtys)
+    fn = builder.inttoptr(addr, fnty.as_pointer())
+    status, _ = context.call_conv.call_function(builder, fn, types.int64, argtys,
+                                                list(arrays) + [err])
+    return builder.select(status.is_error, ir.Constant(i64, -1), ir.Constant(i64, 0))
+
+
 @intrinsic
 def _call_unit(typingctx, addr, ptrs, sizes, items, idx, err, nargs):
     """Call the compiled unit at ``addr`` (returning int64, as every unit does) with
@@ -194,36 +229,53 @@ def _call_unit(typingctx, addr, ptrs, sizes, items, idx, err, nargs):
     if not isinstance(addr, types.Integer) or not isinstance(nargs, types.IntegerLiteral):
         return None
     n = nargs.literal_value - 1
-    argtys = [_BYTES] * n + [err]
 
     def codegen(context, builder, sig, llargs):
         i64 = ir.IntType(64)
+        arrays = [_unit_array(context, builder, sig, llargs, ir.Constant(i64, j))
+                  for j in range(n)]
+        return _unit_call(context, builder, llargs[0], arrays, llargs[5], sig.args[5])
 
-        def word(ary_ty, value, k):
-            data = context.make_array(ary_ty)(context, builder, value).data
-            return builder.load(builder.gep(data, [k]))
+    return types.int64(addr, ptrs, sizes, items, idx, err, nargs), codegen
 
-        vals = []
-        for j in range(n):
-            b = word(sig.args[4], llargs[4], ir.Constant(i64, j))
-            size = word(sig.args[2], llargs[2], b)
-            item = word(sig.args[3], llargs[3], b)
-            ptr = builder.inttoptr(word(sig.args[1], llargs[1], b), ir.IntType(8).as_pointer())
-            ary = context.make_array(_BYTES)(context, builder)
-            # the unit's own dtype has this layout: only the item size differs
-            ary.meminfo = cgutils.get_null_value(ary.meminfo.type)
-            ary.parent = cgutils.get_null_value(ary.parent.type)
-            ary.nitems = size
-            ary.itemsize = item
-            ary.data = ptr
-            ary.shape = cgutils.pack_array(builder, [size])
-            ary.strides = cgutils.pack_array(builder, [item])
-            vals.append(ary._getvalue())
-        vals.append(llargs[5])
-        fnty = context.call_conv.get_function_type(types.int64, argtys)
-        fn = builder.inttoptr(llargs[0], fnty.as_pointer())
-        status, _ = context.call_conv.call_function(builder, fn, types.int64, argtys, vals)
-        return builder.select(status.is_error, ir.Constant(i64, -1), ir.Constant(i64, 0))
+
+@intrinsic
+def _call_unit_any(typingctx, addr, ptrs, sizes, items, idx, err, nargs):
+    """:func:`_call_unit` with ``nargs`` known at run time only (2 to
+    :data:`MAX_ARGS`; another count returns -1 without a call). The array
+    structs are built once, in a loop, then a switch on the count has one call
+    site per count, each loading its structs: the driver's code grows with
+    ``MAX_ARGS``, not with its square (one literal call site per count built
+    every struct again, and the driver took numba 8 s of its 14 s)."""
+    if not isinstance(addr, types.Integer) or not isinstance(nargs, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, llargs):
+        i64 = ir.IntType(64)
+        aryty = context.get_value_type(_BYTES)
+        slots = cgutils.alloca_once(builder, aryty, size=ir.Constant(i64, MAX_ARGS))
+        count = llargs[6]
+        n = builder.sub(count, ir.Constant(i64, 1))
+        in_range = builder.and_(builder.icmp_signed(">=", count, ir.Constant(i64, 2)),
+                                builder.icmp_signed("<=", count, ir.Constant(i64, MAX_ARGS)))
+        n = builder.select(in_range, n, ir.Constant(i64, 0))
+        with cgutils.for_range(builder, n) as loop:
+            value = _unit_array(context, builder, sig, llargs, loop.index)
+            builder.store(value, builder.gep(slots, [loop.index]))
+        result = cgutils.alloca_once_value(builder, ir.Constant(i64, -1))
+        end = builder.append_basic_block("unit_call_end")
+        switch = builder.switch(count, end)
+        for k in range(2, MAX_ARGS + 1):
+            block = builder.append_basic_block(f"unit_call_{k}")
+            switch.add_case(ir.Constant(i64, k), block)
+            with builder.goto_block(block):
+                arrays = [builder.load(builder.gep(slots, [ir.Constant(i64, j)]))
+                          for j in range(k - 1)]
+                builder.store(_unit_call(context, builder, llargs[0], arrays, llargs[5],
+                                         sig.args[5]), result)
+                builder.branch(end)
+        builder.position_at_end(end)
+        return builder.load(result)
 
     return types.int64(addr, ptrs, sizes, items, idx, err, nargs), codegen
 
@@ -238,22 +290,12 @@ def _driver_source():
         digest = hashlib.sha256(f.read()).hexdigest()[:16]
     from texpr.jax_ffi import LAYOUT as L
 
-    calls = "\n".join(f"    if n == {n}:\n"
-                      f"        return _call_unit(addr, ptrs, sizes, items, idx, err, {n})"
-                      for n in range(2, MAX_ARGS + 1))
     return f"""# texpr native driver, codegen/native_call.py {digest}
 import numpy as np
 from numba import carray, cfunc, njit, types
 
-from texpr.codegen.native_call import (_call_c, _call_unit, _free, _load, _load32, _malloc,
+from texpr.codegen.native_call import (_call_c, _call_unit_any, _free, _load, _load32, _malloc,
                                        _pointer, _store32)
-
-
-@njit(cache=True, nogil=True)
-def run_unit(addr, ptrs, sizes, items, idx, err, n):
-    # one call site per argument count (a call's types are static)
-{calls}
-    return -1
 
 
 @njit(cache=True, nogil=True)
@@ -289,7 +331,7 @@ def core(d, io):
     for u in range(nu):
         row = units + {_UNIT} * u
         idx = d[row + 2:row + 2 + {MAX_ARGS}]
-        if run_unit(d[row], ptrs, sizes, items, idx, err, d[row + 1]) != 0:
+        if _call_unit_any(d[row], ptrs, sizes, items, idx, err, d[row + 1]) != 0:
             io[e] = -1
             io[e + 1] = 0
             io[e + 2] = u
@@ -305,7 +347,8 @@ def core(d, io):
         k, s, n = d[copies + 3 * c], d[copies + 3 * c + 1], d[copies + 3 * c + 2]
         dst = carray(_pointer(io[n_in + k], np.uint8), n)
         src = carray(_pointer(ptrs[s], np.uint8), n)
-        dst[:] = src
+        for b in range(n):  # (not dst[:] = src: its shape check compiles numba's
+            dst[b] = src[b]  # string formatting, 5 s of the driver's compile)
     _free(mem)
     return 0
 
