@@ -51,8 +51,9 @@ import numpy as np
 
 from . import dtypes as dt
 from .errors import NotDifferentiableError, ShapeError, TexprError
-from .expr import (Add, And, Const, Load, Mul, Or, Reduce, Select, Sub, all_of, any_of, cast,
-                   const, iter_var, logical_not, make_reduce, select)
+from .expr import (Add, And, Call, Const, Div, FloorDiv, FloorMod, Load, Mul, Or, Reduce, Select,
+                   Sub, Var, all_of, any_of, cast, const, iter_var, logical_not, make_reduce,
+                   select)
 from .reduction import CommReducer
 from .printer import expr_str
 from .rules import jvp, t_add
@@ -103,19 +104,41 @@ def derivative(expr, tensor, index, skip=()):
     return d
 
 
+def _quasi_affine(index):
+    """Whether an integer index is quasi-affine in the loop variables: sums,
+    products with a constant, ``//`` and ``%`` by a constant, min, max, selects
+    of comparisons of such, integer casts; no load, no floating-point value
+    anywhere inside. Its range is then a static property of the program (isl
+    bounds it); any other index's range is known only where it is evaluated."""
+    for n in post_order(index):
+        if isinstance(n, (Const, Var)):
+            if dt.is_float(n.dtype):
+                return False
+            continue
+        if dt.is_float(n.dtype) or isinstance(n, (Load, Reduce, Call, Div)):
+            return False
+        if isinstance(n, Mul) and not (isinstance(n.a, Const) or isinstance(n.b, Const)):
+            return False
+        if isinstance(n, (FloorDiv, FloorMod)) and not isinstance(n.b, Const):
+            return False
+    return True
+
+
 def gather_loads(exprs, tensor):
-    """The distinct loads of ``tensor`` in ``exprs`` whose index reads data
-    (``X[I[k]]``): a *data-dependent gather*.
+    """The distinct loads of ``tensor`` in ``exprs`` whose index is known only where
+    it is evaluated: it reads data (``X[I[k]]``: a *data-dependent gather*), or
+    it is computed through floating point or is not quasi-affine
+    (``X[int64(floor(i * 0.6))]``, ``X[i * i]``; :func:`_quasi_affine`).
 
     The indicator form ``select(I[k] == j, ..)`` of such a load would silently
-    drop the terms of an index outside ``tensor`` -- while the forward gather
+    drop the terms of an index outside ``tensor`` -- while the forward load
     raises OutOfBoundsError for it. Their adjoint is a scatter-add instead
     (:func:`contribution`), whose index the evaluator and the kernel check.
     """
     out = []
     for e in exprs:
         for ld in loads(e, tensor):
-            if any(isinstance(n, Load) for i in ld.indices for n in post_order(i)) \
+            if not all(_quasi_affine(i) for i in ld.indices) \
                     and not any(ld is o for o in out):
                 out.append(ld)
     return out
