@@ -156,7 +156,9 @@ CSE = True
 #: unit-stride one, and the output's store is invariant in a reduction loop
 #: (layernorm's variance: ``mean[i]`` and the store no longer pull ``i``
 #: innermost, which read X at stride 512 and unrolled 16 lanes; value and
-#: gradient numba time 3.8 -> 3.0 s; False: the earlier scores)
+#: gradient numba time 3.8 -> 3.0 s); first, though, the innermost loop walks
+#: the fewest tensors at a far stride (:func:`_far_strided`). False: the
+#: earlier scores alone
 INVARIANT_FREE = True
 #: loads whose row-major offset isl proves affine over the iteration box are
 #: addressed by that offset, not by their ``//`` and ``%`` indices (:mod:`codegen.affine`)
@@ -226,6 +228,46 @@ def _average_trips(exprs, spatial, reduce_):
     return out
 
 
+#: a stride (in elements) up to which consecutive iterations of the innermost loop
+#: still share cache lines (rows of 3 per-row statistics read along the rows)
+NEAR_STRIDE = 4
+
+
+def _far_strided(op, loads, spatial, reduce_):
+    """id(axis) -> how many tensors (each counted once; the output's store too,
+    for a spatial axis) a loop over the axis walks at a stride above
+    :data:`NEAR_STRIDE` elements, or an unknown one: the first key of the
+    default order, so that the invariant loads the scores credit never put a
+    loop that strides through a large tensor innermost (``sum_k A[k, i] *
+    S[i, 0]``: ``k`` innermost read A by columns, 11.7x slower at 3000x3000)."""
+    def strides(shape):
+        out, acc = [], 1
+        for n in reversed(shape):
+            out.append(acc)
+            acc *= n
+        return out[::-1]
+
+    far = {}
+    for ax in list(spatial) + list(reduce_):
+        hit = set()
+        for ld in loads:
+            if not ld.args:
+                continue
+            coefs = [_coef(i, ax) for i in ld.args]
+            if any(c is None for c in coefs):
+                hit.add(id(ld.tensor))
+                continue
+            step = sum(c * st for c, st in zip(coefs, strides(ld.tensor.shape)))
+            if abs(step) > NEAR_STRIDE:
+                hit.add(id(ld.tensor))
+        if ax.kind == "spatial" and op.axis:
+            pos = next((d for d, a in enumerate(op.axis) if a is ax), None)
+            if pos is not None and strides(op.shape)[pos] > NEAR_STRIDE:
+                hit.add("store")
+        far[id(ax)] = len(hit)
+    return far
+
+
 def default_order(op, exprs, spatial, reduce_):
     """The default leaf order (see the module docstring); returns a list of axes."""
     if not reduce_:
@@ -253,10 +295,11 @@ def default_order(op, exprs, spatial, reduce_):
         score[id(ax)] += 2  # the store is invariant in a reduction loop (an accumulator)
 
     trip = _average_trips(exprs, spatial, reduce_)
+    far = _far_strided(op, loads, spatial, reduce_) if INVARIANT_FREE else {}
 
     def key(ax):
         is_sp = ax.kind == "spatial"
-        return (score[id(ax)], min(trip[id(ax)], 16), is_sp)
+        return (-far.get(id(ax), 0), score[id(ax)], min(trip[id(ax)], 16), is_sp)
 
     axes = list(spatial) + list(reduce_)
     cands = [a for a in axes if trip[id(a)] >= 4] or list(reduce_)

@@ -58,7 +58,8 @@ _EXPORTS = {
     "SimplifyError": "pipeline", "run_passes": "pipeline", "verify_equal": "pipeline",
     "iteration_count": "materialize", "materialized_stages": "materialize",
     "stage_count": "materialize", "should_inline": "materialize", "is_cheap": "materialize",
-    "inlined_stages": "materialize", "tree_size": "materialize",
+    "inlined_stages": "materialize", "tree_size": "materialize", "written_out": "materialize",
+    "Written": "materialize",
     "is_support_stage": "support",
 }
 

@@ -50,36 +50,75 @@ from .graph import accesses, is_elementwise
 CHEAP_NODES = 48
 #: the largest body written out as a tree still cheap: a subexpression read twice
 #: counts twice, and so does the body of an inlined producer at each of its
-#: loads. Without it, chains of cheap stages that each read their producer a few
+#: loads, with its axes replaced by the load's indices at each of their uses.
+#: Without it, chains of cheap stages that each read their producer a few
 #: times grew geometrically once inlined (a fuzzed gradient stage of 143 KB of
 #: text that numba compiled for over 10 minutes in 10 GB)
 CHEAP_TREE_NODES = 96
+#: the largest body, written out at its one load, of a stage inlined because one
+#: load reads it: a chain of reflect paddings, each index using its axis three
+#: times, grew 3x per stage (7 stages: 107 KB of text, a 607 s build; 8 ran out
+#: of 21 GB)
+INLINE_ONCE_TREE_NODES = 2000
 
 _CHEAP_KINDS = (E.Const, E.Var, E.Add, E.Sub, E.Mul, E.Min, E.Max, E.EQ, E.NE, E.LT, E.LE,
                 E.GT, E.GE, E.And, E.Or, E.Not, E.Select, E.Cast, E.FloorDiv, E.FloorMod,
                 E.Load)
 
 
-def tree_size(body, inlined=None):
-    """Nodes of ``body`` written out as a tree (each use of a shared subexpression
-    counted), where a load of a stage in ``inlined`` (``{id(op): its own tree
-    size}``) counts that size plus its indices' (the load is replaced by the
-    stage's body there). Linear in the distinct nodes."""
+class Written:
+    """A stage's body written out as a tree (:func:`written_out`): ``size`` nodes,
+    and ``uses[d]`` occurrences of the stage's ``d``-th axis, each of which an
+    inlined load replaces by its ``d``-th index."""
+
+    __slots__ = ("size", "uses")
+
+    def __init__(self, size, uses):
+        self.size, self.uses = size, tuple(uses)
+
+    def __repr__(self):
+        return f"Written(size={self.size}, uses={self.uses})"
+
+
+def written_out(body, axes=(), inlined=None):
+    """``body`` written out as a tree (each use of a shared subexpression counted),
+    with every load of a stage in ``inlined`` (``{id(op): Written}``) replaced
+    by that stage's body, its axes by the load's indices: a :class:`Written`
+    with the occurrences of ``axes``. Exact, and linear in the distinct nodes
+    (the counts are Python ints: a geometric blow-up is counted, not built)."""
     inlined = inlined or {}
-    size = {}
+    pos = {id(a): d for d, a in enumerate(axes)}
+    zero = (0,) * len(axes)
+    size, uses = {}, {}
     for n in post_order(body):
-        k = 1 + sum(size[id(c)] for c in n.args)
-        if isinstance(n, E.Load) and id(n.tensor.op) in inlined:
-            k += inlined[id(n.tensor.op)] - 1
+        w = inlined.get(id(n.tensor.op)) if isinstance(n, E.Load) else None
+        if w is not None:
+            # the producer's body, each use of its axis d replaced by index d
+            k = w.size + sum(c * (size[id(i)] - 1) for c, i in zip(w.uses, n.args))
+            u = [sum(c * uses[id(i)][d] for c, i in zip(w.uses, n.args))
+                 for d in range(len(axes))]
+        else:
+            k = 1 + sum(size[id(c)] for c in n.args)
+            u = [sum(uses[id(c)][d] for c in n.args) for d in range(len(axes))]
+            if id(n) in pos:
+                u[pos[id(n)]] += 1
         size[id(n)] = k
-    return size[id(body)]
+        uses[id(n)] = tuple(u) if axes else zero
+    return Written(size[id(body)], uses[id(body)])
+
+
+def tree_size(body, inlined=None):
+    """Nodes of ``body`` written out as a tree (:func:`written_out`): each use of a
+    shared subexpression counted, and every load of a stage in ``inlined``
+    (``{id(op): Written}``, :func:`inlined_stages`) replaced by its body."""
+    return written_out(body, (), inlined).size
 
 
 def is_cheap(body, inlined=None):
     """Whether an elementwise body is cheap to recompute (see the module
     docstring): at most :data:`CHEAP_NODES` distinct nodes, all of cheap kinds,
     and at most :data:`CHEAP_TREE_NODES` as a tree (:func:`tree_size`, with the
-    producers in ``inlined`` written out)."""
+    producers in ``inlined``, ``{id(op): Written}``, written out)."""
     nodes = post_order(body)
     if len(nodes) > CHEAP_NODES:
         return False
@@ -147,9 +186,9 @@ def should_inline(op, accs, output_ids, inlined=None):
         op: an Operation.
         accs: its accesses ``[(consumer_op, Load)]`` (see :func:`texpr.simplify.graph.accesses`).
         output_ids: ids of the requested output Tensors.
-        inlined: ``{id(op): tree size}`` of the producers already inlined into
+        inlined: ``{id(op): Written}`` of the producers already inlined into
             ``op`` (:func:`inlined_stages`), written out when judging whether
-            ``op`` is cheap.
+            ``op`` is cheap, and how large it is at its one load.
     """
     if not is_elementwise(op) or not accs:
         return False
@@ -169,6 +208,11 @@ def should_inline(op, accs, output_ids, inlined=None):
     consumer, ld = accs[0]
     if not isinstance(consumer, ComputeOp):
         return False
+    if inlined is not None:
+        w = written_out(op.body[0], op.axis, inlined)
+        at_load = w.size + sum(c * (tree_size(i, inlined) - 1) for c, i in zip(w.uses, ld.args))
+        if at_load > INLINE_ONCE_TREE_NODES:
+            return False
     reds = [b for b in consumer.body if isinstance(b, Reduce)]
     if not reds:
         # elementwise, one output or several (a tuple reduction the simplifier
@@ -181,9 +225,9 @@ def should_inline(op, accs, output_ids, inlined=None):
 
 
 def inlined_stages(tensors, output_ids=None):
-    """``{id(op): tree size of its body}`` of the stages :func:`should_inline`
-    inlines into their consumers, decided producers first, each with the
-    inlined producers of its own body written out (:func:`tree_size`).
+    """``{id(op): Written}`` of the stages :func:`should_inline` inlines into their
+    consumers, decided producers first: each one's body with the inlined
+    producers of its own body written out (:func:`written_out`).
 
     Args:
         tensors: a Tensor or a list of Tensors (the requested outputs).
@@ -198,7 +242,7 @@ def inlined_stages(tensors, output_ids=None):
         if isinstance(op, PlaceholderOp):
             continue
         if should_inline(op, accs.get(id(op), []), output_ids, sizes):
-            sizes[id(op)] = tree_size(op.body[0], sizes)
+            sizes[id(op)] = written_out(op.body[0], op.axis, sizes)
     return sizes
 
 

@@ -69,3 +69,25 @@ def test_both_orders_compute_the_same_variance_and_gradient(invariant_free, monk
     np.testing.assert_allclose(got[0], x.var(axis=1) * 40, rtol=1e-12)
     np.testing.assert_allclose(got[1], 2 * (x - x.mean(axis=1, keepdims=True)), rtol=1e-12,
                                atol=1e-12)
+
+
+@pytest.mark.parametrize("stats", [1, 3])
+def test_invariant_loads_never_make_a_far_strided_loop_innermost(stats):
+    # an attack's find: sum_k A[k, i] * S[i, 0] + S[i, 1] * S[i, 2] -- the loads of
+    # S are invariant in k, and crediting them put k innermost, reading A by
+    # columns: 170 ms against 14.5 ms at 3000 x 3000
+    n = 40
+    A = te.placeholder((n, n), "A", "float64")
+    S = te.placeholder((n, 3), "S", "float64")
+    k = te.reduce_axis(n, "k")
+    if stats == 3:
+        body = lambda i: te.sum(A[k, i] * S[i, 0] + S[i, 1] * S[i, 2], axis=k)  # noqa: E731
+    else:
+        body = lambda i: te.sum(A[k, i] * S[i, 0], axis=k)  # noqa: E731
+    out = te.compute((n,), body, name="out")
+    assert _innermost(out) is out.op.axis[0]
+    a = np.random.default_rng(0).standard_normal((n, n))
+    s = np.random.default_rng(1).standard_normal((n, 3))
+    got = codegen.build([out], [A, S], parallel=False)(a, s)[0]
+    want = (a * s[None, :, 0]).sum(axis=0) + (n * s[:, 1] * s[:, 2] if stats == 3 else 0)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

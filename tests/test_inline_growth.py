@@ -50,17 +50,58 @@ def test_the_bound_is_what_keeps_it_small(monkeypatch):
     assert _largest_tree(simplify.simplify([loss])) > 3 ** 8
 
 
-def test_inlined_stages_write_out_their_producers():
-    X, t, loss = _chain(1)
-    g1 = t.op
-    g0 = next(x.op for x in g1.input_tensors() if x.op.name == "G0")
-    sizes = simplify.inlined_stages([loss])
-    assert sizes[id(g0)] == simplify.tree_size(g0.body[0])
-    # G1 reads G0 at four loads (i, and (i + 1) % n three times): each counts G0's body
-    own = simplify.tree_size(g1.body[0])
-    assert simplify.tree_size(g1.body[0], {id(g0): sizes[id(g0)]}) == \
-        own + 4 * (sizes[id(g0)] - 1)
-    assert (id(g1) in sizes) == (own + 4 * (sizes[id(g0)] - 1) <= materialize.CHEAP_TREE_NODES)
+def _reflect_chain(depth, n=4):
+    # each stage reads its producer once, at an index that uses its axis 3 times
+    X = te.placeholder((n,), "X", "float64")
+    t = X
+    for d in range(depth):
+        p, m = t, t.shape[0]
+        t = te.compute((m + 2,), lambda i, p=p, m=m: p[te.if_then_else(
+            i == 0, 1, te.if_then_else(i == m + 1, m - 2, i - 1))], name=f"P{d + 1}")
+    return X, t
+
+
+def _square_chain(depth, n=7):
+    X = te.placeholder((n,), "X", "float64")
+    t = te.compute((n,), lambda i: X[i] * 2.0, name="Q0")
+    for d in range(depth):
+        p = t
+        t = te.compute((n,), lambda i, p=p: p[(i * i + 1) % n] + 1.0, name=f"Q{d + 1}")
+    return X, t
+
+
+@pytest.mark.parametrize("chain", ["cheap", "reflect", "square"])
+def test_the_written_out_size_is_exact(chain):
+    # the estimate of every inlined stage equals the tree of its body with its
+    # inlined producers substituted (codegen's own expansion)
+    from texpr.codegen.schedule import inline_expand
+    from texpr.tensor import topo_order
+    if chain == "cheap":
+        X, t, out = _chain(2)
+    elif chain == "reflect":
+        X, out = _reflect_chain(3)
+    else:
+        X, out = _square_chain(3)
+    sizes = simplify.inlined_stages([out])
+    assert sizes
+    for op in topo_order([out]):
+        if id(op) in sizes:
+            expanded = inline_expand(op.body[0], set(sizes))
+            assert sizes[id(op)].size == simplify.tree_size(expanded), op.name
+
+
+@pytest.mark.parametrize("make,depth", [(_reflect_chain, 8), (_square_chain, 12)])
+def test_a_chain_read_once_at_a_growing_index_stays_small(make, depth):
+    # an attack on the first bound: one load each, so the single-load rule
+    # inlined them all (reflect, 7 stages: a 107 KB kernel text and a 607 s
+    # build; 8 stages ran out of 21 GB; the square chain: 211 KB)
+    X, out = make(depth)
+    assert _largest_tree([out]) <= 4 * materialize.INLINE_ONCE_TREE_NODES
+    x = np.arange(X.shape[0], dtype=np.float64) + 1.0
+    want = te.evaluate(out, {X: x})
+    k = codegen.build([out], [X], parallel=False)
+    assert max(map(len, k.source.splitlines())) < 30_000
+    np.testing.assert_array_equal(k(x)[0], want)
 
 
 def test_the_compiled_chain_and_its_gradient_agree_with_the_evaluator():
