@@ -128,6 +128,9 @@ class _Gen:
         self.rng4 = random.Random(seed * 1299709 + 7)
         # a fifth for whole conv -> activation -> conv programs (packed operands)
         self.rng5 = random.Random(seed * 15485863 + 11)
+        # a sixth for indices computed through floating point or not quasi-affine
+        # (their adjoint must check them as a data-dependent gather's is)
+        self.rng6 = random.Random(seed * 32452843 + 13)
         self.big = False
         # draw the dtype even when it is given: the twin must draw the same program
         self.dtype = self.rng.choice(["float32", "float64"])
@@ -204,11 +207,32 @@ class _Gen:
             else:
                 conds += [e >= 0, e < n]
             idx.append(e)
+        if self.reshape and self.rng6.random() < 0.03:  # (not in the older generator)
+            d = self.rng6.randrange(len(t.shape)) if t.shape else None
+            if d is not None:
+                idx[d] = self.computed_index(vars, t.shape[d])
         if self.reshape and len(t.shape) >= 2 and t.size and self.rng3.random() < 0.08:
             return self.reshape_load(t, vars)
         if conds:
             return te.if_then_else(te.all(*conds), t[tuple(idx)], 0.0)
         return t[tuple(idx)]
+
+    def computed_index(self, vars, n):
+        """An index computed through floating point (``int64(floor(v * s + c))``,
+        a nearest-neighbour resize's) or not quasi-affine (``v * w + c``), clamped
+        into ``[0, n)`` or, one time in four, not (then it may leave ``[0, n)``:
+        the forward raises, and every gradient path must too). Draws from its
+        own stream, so other programs keep theirs."""
+        r = self.rng6
+        v, w = r.choice(vars), r.choice(vars)
+        c = r.randint(-1, 2)
+        if r.random() < 0.5:
+            e = te.cast(te.floor(v * r.choice([0.5, 0.6, 1.5]) + float(c)), "int64")
+        else:
+            e = v * w + c
+        if r.random() < 0.75:
+            e = te.max(te.min(e, n - 1), 0)
+        return e
 
     def reshape_load(self, t, vars):
         """A load through a reshape: a clamped flat position ``f`` split back into

@@ -208,3 +208,12 @@ def test_a_kernel_text_above_the_bound_is_a_code_size_finding(monkeypatch):
     monkeypatch.setattr(fuzz, "MAX_LINE_CHARS", 40)
     findings = fuzz.check_programs([7003600262], batch=1, modes=("default",), fd=False)
     assert [f.kind for f in findings] == ["code-size"], _report(findings)
+
+
+def test_fuzz_a_computed_index_out_of_range_raises_on_every_path():
+    # the generator's computed indices (int64(floor(v * s + c)), v * w + c) found, on
+    # the code before their adjoint became a checked scatter, a forward raising
+    # OutOfBoundsError while the raw gradient returned values
+    # (tests/test_computed_index_adjoint.py has its variants)
+    findings = fuzz.check_programs([7004400151], batch=1)
+    assert not findings, _report(findings)
