@@ -232,6 +232,10 @@ def inlined_stages(tensors, output_ids=None):
     Args:
         tensors: a Tensor or a list of Tensors (the requested outputs).
         output_ids: ids of the requested output Tensors (default: ``tensors``').
+    Returns:
+        dict ``id(op) -> Written`` (size in expression nodes, uses of each axis).
+    Raises:
+        TexprError: ``tensors`` holds something other than Tensors.
     """
     outs = as_tensor_list(tensors, "inlined_stages")
     if output_ids is None:
