@@ -288,19 +288,24 @@ def _unit_flags(fn, source):
       settings are needed: either alone left it at 2.3-2.4); depthwise's dW unit,
       whose partial sums the early loop vectoriser mangled, 0.39 -> 0.98 without
       the exception. Compile time 5-15% more. It also ends a parallel unit's
-      slowdown where it was compiled (see :data:`PARENT_COMPILES`).
+      slowdown where it was compiled (see :data:`PARENT_COMPILES`);
+    * the loop vectoriser off in both rounds for a unit with an inner loop that
+      compares and does not depend on an enclosing loop
+      (:func:`codegen.vectorize.invariant_comparison_loop`): LLVM's vectoriser
+      takes exponential time on it.
     """
     from numba.core.cpu import CPUTargetOptions
 
-    from .vectorize import loop_vectorize_pays
-    loops = loop_vectorize_pays(source)
+    from .vectorize import invariant_comparison_loop, loop_vectorize_pays
+    never = invariant_comparison_loop(source)
+    loops = loop_vectorize_pays(source) and not never
     slp, lv = numba.config.SLP_VECTORIZE, numba.config.LOOP_VECTORIZE
     numba.config.SLP_VECTORIZE, numba.config.LOOP_VECTORIZE = 1, int(loops)
     unit = "\ndef unit(" in source
     cg = _jit_codegen() if unit and not _PARTIAL_SUM.search(source) else None
     if cg is not None:
         cheap = cg._opt_level, cg._loopvect
-        cg._opt_level, cg._loopvect = 3, True
+        cg._opt_level, cg._loopvect = 3, not never
     finalize = CPUTargetOptions.finalize
     if unit:
         mine = fn.targetoptions  # the dict numba's compiler of fn parses: fn alone

@@ -14,13 +14,24 @@ at three consecutive values of the loop variable, with the enclosing loops'
 variables fixed, following the loop body's integer assignments in order
 (``i0_3 = c0_4``). The vectoriser runs when some innermost loop has only
 indices that move by -1, 0 or +1 per iteration, at least one of them by one.
+
+:func:`invariant_comparison_loop` finds the loop nests on which the vectoriser
+must not run at all: a loop holding an inner loop that does not depend on it
+and compares (a max, min or argmax reduction, a select). LLVM's loop
+vectoriser (the LLVM of llvmlite 0.46) fully unrolls the inner loop, finds its
+chain of selects uniform in the outer loop, and walks it in
+``vputils::isSingleScalar`` without memoising: each select reads the previous
+one two or three times, so the walk takes 2^n-3^n steps for n unrolled points
+(fuzz seed 7004500389: an argmin over 5 x 5 points inside a loop over its
+broadcast output axis; 17 s at 3 x 5 points, more than 20 minutes at 5 x 5,
+under a second with the vectoriser off).
 """
 
 import ast
 
 from .source import parse_module
 
-__all__ = ["loop_vectorize_pays"]
+__all__ = ["loop_vectorize_pays", "invariant_comparison_loop"]
 
 _BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
            ast.Mult: lambda a, b: a * b, ast.FloorDiv: lambda a, b: a // b,
@@ -127,3 +138,51 @@ def loop_vectorize_pays(source):
                                                                       for s in strides):
             return True
     return False
+
+
+def _names(node):
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _outer_loops(node):
+    # the ``for`` loops in ``node`` with no ``for`` loop between them and ``node``
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.For):
+            yield child
+        else:
+            yield from _outer_loops(child)
+
+
+def _independent_inner_loop(loop):
+    """Whether a ``for`` loop nested directly in ``loop``'s body (no loop between
+    them) reads neither ``loop``'s variable nor a name assigned (in ``loop``'s
+    body, before it) from one that does, and has a comparison in it."""
+    tainted = _names(loop.target)
+    for stmt in loop.body:
+        inners = [stmt] if isinstance(stmt, ast.For) else _outer_loops(stmt)
+        for inner in inners:
+            if not (_names(inner) & tainted) and any(
+                    isinstance(n, (ast.Compare, ast.IfExp)) for n in ast.walk(inner)):
+                return True
+        for n in ast.walk(stmt):
+            if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and \
+                    _names(n.value) & tainted:
+                targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                for t in targets:
+                    tainted |= _names(t)
+    return False
+
+
+def invariant_comparison_loop(source):
+    """Whether ``source`` (a generated unit's module text) has a loop with an
+    inner loop that does not depend on it and compares (see the module
+    docstring): LLVM's loop vectoriser then takes exponential time, and must be
+    off for the whole unit. A text that does not parse gives False."""
+    try:
+        tree = parse_module(source)
+    except (SyntaxError, ValueError, RecursionError):
+        return False
+    units = [f for f in ast.walk(tree)
+             if isinstance(f, ast.FunctionDef) and not f.name.startswith("_")]
+    return any(isinstance(node, ast.For) and _independent_inner_loop(node)
+               for f in units for node in ast.walk(f))

@@ -1,11 +1,13 @@
 """codegen.vectorize: LLVM's loop vectoriser runs for units with an innermost loop
-at unit stride, and is off where it would only cost compile time."""
+at unit stride, and is off where it would only cost compile time, or where it
+would take exponential time (an inner loop that compares and does not depend on
+an enclosing loop)."""
 
 import numpy as np
 
 import texpr as te
 from texpr import codegen
-from texpr.codegen.vectorize import loop_vectorize_pays
+from texpr.codegen.vectorize import invariant_comparison_loop, loop_vectorize_pays
 
 _UNIT = '''
 @njit(inline="always", cache=True)
@@ -66,3 +68,68 @@ def test_kernels_with_and_without_the_vectoriser_match_the_evaluator():
     x = np.random.default_rng(0).standard_normal(X.shape)
     for got, want in zip(kernel(x), te.evaluate([Y, P], {X: x})):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+_ARGMIN_BODY = """
+for c0_3 in range(0, 5):
+    for c0_4 in range(0, 5):
+        r0_0 = c0_4
+        r0_1 = c0_3
+        y0_0 = b2[np.uint64(0)] * 1.5
+        y0_1 = r0_0 * 5 + r0_1
+        if (y0_0 < acc0_0) | (y0_0 == acc0_0) & (y0_1 < acc0_1):
+            acc0_1 = y0_1
+""".replace("\n", "\n            ")
+
+
+def test_an_inner_comparing_loop_independent_of_its_enclosing_loop_is_found():
+    # fuzz seed 7004500389's shape: the reduction reads neither c0_1 nor i0_1
+    assert invariant_comparison_loop(_unit(_ARGMIN_BODY))
+    # a max written with a conditional expression, in the outer loop's body
+    assert invariant_comparison_loop(_unit(
+        "for c0_3 in range(0, 9):\n"
+        "                acc0_0 = b2[np.uint64(c0_3)] if b2[np.uint64(c0_3)] > acc0_0 else acc0_0"))
+
+
+def test_inner_loops_that_depend_on_their_enclosing_loop_or_only_add_are_not():
+    # the reduction reads i0_1 (assigned from c0_1): it depends on the loop
+    assert not invariant_comparison_loop(_unit(_ARGMIN_BODY.replace(
+        "b2[np.uint64(0)]", "b2[np.uint64(i0_1)]")))
+    # its bounds depend on it
+    assert not invariant_comparison_loop(_unit(_ARGMIN_BODY.replace(
+        "for c0_3 in range(0, 5)", "for c0_3 in range(0, i0_1)")))
+    # a sum invariant in the loop: a chain without comparisons (linear for LLVM)
+    assert not invariant_comparison_loop(_unit(
+        "for c0_3 in range(0, 9):\n                acc0_0 += b2[np.uint64(c0_3)]"))
+    assert not invariant_comparison_loop("def unit(:\n")
+
+
+def _broadcast_reduction(kind, n=5):
+    # the gradient of a min (max) over n x n points of a value that does not
+    # depend on the output's axis j (broadcast along it), where the value is
+    # above a bound that depends on k: its argmin (argmax) stage's loop over j
+    # holds an inner loop that compares and does not read j
+    X = te.placeholder((n,), "X", "float64")
+    k, l = te.reduce_axis((0, n), "k"), te.reduce_axis((0, n), "l")
+    red = te.min if kind == "min" else te.max
+    Y = te.compute((1, 4), lambda a, j: red(X[a] * 1.5, axis=[k, l],
+                                            where=X[a] * 1.5 > k / 7 - 1.0), name="Y")
+    s = te.reduce_axis((0, 4), "s")
+    L = te.compute((), lambda: te.sum(Y[0, s], axis=s), name="L")
+    return X, [L] + list(te.differentiate(L, [X]).result)
+
+
+def test_broadcast_max_and_argmax_reductions_build_in_seconds():
+    import sys, os
+    sys.path.insert(0, os.path.dirname(__file__))
+    import fuzz
+
+    x = np.array([0.3, -0.7, 2.0, 1.0, 0.0])
+    for kind in ("min", "max"):
+        X, outs = _broadcast_reduction(kind)
+        with fuzz.build_time_bounded(f"a broadcast {kind}", 300):
+            kernel = codegen.build(outs, [X])
+        texts = [open(u.path).read() for u in kernel.units if getattr(u, "path", None)]
+        assert any(invariant_comparison_loop(t) for t in texts), kind
+        for got, want in zip(kernel(x), te.evaluate(outs, {X: x})):
+            np.testing.assert_array_equal(got, want)
