@@ -49,6 +49,8 @@ import importlib
 import os
 import random
 import re
+import sys
+import threading
 import traceback
 
 import numpy as np
@@ -904,6 +906,38 @@ def code_size_bounded():
         build_module._compile_kernel = real
 
 
+#: the longest a fuzzed build may take (seconds; ``$TEXPR_FUZZ_BUILD_SECONDS``).
+#: Builds of a batch take 5-60 s; numba compiling a unit on which LLVM's loop
+#: vectoriser went exponential (seed 7004500389: more than 20 minutes) cannot be
+#: interrupted in the process, so the watchdog reports the programs and ends it.
+MAX_BUILD_SECONDS = float(os.environ.get("TEXPR_FUZZ_BUILD_SECONDS") or 900)
+#: the exit status of a process ended by :func:`build_time_bounded`
+BUILD_TIME_EXIT = 97
+
+
+@contextlib.contextmanager
+def build_time_bounded(what, seconds=None):
+    """Inside, a build that runs longer than ``seconds`` (default
+    :data:`MAX_BUILD_SECONDS`) is a "build-time" finding: the watchdog writes
+    ``fuzz finding (build-time): <what>`` to standard error and ends the process
+    with status :data:`BUILD_TIME_EXIT` (numba cannot be interrupted)."""
+    limit = MAX_BUILD_SECONDS if seconds is None else seconds
+
+    def expire():
+        sys.stderr.write(f"\nfuzz finding (build-time): {what}: the build ran for more "
+                         f"than {limit:g} s\n")
+        sys.stderr.flush()
+        os._exit(BUILD_TIME_EXIT)
+
+    timer = threading.Timer(limit, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
 def _kernel_error(p, exc):
     kind = "code-size" if isinstance(exc, CodeTooLarge) else "kernel-error"
     return _finding(p, kind, traceback.format_exc(limit=-3))
@@ -921,7 +955,8 @@ def _check_kernel(qs, findings, mode="default"):
     ins = [t for q in qs for t in q.p.inputs]
     try:
         arrays = [q.p.feed[t] for q in qs for t in q.p.inputs]
-        with _MODES[mode](), code_size_bounded():
+        with _MODES[mode](), code_size_bounded(), build_time_bounded(
+                f"seeds {[q.p.seed for q in qs]} in mode {mode!r}"):
             kernel = codegen.build(outs, ins)
         got = kernel(*arrays)
         n_blas = sum(1 for u in kernel.units if u.kind == "blas")
@@ -979,7 +1014,8 @@ def _check_kernel(qs, findings, mode="default"):
 def _check_kernel_oob(q, findings, mode="default"):
     p = q.p
     try:
-        with _MODES[mode](), code_size_bounded():
+        with _MODES[mode](), code_size_bounded(), build_time_bounded(
+                f"seed {p.seed} in mode {mode!r}"):
             kernel = codegen.build(q.outputs, p.inputs)
     except Exception as exc:  # noqa: BLE001
         if p.big and refuses_wraparound(exc):

@@ -217,3 +217,31 @@ def test_fuzz_a_computed_index_out_of_range_raises_on_every_path():
     # (tests/test_computed_index_adjoint.py has its variants)
     findings = fuzz.check_programs([7004400151], batch=1)
     assert not findings, _report(findings)
+
+
+def test_fuzz_argmin_broadcast_over_an_axis_builds():
+    # the long run on 29c8435: an argmin over 5 x 5 points that does not depend on
+    # its stage's second output axis; LLVM's loop vectoriser went exponential on
+    # its unrolled select chain and the build ran for more than 20 minutes
+    # (tests/test_codegen_vectorize.py has its variants)
+    with fuzz.build_time_bounded("seed 7004500389", 600):
+        findings = fuzz.check_programs([7004500389], batch=1, modes=("cse",))
+    assert not findings, _report(findings)
+
+
+def test_a_build_above_the_time_bound_ends_the_process_with_a_finding(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys, time; sys.path.insert(0, %r); import fuzz\n"
+            "with fuzz.build_time_bounded('seeds [1, 2] in mode \"cse\"', 0.5):\n"
+            "    time.sleep(30)\n"
+            "print('not reached')\n") % os.path.dirname(fuzz.__file__)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == fuzz.BUILD_TIME_EXIT
+    assert "fuzz finding (build-time): seeds [1, 2] in mode \"cse\"" in r.stderr
+    assert "not reached" not in r.stdout
+    # inside the bound, nothing happens
+    with fuzz.build_time_bounded("nothing", 30):
+        pass
