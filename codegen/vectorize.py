@@ -16,8 +16,11 @@ variables fixed, following the loop body's integer assignments in order
 indices that move by -1, 0 or +1 per iteration, at least one of them by one.
 
 :func:`invariant_comparison_loop` finds the loop nests on which the vectoriser
-must not run at all: a loop holding an inner loop that does not depend on it
-and compares (a max, min or argmax reduction, a select). LLVM's loop
+must not run at all: a loop holding an inner loop that compares (a max, min or
+argmax reduction, a select) and does not depend on it, or has more than
+:data:`MAX_UNROLLED_COMPARISONS` points with constant bounds, few enough for
+LLVM to unroll them fully (LLVM may find uniform what the text says depends on
+the loop). LLVM's loop
 vectoriser (the LLVM of llvmlite 0.46) fully unrolls the inner loop, finds its
 chain of selects uniform in the outer loop, and walks it in
 ``vputils::isSingleScalar`` without memoising: each select reads the previous
@@ -153,16 +156,86 @@ def _outer_loops(node):
             yield from _outer_loops(child)
 
 
+#: the most points of an inner comparing loop nest with constant bounds that the
+#: loop vectoriser may see unrolled inside another loop whatever the text says
+#: of its dependence (LLVM may prove uniform what reads the loop variable, as
+#: ``j >= 0``): the walk is bounded by about 3^12 steps (0.6 s; 3 x 5 points
+#: took 17 s). max_pool2d's windows (2 x 2, 3 x 3) stay below it
+MAX_UNROLLED_COMPARISONS = 12
+#: the most points of a loop nest LLVM unrolls fully here (its threshold is on
+#: the unrolled size: 25 points of a guarded argmin were unrolled); a larger
+#: nest with constant bounds keeps the vectoriser
+MAX_FULLY_UNROLLED_POINTS = 128
+
+
+def _trip(loop):
+    # the constant trip count of ``for v in range(a, b)`` (or ``range(b)``), else None
+    it = loop.iter
+    if not (isinstance(it, ast.Call) and getattr(it.func, "id", None) == "range"
+            and 1 <= len(it.args) <= 2 and not it.keywords):
+        return None
+    if any(isinstance(n, ast.Name) for a in it.args for n in ast.walk(a)):
+        return None
+    try:
+        bounds = [_eval(a, {}) for a in it.args]
+    except (_Unknown, RecursionError):
+        return None
+    return max(0, bounds[-1] - (bounds[0] if len(bounds) == 2 else 0))
+
+
+def _unrolled_points(loop):
+    """How many times the innermost bodies of the nest ``loop`` run, when every
+    loop in it has constant bounds (else None)."""
+    n = _trip(loop)
+    if n is None:
+        return None
+    inner = [_unrolled_points(c) for s in loop.body
+             for c in ([s] if isinstance(s, ast.For) else _outer_loops(s))]
+    if None in inner:
+        return None
+    return n * (sum(inner) if inner else 1)
+
+
+def _carries_a_value(loop):
+    """Whether a name assigned in ``loop``'s body is read, in text order, before
+    its first assignment there (a scalar carried from one iteration to the
+    next: a reduction's accumulator, one chain of comparisons through the whole
+    nest) -- not a value reloaded from a buffer at each iteration."""
+    first_store = {}
+    reads = []
+    for n in (n for stmt in loop.body for n in ast.walk(stmt)):
+        if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name):
+            reads.append((n.target.id, (n.lineno, n.col_offset)))
+        if isinstance(n, ast.Name):
+            pos = (n.lineno, n.col_offset)
+            if isinstance(n.ctx, ast.Store):
+                first_store[n.id] = min(first_store.get(n.id, pos), pos)
+            else:
+                reads.append((n.id, pos))
+    return any(name in first_store and pos < first_store[name] for name, pos in reads)
+
+
+def _compares(node):
+    return any(isinstance(n, (ast.Compare, ast.IfExp)) for n in ast.walk(node))
+
+
 def _independent_inner_loop(loop):
     """Whether a ``for`` loop nested directly in ``loop``'s body (no loop between
-    them) reads neither ``loop``'s variable nor a name assigned (in ``loop``'s
-    body, before it) from one that does, and has a comparison in it."""
+    them) compares and either reads neither ``loop``'s variable nor a name
+    assigned (in ``loop``'s body, before it) from one that does, or carries a
+    value through its iterations (one chain of comparisons) with constant bounds and more than :data:`MAX_UNROLLED_COMPARISONS` points
+    (up to :data:`MAX_FULLY_UNROLLED_POINTS`)."""
     tainted = _names(loop.target)
     for stmt in loop.body:
         inners = [stmt] if isinstance(stmt, ast.For) else _outer_loops(stmt)
         for inner in inners:
-            if not (_names(inner) & tainted) and any(
-                    isinstance(n, (ast.Compare, ast.IfExp)) for n in ast.walk(inner)):
+            if not _compares(inner):
+                continue
+            if not (_names(inner) & tainted):
+                return True
+            points = _unrolled_points(inner) if _carries_a_value(inner) else None
+            if points is not None and \
+                    MAX_UNROLLED_COMPARISONS < points <= MAX_FULLY_UNROLLED_POINTS:
                 return True
         for n in ast.walk(stmt):
             if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and \
@@ -175,9 +248,11 @@ def _independent_inner_loop(loop):
 
 def invariant_comparison_loop(source):
     """Whether ``source`` (a generated unit's module text) has a loop with an
-    inner loop that does not depend on it and compares (see the module
-    docstring): LLVM's loop vectoriser then takes exponential time, and must be
-    off for the whole unit. A text that does not parse gives False."""
+    inner loop that compares and does not depend on it, or that compares at
+    more than :data:`MAX_UNROLLED_COMPARISONS` points with constant bounds (see
+    the module docstring): LLVM's loop vectoriser could then take exponential
+    time, and must be off for the whole unit. A text that does not parse gives
+    False."""
     try:
         tree = parse_module(source)
     except (SyntaxError, ValueError, RecursionError):

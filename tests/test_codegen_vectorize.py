@@ -71,6 +71,8 @@ def test_kernels_with_and_without_the_vectoriser_match_the_evaluator():
 
 
 _ARGMIN_BODY = """
+acc0_0 = np.inf
+acc0_1 = 9223372036854775807
 for c0_3 in range(0, 5):
     for c0_4 in range(0, 5):
         r0_0 = c0_4
@@ -92,8 +94,10 @@ def test_an_inner_comparing_loop_independent_of_its_enclosing_loop_is_found():
 
 
 def test_inner_loops_that_depend_on_their_enclosing_loop_or_only_add_are_not():
-    # the reduction reads i0_1 (assigned from c0_1): it depends on the loop
-    assert not invariant_comparison_loop(_unit(_ARGMIN_BODY.replace(
+    # the reduction reads i0_1 (assigned from c0_1): it depends on the loop (at
+    # 3 x 3 points: below the bound on constant nests)
+    small = _ARGMIN_BODY.replace("range(0, 5)", "range(0, 3)")
+    assert not invariant_comparison_loop(_unit(small.replace(
         "b2[np.uint64(0)]", "b2[np.uint64(i0_1)]")))
     # its bounds depend on it
     assert not invariant_comparison_loop(_unit(_ARGMIN_BODY.replace(
@@ -104,6 +108,20 @@ def test_inner_loops_that_depend_on_their_enclosing_loop_or_only_add_are_not():
     assert not invariant_comparison_loop("def unit(:\n")
 
 
+def test_an_inner_comparing_loop_of_more_than_twelve_constant_points_is_found():
+    # it reads the enclosing loop's i0_1, but LLVM may still find it uniform
+    body = _ARGMIN_BODY.replace("b2[np.uint64(0)]", "b2[np.uint64(i0_1)]")
+    assert invariant_comparison_loop(_unit(body))  # 5 x 5 points
+    assert invariant_comparison_loop(_unit(body.replace("range(0, 5)", "range(1, 5)", 1)))
+    # max_pool2d's windows: 2 x 2 and 3 x 3 points
+    small = body.replace("range(0, 5)", "range(0, 2)")
+    assert not invariant_comparison_loop(_unit(small))
+    assert not invariant_comparison_loop(_unit(body.replace("range(0, 5)", "range(0, 3)")))
+    # bounds that are not constant: LLVM does not unroll them fully
+    assert not invariant_comparison_loop(_unit(body.replace(
+        "for c0_3 in range(0, 5)", "for c0_3 in range(0, b0.shape[0])")))
+
+
 def _broadcast_reduction(kind, n=5):
     # the gradient of a min (max) over n x n points of a value that does not
     # depend on the output's axis j (broadcast along it), where the value is
@@ -111,9 +129,16 @@ def _broadcast_reduction(kind, n=5):
     # holds an inner loop that compares and does not read j
     X = te.placeholder((n,), "X", "float64")
     k, l = te.reduce_axis((0, n), "k"), te.reduce_axis((0, n), "l")
-    red = te.min if kind == "min" else te.max
-    Y = te.compute((1, 4), lambda a, j: red(X[a] * 1.5, axis=[k, l],
-                                            where=X[a] * 1.5 > k / 7 - 1.0), name="Y")
+    red = te.max if kind == "max" else te.min
+
+    def where(a, j):
+        bound = X[a] * 1.5 > k / 7 - 1.0
+        # "min_or": a condition that reads j but is false for every j < 4; the
+        # simplifier keeps it, LLVM folds it (the text depends on j, the code not)
+        return te.any(bound, j > 100) if kind == "min_or" else bound
+
+    Y = te.compute((1, 4), lambda a, j: red(X[a] * 1.5, axis=[k, l], where=where(a, j)),
+                   name="Y")
     s = te.reduce_axis((0, 4), "s")
     L = te.compute((), lambda: te.sum(Y[0, s], axis=s), name="L")
     return X, [L] + list(te.differentiate(L, [X]).result)
@@ -125,7 +150,7 @@ def test_broadcast_max_and_argmax_reductions_build_in_seconds():
     import fuzz
 
     x = np.array([0.3, -0.7, 2.0, 1.0, 0.0])
-    for kind in ("min", "max"):
+    for kind in ("min", "max", "min_or"):
         X, outs = _broadcast_reduction(kind)
         with fuzz.build_time_bounded(f"a broadcast {kind}", 300):
             kernel = codegen.build(outs, [X])
