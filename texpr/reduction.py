@@ -128,6 +128,14 @@ def comm_reducer(fcombine, fidentity, name="reduce"):
     >>> V, I = te.compute((2,), lambda i: argmax((X[i, k], k), axis=k), name="A")
     >>> te.evaluate([V, I], {X: np.array([[1, 5, 2], [7, 0, 7]], dtype="float32")})
     [array([5., 7.], dtype=float32), array([1, 0])]
+
+    One component alone, or the components in another order, are fine: the
+    stage computes them all and returns the ones asked for (its other outputs
+    stay reachable as ``t.op.output(i)``):
+
+    >>> J = te.compute((2,), lambda i: argmax((X[i, k], k), axis=k)[1], name="J")
+    >>> te.evaluate(J, {X: np.array([[1, 5, 2], [7, 0, 7]], dtype="float32")})
+    array([1, 0])
     """
     from .tensor import check_name
     return CommReducer(fcombine, fidentity, check_name(name, "comm_reducer"))

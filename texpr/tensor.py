@@ -357,6 +357,23 @@ def _check_axes_usage(name, axis, body):
         walk(b, frozenset(), b)
 
 
+def _same(xs, ys):
+    # the same nodes (identity: ``==`` of texpr expressions builds a condition)
+    return len(xs) == len(ys) and all(x is y for x, y in zip(xs, ys))
+
+
+def tuple_components(red):
+    """Every component of the reduction ``red`` (a Reduce), in order: ``(red,)``
+    for a one-component reducer; for a tuple reducer, one Reduce per component
+    of its combiner, with ``red``'s axes, sources and condition (a stage
+    computes a tuple reduction whole, whichever components are read)."""
+    n = len(red.combiner.result)
+    if n == 1:
+        return (red,)
+    comb, axes, _ = red.attr
+    return tuple(Reduce._rebuild((comb, axes, i), red.args) for i in range(n))
+
+
 def _lift_nested_reductions(name, axis, body):
     """Move every Reduce not at the top of ``body`` into a stage of its own.
 
@@ -407,9 +424,9 @@ def _lift_nested_reductions(name, axis, body):
         new_axis = [iter_var(0, a.extent, a.name, "spatial") for a in outer]
         shifted = [na + a.dom[0] if a.dom[0] else na for na, a in zip(new_axis, outer)]
         inner_body = substitute(red, dict(zip(outer, shifted)))
-        op = ComputeOp(f"{name}.red{next(counter)}", new_axis, (inner_body,))
+        op = ComputeOp(f"{name}.red{next(counter)}", new_axis, tuple_components(inner_body))
         idx = [a - a.dom[0] if a.dom[0] else a for a in outer]
-        return op.output(0)[tuple(idx)]
+        return op.output(inner_body.value_index)[tuple(idx)]
 
     return tuple(lift(b, True) for b in body)
 
@@ -471,11 +488,19 @@ def compute(shape, fcompute, name=None, tag="", attrs=None):
         first = body[0]
         for b in body:
             if not (isinstance(b, Reduce) and isinstance(first, Reduce)
-                    and b.combiner is first.combiner and b.axes == first.axes
-                    and b.args == first.args):
+                    and b.combiner is first.combiner and _same(b.axes, first.axes)
+                    and _same(b.args, first.args)):
                 raise TexprError(
                     f"compute {name}: several outputs are only allowed for the components "
                     "of one tuple reduction")
+    # a tuple reduction's components read alone or out of order (``argmax(..)[0]``):
+    # the stage computes every component and returns the ones asked for
+    picked = None
+    if isinstance(body[0], Reduce) and len(body[0].combiner.result) > 1:
+        order = [b.value_index for b in body]
+        if order != list(range(len(body[0].combiner.result))):
+            picked = order
+            body = list(tuple_components(body[0]))
     d = depth(body)
     if d > MAX_DEPTH:
         raise TexprError(f"compute {name}: the body is {d} levels deep, more than the limit "
@@ -484,6 +509,9 @@ def compute(shape, fcompute, name=None, tag="", attrs=None):
     _check_axes_usage(name, axis, body)
     body = _lift_nested_reductions(name, axis, body)
     op = ComputeOp(name, axis, body, tag=tag, attrs=attrs)
+    if picked is not None:
+        outs = tuple(op.output(i) for i in picked)
+        return outs if multi else outs[0]
     return op.outputs if multi else op.output(0)
 
 
