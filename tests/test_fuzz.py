@@ -245,3 +245,34 @@ def test_a_build_above_the_time_bound_ends_the_process_with_a_finding(tmp_path):
     # inside the bound, nothing happens
     with fuzz.build_time_bounded("nothing", 30):
         pass
+
+
+def test_fuzz_a_build_that_proves_a_load_out_of_range_is_an_error_on_that_path():
+    # the long run on 5ae8116: the forward reads a'b2[ax0 * k0 - 1] (-1 at ax0 =
+    # 0) and raises OutOfBoundsError in te.evaluate; the gradient's stage of the
+    # custom argmax reads a'b2[-1] at a constant index, and the build raises
+    # OutOfBoundsError before any run: an error on that path too, not a finding
+    findings = fuzz.check_programs([7005300018], batch=1, modes=("default",))
+    assert not findings, _report(findings)
+
+
+def test_a_build_proving_an_out_of_range_load_raises_out_of_bounds():
+    # its variants: a custom reducer's gradient over a load whose index is
+    # constant and out of range in the stages differentiation adds; the forward
+    # kernel raises at run time, the gradient's build or run raises, every path
+    # an OutOfBoundsError
+    from texpr import codegen
+
+    X = te.placeholder((2,), "X", "float32")
+    for shift in (-1, 2):
+        k = te.reduce_axis((0, 2), "k")
+        Y = te.compute((4, 2), lambda a, b: fuzz.ARGMAX(
+            (te.tanh(X[a * k + shift]), k), axis=k)[0], name="Y")
+        s0, s1 = te.reduce_axis((0, 4), "s0"), te.reduce_axis((0, 2), "s1")
+        L = te.compute((), lambda: te.sum(Y[s0, s1], axis=[s0, s1]), name="L")
+        (dX,) = te.differentiate(L, [X])
+        x = np.array([0.5, -0.25], "float32")
+        with pytest.raises(te.OutOfBoundsError):
+            te.evaluate([L, dX], {X: x})
+        with pytest.raises(te.OutOfBoundsError):
+            codegen.build([L, dX], [X])(x)
