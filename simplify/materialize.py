@@ -39,6 +39,7 @@ import numpy as np
 from texpr import expr as E
 from texpr.errors import TexprError
 from texpr.expr import Reduce
+from texpr.jacobian import quasi_affine_index
 from texpr.scan import ScanOp
 from texpr.tensor import ComputeOp, PlaceholderOp, ScatterAddOp, as_tensor_list, topo_order
 from texpr.visitor import post_order
@@ -156,16 +157,19 @@ def _unconditional_loads(e):
 
 def _index_stays_checked(op, ld):
     """Whether inlining the elementwise stage ``op`` at the load ``ld`` keeps the
-    bounds check of each data-dependent index (``P[I[k]]``: an out-of-range
-    ``I[k]`` must raise on every path): the inlined body then reads, whatever
-    the data, a tensor of the same extent at that axis (``P[i] = X[i] * H[i]``
-    becomes ``X[I[k]] * H[I[k]]``). A body that does not read that axis (a
-    constant stage), or reads it only under a condition or into a longer
-    tensor, would let the index through unchecked: ``op`` stays materialised."""
+    bounds check of each index known only where it is evaluated (a
+    data-dependent ``P[I[k]]``, or one computed through floating point or not
+    quasi-affine, ``P[int64(floor(k * 0.6 - 1))]``:
+    :func:`texpr.jacobian.quasi_affine_index`; out of range, it must raise on
+    every path): the inlined body then reads, whatever the index, a tensor of
+    the same extent at that axis (``P[i] = X[i] * H[i]`` becomes ``X[I[k]] *
+    H[I[k]]``). A body that does not read that axis (a constant stage), or reads
+    it only under a condition or into a longer tensor, would let the index
+    through unchecked: ``op`` stays materialised."""
     body = op.body[0]
     plain = None
     for d, (arg, ax) in enumerate(zip(ld.args, op.axis)):
-        if not any(isinstance(n, E.Load) for n in post_order(arg)):
+        if quasi_affine_index(arg):
             continue
         if plain is None:
             plain = _unconditional_loads(body)

@@ -61,3 +61,45 @@ def test_an_in_range_computed_index_has_the_exact_gradient_at_one_point_per_outp
     np.testing.assert_allclose(te.evaluate(dX, {X: x, H: h}), want, rtol=1e-12, atol=1e-12)
     # the adjoint visits one point per output element, not |X| * |Y|
     assert simplify.iteration_count([dX]) <= n_out + 8
+
+
+def _constant_along_the_read_axis(kind):
+    # C does not depend on its axis (an empty min: +inf; X[0] * 2 + X[1]; a sum
+    # over all of X);
+    # Y reads it at a computed index that leaves C at j = 0
+    X = te.placeholder((4,), "X", "float64")
+    k = te.reduce_axis(4, "k")
+    if kind == "empty_min":
+        C = te.compute((3,), lambda i: te.min(X[k], axis=k, where=k + i < 0), name="C")
+    elif kind == "elementwise":
+        C = te.compute((3,), lambda i: X[0] * 2.0 + X[1], name="C")
+    else:
+        C = te.compute((3,), lambda i: te.sum(X[k], axis=k), name="C")
+    index = ((lambda j: te.cast(te.floor(j * 0.6 - 1.0), "int64")) if kind == "empty_min"
+             else (lambda j: j * j - 1))
+    Y = te.compute((4,), lambda j: te.tanh(C[index(j)]) * 2.0, name="Y")
+    r = te.reduce_axis(4, "r")
+    L = te.compute((), lambda: te.sum(Y[r], axis=r), name="L")
+    return X, Y, L
+
+
+@pytest.mark.parametrize("kind", ["empty_min", "elementwise", "sum"])
+def test_a_stage_constant_along_an_axis_read_at_an_out_of_range_computed_index_raises(kind):
+    # the long run on 0e829d7 (seed 7005700007): an empty min (+inf everywhere)
+    # read at int64(floor(k * 0.6 - 1)); simplify inlined the constant at the
+    # load, its bounds check went with it, and every compiled path returned
+    # values where te.evaluate raised
+    X, Y, L = _constant_along_the_read_axis(kind)
+    x = np.array([0.5, -1.0, 2.0, 0.25])
+    with pytest.raises(te.OutOfBoundsError):
+        te.evaluate([Y, L], {X: x})
+    with pytest.raises(te.OutOfBoundsError):
+        te.evaluate(list(simplify.simplify([Y, L])), {X: x})
+    with pytest.raises(te.OutOfBoundsError):
+        codegen.build([Y, L], [X], parallel=False)(x)
+    if kind != "empty_min":
+        # the gradient alone reads C through the same index (an empty min's
+        # gradient is structurally zero: simplified, it reads nothing)
+        (dX,) = te.differentiate(L, [X]).result
+        with pytest.raises(te.OutOfBoundsError):
+            codegen.build([dX], [X], parallel=False)(x)

@@ -276,3 +276,11 @@ def test_a_build_proving_an_out_of_range_load_raises_out_of_bounds():
             te.evaluate([L, dX], {X: x})
         with pytest.raises(te.OutOfBoundsError):
             codegen.build([L, dX], [X])(x)
+
+
+def test_fuzz_a_constant_stage_read_at_an_out_of_range_computed_index_raises():
+    # the long run on 0e829d7: an empty min read at int64(floor(k1 * 0.6 - 1)) was
+    # inlined as +inf with its bounds check (tests/test_computed_index_adjoint.py
+    # has its variants)
+    findings = fuzz.check_programs([7005700007], batch=1, modes=("default",))
+    assert not findings, _report(findings)

@@ -104,7 +104,7 @@ def derivative(expr, tensor, index, skip=()):
     return d
 
 
-def _quasi_affine(index):
+def quasi_affine_index(index):
     """Whether an integer index is quasi-affine in the loop variables: sums,
     products with a constant, ``//`` and ``%`` by a constant, min, max, selects
     of comparisons of such, integer casts; no load, no floating-point value
@@ -128,7 +128,7 @@ def gather_loads(exprs, tensor):
     """The distinct loads of ``tensor`` in ``exprs`` whose index is known only where
     it is evaluated: it reads data (``X[I[k]]``: a *data-dependent gather*), or
     it is computed through floating point or is not quasi-affine
-    (``X[int64(floor(i * 0.6))]``, ``X[i * i]``; :func:`_quasi_affine`).
+    (``X[int64(floor(i * 0.6))]``, ``X[i * i]``; :func:`quasi_affine_index`).
 
     The indicator form ``select(I[k] == j, ..)`` of such a load would silently
     drop the terms of an index outside ``tensor`` -- while the forward load
@@ -138,7 +138,7 @@ def gather_loads(exprs, tensor):
     out = []
     for e in exprs:
         for ld in loads(e, tensor):
-            if not all(_quasi_affine(i) for i in ld.indices) \
+            if not all(quasi_affine_index(i) for i in ld.indices) \
                     and not any(ld is o for o in out):
                 out.append(ld)
     return out
