@@ -222,10 +222,12 @@ def _compares(node):
 def _independent_inner_loop(loop):
     """Whether a ``for`` loop nested directly in ``loop``'s body (no loop between
     them) compares and either reads neither ``loop``'s variable nor a name
-    assigned (in ``loop``'s body, before it) from one that does, or carries a
-    value through its iterations (one chain of comparisons) with constant bounds and more than :data:`MAX_UNROLLED_COMPARISONS` points
-    (up to :data:`MAX_FULLY_UNROLLED_POINTS`)."""
+    assigned (in ``loop``'s body, before it) from one that does, or such loops
+    carry a value through their iterations (one chain of comparisons) with
+    constant bounds, each at most :data:`MAX_FULLY_UNROLLED_POINTS` points and
+    together more than :data:`MAX_UNROLLED_COMPARISONS`."""
     tainted = _names(loop.target)
+    chain = 0  # points of the carrying nests in the body: one chain through them all
     for stmt in loop.body:
         inners = [stmt] if isinstance(stmt, ast.For) else _outer_loops(stmt)
         for inner in inners:
@@ -234,9 +236,12 @@ def _independent_inner_loop(loop):
             if not (_names(inner) & tainted):
                 return True
             points = _unrolled_points(inner) if _carries_a_value(inner) else None
-            if points is not None and \
-                    MAX_UNROLLED_COMPARISONS < points <= MAX_FULLY_UNROLLED_POINTS:
-                return True
+            if points is not None and points <= MAX_FULLY_UNROLLED_POINTS:
+                # sibling nests (a where= of two pieces: range(0, 12), then
+                # range(24, 36)) carry the same accumulator: their points add up
+                chain += points
+                if chain > MAX_UNROLLED_COMPARISONS:
+                    return True
         for n in ast.walk(stmt):
             if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and \
                     _names(n.value) & tainted:

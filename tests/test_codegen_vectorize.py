@@ -117,6 +117,13 @@ def test_an_inner_comparing_loop_of_more_than_twelve_constant_points_is_found():
     small = body.replace("range(0, 5)", "range(0, 2)")
     assert not invariant_comparison_loop(_unit(small))
     assert not invariant_comparison_loop(_unit(body.replace("range(0, 5)", "range(0, 3)")))
+    # two sibling nests of 3 x 3 and 2 x 3 points carry the same accumulator
+    # (a where= of two pieces): one chain of 15
+    split = small.replace("for c0_3 in range(0, 2)", "for c0_3 in range(0, 3)").replace(
+        "range(0, 2)", "range(0, 3)")
+    twice = split + split.split("acc0_1 = 9223372036854775807", 1)[1].replace(
+        "range(0, 3):\n", "range(4, 6):\n", 1)
+    assert invariant_comparison_loop(_unit(twice))
     # bounds that are not constant: LLVM does not unroll them fully
     assert not invariant_comparison_loop(_unit(body.replace(
         "for c0_3 in range(0, 5)", "for c0_3 in range(0, b0.shape[0])")))
@@ -158,3 +165,28 @@ def test_broadcast_max_and_argmax_reductions_build_in_seconds():
         assert any(invariant_comparison_loop(t) for t in texts), kind
         for got, want in zip(kernel(x), te.evaluate(outs, {X: x})):
             np.testing.assert_array_equal(got, want)
+
+
+def test_a_min_over_a_domain_of_two_pieces_builds_in_seconds():
+    # an attack on the rule: where= of two pieces (k < 12 or k >= 24) gives two
+    # sibling loops of 12 points carrying one accumulator, and `j > 100` makes
+    # the text read j; the build ran for more than 300 s when each loop was
+    # judged alone
+    import os
+    import sys
+    sys.path.insert(0, os.path.dirname(__file__))
+    import fuzz
+
+    p = 12
+    X = te.placeholder((3 * p,), "X", "float64")
+    k = te.reduce_axis((0, 3 * p), "k")
+    Y = te.compute((4,), lambda j: te.min(X[0] * 1.5, axis=k, where=te.all(
+        te.any(k < p, k >= 2 * p), te.any(X[0] * 1.5 > k / 7 - 1.0, j > 100))), name="Y")
+    s = te.reduce_axis((0, 4), "s")
+    L = te.compute((), lambda: te.sum(Y[s], axis=s), name="L")
+    outs = [L] + list(te.differentiate(L, [X]).result)
+    with fuzz.build_time_bounded("a min over two pieces", 300):
+        kernel = codegen.build(outs, [X])
+    x = np.linspace(-1, 1, 3 * p)
+    for got, want in zip(kernel(x), te.evaluate(outs, {X: x})):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
