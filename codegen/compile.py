@@ -23,6 +23,13 @@ Integrity (the name of a module is the checksum of its content):
   :class:`CacheWarning`;
 * numba cache files that fail to load (empty, truncated, random bytes) are
   removed and the kernel recompiled (and cached again), with one warning;
+* numba cache files are loaded only when they hold what was written: the
+  sha256 of each (``.nbi``, ``.nbc``) is recorded beside them
+  (``__pycache__/<module>.sha256``) after every compile, and checked before a
+  load; files that differ (a flipped bit inside machine code that would still
+  load) are removed and the unit recompiled, with one warning (files with no
+  record, from an older texpr or a process stopped before recording, are
+  rebuilt silently);
 * files are written atomically (a temporary file in the same directory, then
   ``os.replace``), so a reader never sees half a module;
 * a cache directory that cannot be used (it is a file, it is not writable, it
@@ -191,12 +198,22 @@ def _runtime_module(d):
         else:
             name, text = _runtime.MODULE, _runtime.SOURCE
             path = _module_file(d, name, text.encode("utf-8"))
+            _discard_unverified(d, name, path)
         mod = _pytypes.ModuleType(name)
         mod.__file__ = path
         sys.modules[name] = mod
         exec(compile(text, path or f"<texpr helpers {name}>", "exec"), mod.__dict__)
         _RUNTIMES[kind] = mod
     return mod
+
+
+def _record_all(d, modname):
+    """Record the checksums of numba's files of the unit ``modname`` in ``d`` and
+    of the disk helper module (whose machine code new units link in)."""
+    _record_numba_files(d, modname)
+    mod = _RUNTIMES.get("disk")
+    if mod is not None and mod.__file__:
+        _record_numba_files(os.path.dirname(mod.__file__), _runtime.MODULE)
 
 
 def _runtime_numba_files():
@@ -357,6 +374,72 @@ def _numba_files(d, modname):
                                   glob.escape(modname) + ".*"))
 
 
+def _sums_path(d, modname):
+    # beside numba's files (their glob finds it: removed with them)
+    return os.path.join(d, "__pycache__", modname + ".sha256")
+
+
+def _numba_sums(d, modname):
+    """``{file name: sha256}`` of the numba cache files (``.nbi``, ``.nbc``) of
+    ``modname`` in ``d``. Raises OSError."""
+    out = {}
+    for path in sorted(_numba_files(d, modname)):
+        if path.endswith((".nbi", ".nbc")):
+            with open(path, "rb") as f:
+                out[os.path.basename(path)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def _numba_files_state(d, modname):
+    """``"ok"`` when numba's cache files of ``modname`` in ``d`` are the ones
+    recorded when they were written (:func:`_record_numba_files`), or there are
+    none; ``"unrecorded"`` when they have no record (written by an older texpr,
+    or by a process that stopped before recording); ``"damaged"`` when they
+    differ from the record. Machine code that still loads after damage (a
+    flipped bit) would otherwise run as it is."""
+    try:
+        sums = _numba_sums(d, modname)
+        if not sums:
+            return "ok"
+        with open(_sums_path(d, modname), "rb") as f:
+            recorded = f.read().decode("ascii").split("\n")
+    except FileNotFoundError:
+        return "unrecorded"
+    except (OSError, UnicodeDecodeError):
+        return "damaged"
+    return "ok" if recorded == [f"{h} {name}" for name, h in sums.items()] else "damaged"
+
+
+def _numba_files_intact(d, modname):
+    return _numba_files_state(d, modname) == "ok"
+
+
+def _record_numba_files(d, modname):
+    """Record the sha256 of numba's cache files of ``modname`` in ``d`` (after a
+    compile or a verified load; atomic). Never raises: an unrecorded file is
+    only rebuilt by the next process."""
+    try:
+        sums = _numba_sums(d, modname)
+        if sums:
+            _write_atomic(_sums_path(d, modname), "\n".join(
+                f"{h} {name}" for name, h in sums.items()).encode("ascii"))
+    except OSError:
+        pass
+
+
+def _discard_unverified(d, modname, path):
+    """Remove numba's cache files of ``modname`` when they are not the recorded
+    ones (one :class:`CacheWarning`); the unit is then compiled afresh."""
+    state = _numba_files_state(d, modname)
+    if state == "damaged":
+        _warn_once(("sums", d, modname),
+                   f"texpr: numba's cache files of {path} do not match the checksums "
+                   "recorded when they were written (damaged or replaced): they were "
+                   "removed and the kernel recompiled")
+    if state != "ok":
+        _cache.remove_files(_numba_files(d, modname))
+
+
 def _write_atomic(path, data):
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path),
                                prefix=os.path.basename(path) + ".", suffix=".tmp")
@@ -400,7 +483,10 @@ def _on_disk(d, key, source, sig, entry):
     data = source.encode("utf-8")
     try:
         path = _module_file(d, modname, data)
-        return path, _compile(_load(source, modname, path, entry), sig, source)
+        _discard_unverified(d, modname, path)
+        fn = _compile(_load(source, modname, path, entry), sig, source)
+        _record_all(d, modname)
+        return path, fn
     except Exception as exc:  # noqa: BLE001 - numba's cache raises many kinds
         first = exc
     # numba's cache files that cannot be read (empty, truncated, random bytes) make
@@ -413,6 +499,7 @@ def _on_disk(d, key, source, sig, entry):
             fn = _compile(_load(source, modname, path, entry), sig, source)
         except Exception as exc:  # noqa: BLE001
             raise _CacheUnusable(f"{type(exc).__name__}: {exc}") from None
+        _record_all(d, modname)
         _warn_once(("numba", d),
                    f"texpr: numba's cache files of {path} could not be loaded "
                    f"({type(first).__name__}: {str(first)[:200]}); they were removed and the "
@@ -538,7 +625,9 @@ def _worker_compile(d, key, source, arg_specs, entry):
         warnings.simplefilter("ignore")
         path = _module_file(d, modname, source.encode("utf-8"))
         try:
+            _discard_unverified(d, modname, path)
             _compile(_load(source, modname, path, entry), sig, source)
+            _record_all(d, modname)
         finally:
             sys.modules.pop(modname, None)  # the worker keeps no module alive
     return time.perf_counter() - t0
@@ -681,7 +770,8 @@ def _disk_ready(d, key, data):
                 return False
     except OSError:
         return False
-    return any(p.endswith(".nbi") for p in _numba_files(d, modname))
+    return any(p.endswith(".nbi") for p in _numba_files(d, modname)) \
+        and _numba_files_intact(d, modname)
 
 
 #: estimated seconds of a fresh worker before its first unit: ``spawn`` of a new

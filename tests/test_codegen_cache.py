@@ -336,3 +336,51 @@ def test_threads_building_at_once_get_no_cache_warning(tmp_path, monkeypatch):
     assert len(results) == 8
     for got, want in results.values():
         np.testing.assert_allclose(got, want)
+
+
+def _unit_nbc(cache):
+    (path,) = [p for p in glob.glob(os.path.join(str(cache), "__pycache__", "texpr_k_*.nbc"))
+               if not os.path.basename(p).startswith(runtime.MODULE)]
+    return path
+
+
+@pytest.mark.parametrize("damage", ["constant", "bitflip", "swap", "no_record"])
+def test_machine_code_that_still_loads_after_damage_is_not_run(tmp_path, damage):
+    """An attack changed the constant 1.375 to 1.875 inside a unit's ``.nbc``
+    (one bit of the double): the next process loaded it and returned wrong
+    values without a warning; a random bit flip crashed it (SIGSEGV), and two
+    units' files swapped gave wrong values too. Numba's files are now checked
+    against the sha256 recorded when they were written."""
+    first = _helper(tmp_path, 3)
+    assert first["err"] < 1e-12 and first["warnings"] == []
+    nbc = _unit_nbc(tmp_path)
+    with open(nbc, "rb") as f:
+        good = f.read()
+    if damage == "constant":  # c = 3.0 -> 3.5: 0x4008.. -> 0x400C..
+        import struct
+        old, new = struct.pack("<d", 3.0), struct.pack("<d", 3.5)
+        assert old in good
+        bad = good.replace(old, new)
+    elif damage == "bitflip":
+        bad = bytearray(good)
+        bad[len(bad) // 2] ^= 0x10
+        bad = bytes(bad)
+    elif damage == "swap":  # another unit's machine code in its place
+        other = _helper(tmp_path / "other", 5)
+        assert other["err"] < 1e-12
+        with open(_unit_nbc(tmp_path / "other"), "rb") as f:
+            bad = f.read()
+    else:  # the record removed (an older texpr wrote the files): rebuilt, silently
+        for p in glob.glob(os.path.join(str(tmp_path), "__pycache__", "texpr_k_*.sha256")):
+            os.remove(p)
+        bad = good
+    with open(nbc, "wb") as f:
+        f.write(bad)
+    second = _helper(tmp_path, 3)
+    assert second["err"] < 1e-12
+    if damage == "no_record":
+        assert second["warnings"] == []
+    else:
+        assert len(second["warnings"]) == 1 and "checksums" in second["warnings"][0]
+    third = _helper(tmp_path, 3)
+    assert third["err"] < 1e-12 and third["disk"] == [True] and third["warnings"] == []

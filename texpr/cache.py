@@ -118,7 +118,7 @@ def _entries(d):
         if e.name.startswith(_KERNEL_PREFIX) and e.name.endswith(".py") and e.is_file():
             add("kernel", e.name[:-3], e)
     for e in scan(os.path.join(d, "__pycache__")):
-        if e.name.startswith(_KERNEL_PREFIX) and e.name.endswith((".nbi", ".nbc")) \
+        if e.name.startswith(_KERNEL_PREFIX) and e.name.endswith((".nbi", ".nbc", ".sha256")) \
                 and e.is_file():
             add("kernel", e.name.split(".", 1)[0], e)
     for e in scan(os.path.join(d, SYMBOLIC_SUBDIR)):
