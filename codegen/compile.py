@@ -420,9 +420,17 @@ def _record_numba_files(d, modname):
     only rebuilt by the next process."""
     try:
         sums = _numba_sums(d, modname)
-        if sums:
-            _write_atomic(_sums_path(d, modname), "\n".join(
-                f"{h} {name}" for name, h in sums.items()).encode("ascii"))
+        if not sums:
+            return
+        data = "\n".join(f"{h} {name}" for name, h in sums.items()).encode("ascii")
+        path = _sums_path(d, modname)
+        try:
+            with open(path, "rb") as f:
+                if f.read() == data:
+                    return  # a verified load: the record stands
+        except OSError:
+            pass
+        _write_atomic(path, data)
     except OSError:
         pass
 
