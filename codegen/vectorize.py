@@ -115,12 +115,15 @@ def _strides(loop):
     return out
 
 
-def _innermost_loops(tree):
-    # the units' own loops (``def unit``, a scan's step, the driver), not the
+def _unit_functions(tree):
+    # the units' own functions (``def unit``, a scan's step, the driver), not the
     # helpers' (``_fill``, ``_ck``: underscored)
-    units = [f for f in ast.walk(tree)
-             if isinstance(f, ast.FunctionDef) and not f.name.startswith("_")]
-    for node in (n for f in units for n in ast.walk(f)):
+    return [f for f in ast.walk(tree)
+            if isinstance(f, ast.FunctionDef) and not f.name.startswith("_")]
+
+
+def _innermost_loops(tree):
+    for node in (n for f in _unit_functions(tree) for n in ast.walk(f)):
         if isinstance(node, ast.For) and not any(
                 isinstance(n, (ast.For, ast.While)) for s in node.body for n in ast.walk(s)):
             yield node
@@ -262,7 +265,5 @@ def invariant_comparison_loop(source):
         tree = parse_module(source)
     except (SyntaxError, ValueError, RecursionError):
         return False
-    units = [f for f in ast.walk(tree)
-             if isinstance(f, ast.FunctionDef) and not f.name.startswith("_")]
     return any(isinstance(node, ast.For) and _independent_inner_loop(node)
-               for f in units for node in ast.walk(f))
+               for f in _unit_functions(tree) for node in ast.walk(f))
