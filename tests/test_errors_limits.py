@@ -224,3 +224,27 @@ def test_numeric_gradient_refuses_a_float32_graph():
     # a float32 graph with a step float32 resolves is still allowed
     got = numeric_gradient(L, X, {X: np.ones(3, "float32")}, eps=1e-2)
     np.testing.assert_allclose(got, 2.0, rtol=1e-3)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda x: te.cast("float64", x[0]), r"cast: unknown dtype X\[0\].*value first"),
+    (lambda x: te.cast(x[0], x), r"cast: unknown dtype"),
+    (lambda x: te.const("a", "float32"), r"constant 'a': expected a number.*str"),
+    (lambda x: te.const("1", "bool"), r"constant '1': expected a number"),
+    (lambda x: te.const(None), r"constant None"),
+    (lambda x: te.const([1.0], "float64"), r"constant \[1.0\]"),
+    (lambda x: te.const(float("nan"), "int32"), r"constant nan is not an integer"),
+    (lambda x: x[0] + "a", r"str"),
+], ids=["cast-swapped", "cast-tensor", "const-str", "const-str-bool", "const-none",
+        "const-list", "const-nan-int", "add-str"])
+def test_a_constant_or_dtype_that_is_not_one_is_a_dtype_error(make, match):
+    # an attack found raw ValueErrors (numpy's dtype parser, float('a')) for the first two
+    x = te.placeholder((2,), "X")
+    with pytest.raises(te.TexprError, match=match):
+        make(x)
+
+
+def test_a_0d_array_is_a_constant():
+    x = te.placeholder((2,), "X", "float64")
+    y = te.compute((2,), lambda i: x[i] * te.const(np.array(3.0)), name="Y")
+    np.testing.assert_array_equal(te.evaluate(y, {x: np.array([1.0, 2.0])}), [3.0, 6.0])

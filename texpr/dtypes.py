@@ -28,8 +28,9 @@ def normalize(dtype, what="dtype"):
     """
     try:
         name = np.dtype(dtype).name
-    except TypeError as exc:
-        raise DTypeError(f"{what}: unknown dtype {dtype!r}; expected one of {DTYPES}") from exc
+    except (TypeError, ValueError) as exc:
+        hint = " (te.cast takes the value first: te.cast(value, dtype))" if what == "cast" else ""
+        raise DTypeError(f"{what}: unknown dtype {dtype!r}; expected one of {DTYPES}{hint}") from exc
     if name not in DTYPES:
         raise DTypeError(f"{what}: dtype {name!r} is not supported; expected one of {DTYPES}")
     return name

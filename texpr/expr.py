@@ -248,19 +248,29 @@ def const(value, dtype=None):
     """A constant node; ``dtype`` defaults to the weak dtype of the Python value."""
     if isinstance(value, Expr):
         return value
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value.item()
+    if not isinstance(value, (bool, int, float, np.number, np.bool_)):
+        raise DTypeError(f"constant {value!r}: expected a number (a Python or numpy scalar), "
+                         f"got {type(value).__name__}")
     dtype = dt.scalar_dtype(value) if dtype is None else dt.normalize(dtype)
-    if dtype == "bool":
-        value = bool(value)
-    elif dt.is_int(dtype):
-        if isinstance(value, (float, np.floating)) and not float(value).is_integer():
-            raise DTypeError(f"constant {value!r} is not an integer but dtype {dtype} was asked")
-        value = int(value)
+    try:
+        if dtype == "bool":
+            value = bool(value)
+        elif dt.is_int(dtype):
+            if isinstance(value, (float, np.floating)) and not float(value).is_integer():
+                raise DTypeError(f"constant {value!r} is not an integer but dtype {dtype} was asked")
+            value = int(value)
+        else:
+            value = float(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise DTypeError(f"constant {value!r}: expected a number (a Python or numpy scalar) "
+                         f"of dtype {dtype}") from exc
+    if dt.is_int(dtype):
         info = np.iinfo(np.dtype(dtype))
         if not info.min <= value <= info.max:
             raise DTypeError(f"the integer constant {value} does not fit {dtype} "
                              f"([{info.min}, {info.max}]); index arithmetic is int64")
-    else:
-        value = float(value)
     return Const._make(value, (), dtype)
 
 
