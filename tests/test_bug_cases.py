@@ -174,12 +174,13 @@ def test_c5c_elementwise_tie():
     y = te.compute((3,), lambda i: te.max(a[i], b[i]), name="Y")
     z = te.compute((3,), lambda i: te.min(a[i], b[i]), name="Z")
     feed = {a: np.array([1.0, 2.0, 3.0]), b: np.array([1.0, 5.0, 0.0])}
+    # a tie splits dY evenly (as JAX and PyTorch): the two halves sum to dY
     da, db = vjp(y, [a, b], feed, dy=[2.0, 3.0, 4.0])
-    np.testing.assert_array_equal(da, [2, 0, 4])
-    np.testing.assert_array_equal(db, [0, 3, 0])
+    np.testing.assert_array_equal(da, [1, 0, 4])
+    np.testing.assert_array_equal(db, [1, 3, 0])
     da, db = vjp(z, [a, b], feed, dy=[2.0, 3.0, 4.0])
-    np.testing.assert_array_equal(da, [2, 3, 0])
-    np.testing.assert_array_equal(db, [0, 0, 4])
+    np.testing.assert_array_equal(da, [1, 3, 0])
+    np.testing.assert_array_equal(db, [1, 0, 4])
 
 
 def test_c5_kind_max_pool_ties_sum_to_dy():

@@ -187,15 +187,15 @@ def test_power_at_zero_base():
 
 
 def test_max_min_tie_convention():
-    # te.max(a, b): a >= b gives a the tangent; te.min(a, b): a <= b
-    a = te.placeholder((1,), "A", "float64")
-    b = te.placeholder((1,), "B", "float64")
-    feed = {a: np.array([1.0]), b: np.array([1.0])}
-    for f in (te.max, te.min):
-        da = te.compute((1,), lambda i: partial(f(a[i], b[i]), a[i]))
-        db = te.compute((1,), lambda i: partial(f(a[i], b[i]), b[i]))
-        assert te.evaluate(da, feed)[0] + te.evaluate(db, feed)[0] == 1.0
-        assert te.evaluate(da, feed)[0] == 1.0
+    # te.max(a, b) / te.min(a, b): the winner gets the tangent, a tie or a NaN halves it
+    a = te.placeholder((4,), "A", "float64")
+    b = te.placeholder((4,), "B", "float64")
+    feed = {a: np.array([1.0, 2.0, 0.0, np.nan]), b: np.array([1.0, 0.0, 2.0, 1.0])}
+    for f, want_a in ((te.max, [0.5, 1, 0, 0.5]), (te.min, [0.5, 0, 1, 0.5])):
+        da = te.compute((4,), lambda i: partial(f(a[i], b[i]), a[i]))
+        db = te.compute((4,), lambda i: partial(f(a[i], b[i]), b[i]))
+        np.testing.assert_array_equal(te.evaluate(da, feed), want_a)
+        np.testing.assert_array_equal(te.evaluate(db, feed), 1.0 - np.array(want_a))
 
 
 def test_select_untaken_branch_does_not_leak():

@@ -51,9 +51,9 @@ import numpy as np
 
 from . import dtypes as dt
 from .errors import NotDifferentiableError, ShapeError, TexprError
-from .expr import (Add, And, Call, Const, Div, FloorDiv, FloorMod, Load, Mul, Or, Reduce, Select,
-                   Sub, Var, all_of, any_of, cast, const, iter_var, logical_not, make_reduce,
-                   select)
+from .expr import (Add, And, Call, Const, Div, Expr, FloorDiv, FloorMod, Load, Max, Min, Mul, Or,
+                   Reduce, Select, Sub, Var, all_of, any_of, cast, const, iter_var, logical_not,
+                   make_reduce, select)
 from .reduction import CommReducer
 from .printer import expr_str
 from .rules import jvp, t_add
@@ -354,6 +354,74 @@ def _rule_argextreme(out, red, ctx):
     return select(hit, term, const(0, term.dtype))
 
 
+def tie_ordered(comb):
+    """The results of ``comb`` (a Combiner) with every ``max``/``min`` that compares an
+    accumulator-side operand (``lhs``, the earlier points) with a new-side one
+    (``rhs``) written as a ``select`` that breaks the tie by position.
+
+    Elementwise ``max``/``min`` split a tie evenly (:mod:`texpr.rules`). The
+    chain rule of :func:`_rule_generic` splits the domain at each point ``m``,
+    ``Y = (B_m (+) x_m) (+) A_m``, and multiplies two such derivatives, which
+    needs one consistent choice at a tie: at a three-point tie of a ``max``
+    reducer the even split gives the points 1/2, 1/4 and 1/2 (their sum 1.25 is
+    no subgradient). So inside a combine a tie is broken as if the earlier
+    points were infinitesimally larger (infinitesimally smaller when the combine
+    uses ``min`` and no ``max``): the first tied point of a ``max`` or a ``min``
+    reducer gets the whole adjoint, and ``max(a, b)`` and ``min(a, b)`` of one
+    combine stay a permutation of ``(a, b)``, so a combine smooth through the
+    tie (``max(a, b) + min(a, b)``, a log-sum-exp or top-2 written with them) has
+    its exact derivative there. This is simulation of simplicity (Edelsbrunner
+    and Muecke, ACM TOG 9(1), 1990) with the flat position as the perturbation.
+    A ``max``/``min`` whose operands are not one side each keeps the even split.
+    """
+    sides = {id(v): const(True) for v in comb.lhs}  # from an earlier point?
+    sides.update({id(v): const(False) for v in comb.rhs})
+    nodes = post_order(comb.result)
+    if not any(isinstance(n, (Max, Min)) for n in nodes):
+        return comb.result
+    lhs_larger = any(isinstance(n, Max) for n in nodes)
+    # from_lhs: a boolean expression, whether the value is an earlier point's; a max or
+    # min picks it by value and, at a tie, by position. Anything else mixing the two
+    # sides has no position (_MIXED); a constant has no side (_NO_SIDE).
+    from_lhs, new = {}, {}
+    for n in nodes:
+        args = tuple(new[id(c)] for c in n.args)
+        rebuilt = n.with_args(args) if n.args else n
+        where = [from_lhs[id(c)] for c in n.args]
+        if id(n) in sides:
+            origin = sides[id(n)]
+        elif isinstance(n, (Max, Min)) and all(isinstance(w, Expr) for w in where):
+            a, b = args
+            pa, pb = where
+            larger = isinstance(n, Max)
+            # at a tie a wins when it is the larger (max) or smaller (min) by position
+            a_pos = (any_of(pa, logical_not(pb)) if larger == lhs_larger
+                     else any_of(logical_not(pa), pb))
+            if isinstance(a_pos, Const):  # positions known statically
+                a_wins = ((a >= b if a_pos.value else a > b) if larger
+                          else (a <= b if a_pos.value else a < b))
+            else:
+                a_wins = (any_of(a > b, all_of(a >= b, a_pos)) if larger
+                          else any_of(a < b, all_of(a <= b, a_pos)))
+            rebuilt = select(a_wins, a, b)
+            same = isinstance(pa, Const) and isinstance(pb, Const) and pa.value == pb.value
+            origin = pa if same else select(a_wins, pa, pb)
+        else:
+            known = [w for w in where if w is not _NO_SIDE]
+            if not known:
+                origin = _NO_SIDE
+            elif all(isinstance(w, Const) for w in known) and len({w.value for w in known}) == 1:
+                origin = known[0]
+            else:
+                origin = _MIXED
+        from_lhs[id(n)] = origin
+        new[id(n)] = rebuilt
+    return tuple(new[id(r)] for r in comb.result)
+
+
+_NO_SIDE, _MIXED = object(), object()
+
+
 def _rule_generic(out, red, ctx):
     """Chain rule through ``Y = (B_m (+) x_m) (+) A_m`` (``B``/``A`` the reductions
     before/after the point ``m``, see :func:`rest_stages`)::
@@ -361,9 +429,10 @@ def _rule_generic(out, red, ctx):
         dY_v/dx_c = sum_c' d(+)_v(u, A)/du_c' * d(+)_c'(B, x)/dx_c,   u = B (+) x
 
     No division (a zero factor of ``prod`` is fine) and ties of a selecting
-    reducer go to the first winner.
+    reducer go to the first winner (:func:`tie_ordered`).
     """
     comb = red.combiner
+    result = tie_ordered(comb)
     v = out.value_index
     if not any(d is not None for d in ctx.d_sources):
         return None
@@ -385,8 +454,8 @@ def _rule_generic(out, red, ctx):
             continue
         chain = None
         for c2 in range(n):
-            outer = jvp(comb.result[v], {comb.lhs[c2]: const(1, comb.lhs[c2].dtype)})
-            inner = jvp(comb.result[c2], {comb.rhs[c]: const(1, comb.rhs[c].dtype)})
+            outer = jvp(result[v], {comb.lhs[c2]: const(1, comb.lhs[c2].dtype)})
+            inner = jvp(result[c2], {comb.rhs[c]: const(1, comb.rhs[c].dtype)})
             if outer is None or inner is None:
                 continue
             chain = t_add(chain, symbolic_times(substitute(outer, bind_outer),

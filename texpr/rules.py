@@ -22,10 +22,11 @@ data-dependent index has no derivative), and the intrinsics ``floor``,
 
 Conventions where the derivative does not exist:
 
-* ``max(a, b)`` (elementwise): ``a >= b`` gives ``a`` the whole tangent, so at a
-  tie ``a`` gets it all and ``b`` nothing (adjoints of tied elements sum to the
-  upstream adjoint). ``min(a, b)``: ``a <= b`` gives ``a`` the tangent. So
-  ``relu(x) = max(x, 0)`` has derivative 1 at ``x == 0``.
+* ``max(a, b)`` (elementwise): ``a > b`` gives ``a`` the whole tangent, ``a < b``
+  gives it to ``b``, and a tie (or a NaN operand) gives each half, as JAX and
+  PyTorch do; ``min(a, b)`` likewise. So ``max(x, 0)`` has derivative 0.5 at
+  ``x == 0`` (``te.nn.relu``, a ``select``, has 0 there), and ``max(a, b) +
+  min(a, b)`` has derivative 1 in each operand at a tie.
 * ``select(c, a, b)`` -> ``select(c, da, db)``: the untaken branch's derivative is
   never evaluated, let alone multiplied by 0, so its inf/NaN cannot leak
   (bug case C10; docs/conventions.md).
@@ -137,14 +138,28 @@ def _floormod(node, tangents):
     return t_sub(da, t_scale(db, call("floor", a / b)))
 
 
+def _balanced(wins_a, wins_b, tangents, dtype):
+    """Tangent of an elementwise max or min: ``a``'s where ``wins_a``, ``b``'s where
+    ``wins_b``, half of each elsewhere (a tie, or a NaN operand).
+
+    The even split is JAX's and PyTorch's rule for ``maximum``/``minimum``; it keeps
+    compositions that are smooth through a tie exact there: ``max(a, b) + min(a, b)``
+    (that is ``a + b``) has derivative 1 in each operand at ``a == b``, and a
+    log-sum-exp written with ``max`` gets ``0.5`` each, not ``1`` and ``0``.
+    """
+    ta, tb = tangents
+    half = t_scale(t_add(ta, tb), const(0.5, dtype))
+    return t_select(wins_a, ta, t_select(wins_b, tb, half, dtype), dtype)
+
+
 def _max(node, tangents):
     a, b = node.args
-    return t_select(a >= b, tangents[0], tangents[1], node.dtype)
+    return _balanced(a > b, a < b, tangents, node.dtype)
 
 
 def _min(node, tangents):
     a, b = node.args
-    return t_select(a <= b, tangents[0], tangents[1], node.dtype)
+    return _balanced(a < b, a > b, tangents, node.dtype)
 
 
 def _select(node, tangents):
