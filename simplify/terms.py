@@ -60,7 +60,27 @@ def _literal_float_zero(e):
 
 
 def _false(parts):
-    return any(isinstance(c, E.Const) and c.value is False for c in parts)
+    """Whether the conjunction of ``parts`` is false as written: a ``False`` conjunct,
+    or a conjunct next to its own negation (``c && !c``: the product of
+    ``select(c, a, b)`` with ``select(c, a', b')`` pairs the branches; its two
+    mixed terms can never hold, and keeping them doubled the terms at every
+    level of a chain of selects)."""
+    ids = {id(c) for c in parts}
+    return any((isinstance(c, E.Const) and c.value is False)
+               or (isinstance(c, E.Not) and id(c.a) in ids) for c in parts)
+
+
+_COMPARISONS = (E.EQ, E.NE, E.LT, E.LE, E.GT, E.GE)
+
+
+def _value_condition(c):
+    """Whether ``c`` only compares float values (data, never an index: ISL and the
+    equality solver have nothing to take from it)."""
+    if isinstance(c, E.Not):
+        return _value_condition(c.a)
+    if isinstance(c, (E.And, E.Or)):
+        return _value_condition(c.a) and _value_condition(c.b)
+    return isinstance(c, _COMPARISONS) and dt.is_float(c.a.dtype)
 
 
 def guarded_terms(e):
@@ -83,6 +103,14 @@ def guarded_terms(e):
             return []
         if isinstance(x, E.Select):
             c = x.cond
+            if _value_condition(c) and not _is_zero(x.true_value) and not _is_zero(x.false_value):
+                # a choice between two values by comparing floats: splitting it brings
+                # no zero to lift and no index condition to solve, unless a branch
+                # holds one; it only multiplies the terms (a chain of d such selects
+                # in one body gave 2^d terms, each repeating every level)
+                branches = go(x.true_value) + go(x.false_value)
+                if all(_value_condition(cj) for cs, _v in branches for cj in cs):
+                    return [((), x)]
             out = []
             for cs, v in _whole(go(x.true_value), x.true_value):
                 parts = conj((c,) + cs)

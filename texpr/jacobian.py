@@ -308,30 +308,50 @@ def _is_zero(e):
     return isinstance(e, Const) and not isinstance(e.value, bool) and e.value == 0
 
 
-def _has_symbolic_zero(e):
+def _has_symbolic_zero(e, memo):
     """Whether ``e`` is a select with a zero branch (or a branch that has one), or a
-    sum, difference or product of terms one of which is."""
+    sum, difference or product of terms one of which is. ``memo``: id -> (node,
+    answer), so that a DAG is walked once (a chain of selects reading the level
+    below several times is a tree exponential in its depth)."""
+    hit = memo.get(id(e))
+    if hit is not None:
+        return hit[1]
     if isinstance(e, Select):
-        return any(_is_zero(x) or _has_symbolic_zero(x) for x in (e.true_value, e.false_value))
-    if isinstance(e, (Add, Sub, Mul)):
-        return any(_has_symbolic_zero(x) for x in e.args)
-    return False
+        out = any(_is_zero(x) or _has_symbolic_zero(x, memo)
+                  for x in (e.true_value, e.false_value))
+    elif isinstance(e, (Add, Sub, Mul)):
+        out = any(_has_symbolic_zero(x, memo) for x in e.args)
+    else:
+        out = False
+    memo[id(e)] = (e, out)  # (the node stays alive: its id is not reused meanwhile)
+    return out
 
 
-def symbolic_times(a, b):
+def symbolic_times(a, b, _memo=None):
     """``a * b`` where a ``select`` factor with a zero branch is a symbolic zero
     (docs/conventions.md, "Zeros"): ``select(c, x, 0) * b`` is ``select(c, x * b,
     0)``, so a NaN or inf in ``b`` does not leak where the factor is structurally
     zero, in the raw adjoint as in the simplified one (which lifts ``c`` into
     the domain). Used for the chain rule's products of local derivatives."""
+    memo = {} if _memo is None else _memo
+    key = ("times", id(a), id(b))
+    hit = memo.get(key)
+    if hit is not None:
+        return hit[2]
+    out = _symbolic_times(a, b, memo)
+    memo[key] = (a, b, out)
+    return out
+
+
+def _symbolic_times(a, b, memo):
     for s, other, first in ((a, b, True), (b, a, False)):
         def times(x):
-            return symbolic_times(x, other) if first else symbolic_times(other, x)
-        if isinstance(s, Select) and _has_symbolic_zero(s):
+            return symbolic_times(x, other, memo) if first else symbolic_times(other, x, memo)
+        if isinstance(s, Select) and _has_symbolic_zero(s, memo):
             def branch(x):
                 return const(0, dt.promote(a.dtype, b.dtype)) if _is_zero(x) else times(x)
             return select(s.cond, branch(s.true_value), branch(s.false_value))
-        if isinstance(s, (Add, Sub)) and _has_symbolic_zero(s):
+        if isinstance(s, (Add, Sub)) and _has_symbolic_zero(s, memo):
             # (select(c, x, 0) - select(d, y, 0)) * b: each term its own product
             x, y = times(s.args[0]), times(s.args[1])
             return x + y if isinstance(s, Add) else x - y

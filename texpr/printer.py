@@ -22,6 +22,7 @@ class _Names:
     def __init__(self, canonical):
         self.canonical = canonical
         self.vars, self.tensors = {}, {}
+        self.bound = None  # id(node) -> its name in a let form (_let_form)
 
     def var(self, v):
         if not self.canonical:
@@ -54,8 +55,50 @@ def _const_str(c):
     return s if c.dtype == "float32" else f"{s}:{c.dtype}"
 
 
+#: an expression whose tree (each use of a shared subexpression counted again) has
+#: more nodes than this prints its large shared subexpressions once each, as
+#: ``let $0 = ...; $1 = ... in <body>``: a chain of d selects each reading the
+#: level below three times is a DAG of O(d) nodes but a tree of O(3^d)
+LET_TREE_NODES = 400
+#: the smallest shared subexpression (tree nodes) bound to a name in the let form
+LET_MIN_NODES = 8
+
+
+def _let_form(roots, names):
+    """``(prefix, texts)``: the text of each root; ``prefix`` is ``""``, or, when the
+    roots' trees are larger than :data:`LET_TREE_NODES`, ``"let $0 = ...; ... in "``
+    binding the shared subexpressions of at least :data:`LET_MIN_NODES` tree nodes
+    in post-order (children first). Expressions are interned, so the form depends
+    on the structure alone: equal graphs print equal text."""
+    from .visitor import post_order
+
+    order = post_order(roots)
+    size, uses = {}, {}
+    for n in order:
+        size[id(n)] = 1 + sum(size[id(c)] for c in n.args)
+        for c in n.args:
+            uses[id(c)] = uses.get(id(c), 0) + 1
+    if sum(size[id(r)] for r in roots) <= LET_TREE_NODES:
+        return "", [_s(r, names) for r in roots]
+    names.bound = {}
+    try:
+        lets = []
+        for n in order:
+            if uses.get(id(n), 0) >= 2 and size[id(n)] >= LET_MIN_NODES:
+                text = _s(n, names)
+                names.bound[id(n)] = f"${len(lets)}"
+                lets.append(f"${len(lets)} = {text}")
+        texts = [_s(r, names) for r in roots]
+    finally:
+        names.bound = None
+    return ("let " + "; ".join(lets) + " in ") if lets else "", texts
+
+
 def _p(e, names):
     """(text, precedence) of ``e``."""
+    bound = names.bound
+    if bound is not None and id(e) in bound:
+        return bound[id(e)], _ATOM
     if isinstance(e, Const):
         return _const_str(e), _ATOM
     if isinstance(e, Var):
@@ -109,8 +152,10 @@ def _s(e, names):
 
 
 def expr_str(e, canonical=False, _names=None):
-    """The text of one expression."""
-    return _s(e, _names or _Names(canonical))
+    """The text of one expression (a large one with shared subexpressions in the
+    let form, see :data:`LET_TREE_NODES`)."""
+    prefix, (text,) = _let_form([e], _names or _Names(canonical))
+    return prefix + text
 
 
 def _stage_str(t, names):
@@ -123,17 +168,18 @@ def _stage_str(t, names):
         # a compute's axes run over [0, extent) (ComputeOp checks it): ``i<n``
         lhs = ", ".join(f"{names.var(a)}<{a.extent}" for a in op.axis)
         outs = [names.tensor(o) for o in op.outputs]
-        body = " ; ".join(_s(b, names) for b in op.body)
-        return f"{', '.join(outs)}[{lhs}] = {body}  # {', '.join(op.dtypes)}"
+        prefix, texts = _let_form(list(op.body), names)
+        return f"{', '.join(outs)}[{lhs}] = {prefix}{' ; '.join(texts)}  # {', '.join(op.dtypes)}"
     if isinstance(op, ScatterAddOp):
         # a scatter's domain may start anywhere: always ``p:lo..hi``
         dom = ", ".join(_domain_str(a, names) for a in op.axis)
-        idx = ", ".join(_s(i, names) for i in op.indices)
+        prefix, texts = _let_form(list(op.indices) + [op.where, op.value], names)
+        idx = ", ".join(texts[:len(op.indices)])
         init = names.tensor(op.init) if op.init is not None else "0"
         cond = "" if (isinstance(op.where, Const) and op.where.value is True) else \
-            f" if {_s(op.where, names)}"
-        return (f"{names.tensor(t)}{op.shape} = {init}; for [{dom}]{cond}: "
-                f"{names.tensor(t)}[{idx}] += {_s(op.value, names)}  # {t.dtype}")
+            f" if {texts[-2]}"
+        return (f"{names.tensor(t)}{op.shape} = {init}; for [{dom}]{cond}: {prefix}"
+                f"{names.tensor(t)}[{idx}] += {texts[-1]}  # {t.dtype}")
     from .scan import ScanOp
 
     if isinstance(op, ScanOp):
