@@ -19,7 +19,7 @@ added or moved past a condition, and the run-time check that fails first is
 still the one reported:
 an operation of at least ``MIN_NODES`` expression nodes that occurs at
 least twice in the statement, at least once where it is always evaluated:
-not only inside a branch of a conditional expression (``a if c else b``) or
+not only inside one branch of a conditional expression (``a if c else b``) or
 behind a short-circuit operator (``and``/``or``), and that holds no run-time
 check (``_ck``, ``_rk``, ``_nz``). The copies inside branches then read the
 temporary too (computed anyway before the statement). The statement's own
@@ -83,19 +83,28 @@ def _size(node):
     return sum(1 for n in ast.walk(node) if isinstance(n, ast.expr))
 
 
-def _unconditional(node, out):
-    """Collect the subexpressions of ``node`` that are always evaluated."""
+def _unconditional(node, out, index):
+    """Collect the subexpressions of ``node`` that are always evaluated: those in
+    the condition of a conditional expression, and those its two branches both
+    always evaluate (equal subtrees, by ``index``'s keys: one of them runs
+    whichever way the condition goes), not those of one branch only."""
     out.append(node)
     if isinstance(node, ast.IfExp):
-        _unconditional(node.test, out)
+        _unconditional(node.test, out, index)
+        arms = []
+        for branch in (node.body, node.orelse):
+            arms.append([])
+            _unconditional(branch, arms[-1], index)
+        both = {index.key[id(n)] for n in arms[1]}
+        out.extend(n for n in arms[0] if index.key[id(n)] in both)
     elif isinstance(node, ast.BoolOp):
-        _unconditional(node.values[0], out)
+        _unconditional(node.values[0], out, index)
     elif isinstance(node, ast.Lambda):
         return
     else:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.expr):
-                _unconditional(child, out)
+                _unconditional(child, out, index)
 
 
 class _Replace(ast.NodeTransformer):
@@ -124,7 +133,7 @@ def _candidate(values, index):
         _mark_checked(value, checked)
     for value in values:
         always = []
-        _unconditional(value, always)
+        _unconditional(value, always, index)
         for n in always:
             if n is value or not isinstance(n, _HOISTABLE) or id(n) in checked:
                 continue
@@ -178,16 +187,25 @@ def _transform(stmt, counter):
     repeated subexpressions are hoisted (:func:`_rewrite`)."""
     v = stmt.value
     if isinstance(v, ast.IfExp) and _size(v) >= SPLIT_NODES:
-        arms = []
-        for branch in (v.body, v.orelse):
-            leaf = copy.copy(stmt)
-            leaf.value = branch
-            arms.append(_transform(leaf, counter)[0])
-        node = ast.copy_location(ast.If(v.test, arms[0], arms[1]), stmt)
-        return [node], True
-    # a large select inside the value (e.g. a sum of selects, one per term of a
-    # Jacobian) is computed first by an if statement of its own
-    out = []
+        # what the condition computes and a branch reuses (a chain of selects:
+        # each level's value is compared, then used) is computed once, first
+        first, stmt = _rewrite(stmt, counter)
+        v = stmt.value
+        if isinstance(v, ast.IfExp):
+            arms = []
+            for branch in (v.body, v.orelse):
+                leaf = copy.copy(stmt)
+                leaf.value = branch
+                arms.append(_transform(leaf, counter)[0])
+            node = ast.copy_location(ast.If(v.test, arms[0], arms[1]), stmt)
+            return first + [node], True
+    # the repeats that the whole value always evaluates first (the conditions of a
+    # sum of selects share their subexpressions: a chain of selects in one body
+    # repeats each level's value in every term's condition), then a large select
+    # inside the value (e.g. a sum of selects, one per term of a Jacobian) is
+    # computed by an if statement of its own
+    out, stmt = _rewrite(stmt, counter)
+    v = stmt.value
     for sel in _large_selects(v):
         name = f"{_PREFIX}{next(counter)}"
         tmp = ast.copy_location(ast.Assign([ast.Name(name, ast.Store())], sel,

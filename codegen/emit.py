@@ -79,6 +79,8 @@ class ExprEmitter:
 
     def __init__(self, names, buffers, stage_name, errors):
         self.names, self.buffers, self.stage_name, self.errors = names, buffers, stage_name, errors
+        #: id(node) -> the variable holding its value (:meth:`bind_shared`)
+        self.bound = {}
         self.checks = set()
         self.value_checks = set()  # ids of int loads / casts range-checked (DATA_INDEX_LIMIT)
         #: id(load) -> its row-major offset as an affine expression (codegen.affine)
@@ -118,7 +120,87 @@ class ExprEmitter:
         self.errors.append(msg)
         return len(self.errors)
 
+    def bind_shared(self, exprs, write, prefix, checked_before=False):
+        """Write ``name = value`` for the shared subexpressions of a statement about to
+        be written with the values ``exprs``, and emit them by name from now on
+        (until :meth:`unbind`). Returns the bound nodes' ids.
+
+        Only a statement whose tree (each use of a shared node counted again) has
+        more than :data:`LET_TREE_NODES` nodes: a chain of selects each reading the
+        level below several times is a DAG of O(d) nodes and a text of O(3^d) (an
+        attack's chain of depth 5 gave 89 KB units that numba compiled in 300 s;
+        smaller statements keep their text, :mod:`codegen.cse` shares their
+        repeats). A node is bound when it is used twice or more, has at least
+        :data:`LET_MIN_NODES` tree nodes and is evaluated whenever the statement
+        is: not only in one branch of a select or behind a short-circuit
+        ``and``/``or`` (nothing is evaluated where it was not). The bindings are
+        written in the statement's order of evaluation, and a node holding a
+        run-time check is bound only where no check outside the bindings comes
+        before it: the check that fails first stays the one reported.
+        ``write(text)`` writes one line; ``prefix`` makes the names unique in the
+        unit; ``checked_before``: the statement runs a check of its own before
+        these values (a scatter's index), so no checked node is bound."""
+        roots = list(exprs)
+        order = _nodes(roots)
+        size, uses, checked = {}, {}, set()
+        for n in order:
+            size[id(n)] = 1 + sum(size[id(c)] for c in n.args)
+            for c in n.args:
+                uses[id(c)] = uses.get(id(c), 0) + 1
+            if self._has_own_check(n) or any(id(c) in checked for c in n.args):
+                checked.add(id(n))
+        if sum(size[id(r)] for r in roots) <= LET_TREE_NODES or len(order) > LET_MAX_DAG_NODES:
+            return []
+        always = _always_evaluated(roots)
+        names, seen = [], set()
+        pending = [checked_before]  # a check in the statement's text comes before here
+
+        def visit(n):  # in Python's order of evaluation of the emitted text
+            if id(n) in seen or id(n) in self.bound:
+                return
+            seen.add(id(n))
+            before = pending[0]
+            kids = (n.cond, n.true_value, n.false_value) if isinstance(n, E.Select) else n.args
+            for c in kids:
+                visit(c)
+            if (id(n) in always and uses.get(id(n), 0) >= 2 and size[id(n)] >= LET_MIN_NODES
+                    and not (id(n) in checked and before)):
+                name = f"{prefix}{len(names)}"
+                write(f"{name} = {self(n)}")
+                self.bound[id(n)] = name
+                names.append(id(n))
+                pending[0] = before  # its checks run in the binding, in order
+            elif self._has_own_check(n):
+                pending[0] = True
+
+        for r in roots:
+            visit(r)
+        return names
+
+    @staticmethod
+    def tree_nodes(exprs):
+        """The nodes of ``exprs`` as trees (each use of a shared node counted again)."""
+        size = {}
+        for n in _nodes(list(exprs)):
+            size[id(n)] = 1 + sum(size[id(c)] for c in n.args)
+        return sum(size[id(e)] for e in exprs)
+
+    def unbind(self, ids):
+        """Forget the bindings :meth:`bind_shared` returned."""
+        for i in ids:
+            self.bound.pop(i, None)
+
+    def _has_own_check(self, n):
+        """Whether emitting ``n`` itself (not its operands) writes a run-time check."""
+        if id(n) in self.checks or id(n) in self.value_checks:
+            return True
+        return (isinstance(n, (E.FloorDiv, E.FloorMod)) and dt.is_int(n.dtype)
+                and not (isinstance(n.b, E.Const) and n.b.value != 0))
+
     def __call__(self, e):
+        hit = self.bound.get(id(e))
+        if hit is not None:
+            return hit
         cls = type(e)
         if cls is E.Const:
             return const_str(e.value, e.dtype)
@@ -206,6 +288,33 @@ class ExprEmitter:
             idx = [f"_ck({helper_int(s)}, np.int64({n}), err, np.int64({code}))"
                    for s, n in zip(idx, t.shape)]
         return element(buf, idx)
+
+
+#: a statement whose values' tree has more nodes than this has its shared
+#: subexpressions written once each (:meth:`ExprEmitter.bind_shared`)
+LET_TREE_NODES = 400
+#: the smallest shared subexpression (tree nodes) given a variable of its own there
+LET_MIN_NODES = 4
+#: a statement with more distinct nodes than this is left to codegen.cse (the
+#: analysis keeps a set of nodes per node)
+LET_MAX_DAG_NODES = 2000
+
+
+def _always_evaluated(roots):
+    """Ids of the nodes that evaluating ``roots`` (in order, as emitted) always
+    evaluates: a select's condition and what both its branches always evaluate;
+    the first operand of ``and``/``or``, and the second where it is emitted as
+    ``&``/``|`` (:func:`_cheap_and_safe`); every operand of anything else."""
+    memo = {}
+    for n in _nodes(roots):  # children first
+        if isinstance(n, E.Select):
+            out = memo[id(n.cond)] | (memo[id(n.true_value)] & memo[id(n.false_value)])
+        elif isinstance(n, (E.And, E.Or)):
+            out = memo[id(n.a)] | (memo[id(n.b)] if _cheap_and_safe(n.b) else frozenset())
+        else:
+            out = frozenset().union(*(memo[id(c)] for c in n.args)) if n.args else frozenset()
+        memo[id(n)] = out | {id(n)}
+    return frozenset().union(*(memo[id(r)] for r in roots))
 
 
 _SAFE_KINDS = (E.Const, E.Var, E.EQ, E.NE, E.LT, E.LE, E.GT, E.GE, E.And, E.Or, E.Not,

@@ -84,7 +84,7 @@ from texpr.tensor import ScatterAddOp, row_major_strides
 from .affine import affine_offsets
 from .bounds import _BoundsChecker
 from .scan_lower import lower_scan
-from .emit import ExprEmitter, const_str, element, fill_value, helper_int
+from .emit import LET_TREE_NODES, ExprEmitter, const_str, element, fill_value, helper_int
 from .schedule import inline_expand
 
 __all__ = ["default_order", "lift_zero_guards", "PARALLEL_MIN_POINTS", "UNROLL", "JAM",
@@ -555,8 +555,10 @@ class _StageLowering:
                 # every output of the stage: a tuple reduction whose domain the
                 # simplifier collapsed (one point, equalities solved) is an
                 # elementwise stage with several outputs (BUGS.md C14)
+                bound = self._bind_shared(em, d, body)
                 for o, b in zip(outs, body):
                     w(d, f"{self._store(o)} = {em.cast(b, o.dtype)}")
+                em.unbind(bound)
 
             stmts = {"S": write_all}
             st = [LA.Statement(f"S{self.k}", spatial, sp_box, [self._val(a) for a in order])]
@@ -797,6 +799,7 @@ class _StageLowering:
             if resid is not None:
                 w(depth, f"if {em(resid)}:")
                 depth += 1
+            bound = self._bind_shared(em, depth, red.source)
             if comb.kind in ("sum", "prod"):
                 op = "+=" if comb.kind == "sum" else "*="
                 w(depth, f"{targets[0]} {op} {em.cast(red.source[0], d0)}")
@@ -816,7 +819,15 @@ class _StageLowering:
                     w(depth, f"{n} = {cem.cast(r, v.dtype)}")
                 for t, n in zip(targets, news):
                     w(depth, f"{t} = {n}")
+            em.unbind(bound)
         return emit
+
+    def _bind_shared(self, em, depth, exprs, checked_before=False):
+        """:meth:`ExprEmitter.bind_shared` for a statement written at ``depth`` (names
+        ``let<k>_<n>_<j>``: unique in the unit, the same in every build)."""
+        self._lets = getattr(self, "_lets", 0) + 1
+        return em.bind_shared(exprs, lambda text: self.w(depth, text),
+                              f"let{self.k}_{self._lets}_", checked_before)
 
     def _split_residues(self, cand, statements, ndims, par_dims):
         """Split the statements on the residue classes of a ``(e % m)`` of the
@@ -1196,21 +1207,24 @@ class _StageLowering:
             if resid is not None:
                 w(d, f"if {em(resid)}:")
                 d += 1
-            if support:
-                w(d, f"{self._store(out)} = {em.cast(op.value, out.dtype)}")
+            if support or not op.indices:
+                bound = self._bind_shared(em, d, [op.value])
+                target = self._store(out) if support else element(out, [])
+                w(d, f"{target} {'=' if support else '+='} {em.cast(op.value, out.dtype)}")
+                em.unbind(bound)
                 return
-            if not op.indices:
-                w(d, f"{element(out, [])} += {em.cast(op.value, out.dtype)}")
-                return
-            idx = [em(i) for i in op.indices]
-            tgt = []
-            for k, (s, n) in enumerate(zip(idx, op.shape)):
+            safe_index = []
+            for k, n in enumerate(op.shape):
                 pa = to_pwaff(op.indices[k], space)
                 safe = False
                 if pa is not None:
                     bad = pa.lt_set(space.const(0)).union(pa.ge_set(space.const(n))).intersect(dom)
                     safe = bad.is_empty()
-                if safe:
+                safe_index.append(safe)
+            idx = [em(i) for i in op.indices]
+            tgt = []
+            for k, (s, n) in enumerate(zip(idx, op.shape)):
+                if safe_index[k]:
                     tgt.append(s)
                 else:
                     self.errors.append(
@@ -1218,7 +1232,18 @@ class _StageLowering:
                         f"the shape {op.shape}")
                     tgt.append(f"_ck({helper_int(s)}, np.int64({n}), err, "
                                f"np.int64({len(self.errors)}))")
+            bound = []
+            if em.tree_nodes([op.value]) > LET_TREE_NODES:
+                # a large value shares its subexpressions (ExprEmitter.bind_shared):
+                # the target's indices and their checks first, as Python evaluates
+                # ``out[target] += value``, then the value's bindings
+                self._lets = getattr(self, "_lets", 0) + 1
+                for k in range(len(tgt)):
+                    w(d, f"ix{self.k}_{self._lets}_{k} = {tgt[k]}")
+                    tgt[k] = f"ix{self.k}_{self._lets}_{k}"
+                bound = self._bind_shared(em, d, [op.value])
             w(d, f"{element(out, tgt)} += {em.cast(op.value, out.dtype)}")
+            em.unbind(bound)
 
         st = [LA.Statement(f"U{self.k}", axes, dom, [self.stage.axis_value(a) for a in order])]
         self._emit_nest(depth, st, len(order), {"U": upd}, par_dims)
