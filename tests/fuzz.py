@@ -138,6 +138,9 @@ class _Gen:
         # a seventh for a tuple reduction's components read out of order or alone
         # (the stage computes them all)
         self.rng7 = random.Random(seed * 86028121 + 19)
+        # an eighth for a chain of selects each reading the level below several
+        # times: a DAG far smaller than its tree (codegen's shared bindings)
+        self.rng8 = random.Random(seed * 122949823 + 23)
         self.big = False
         # draw the dtype even when it is given: the twin must draw the same program
         self.dtype = self.rng.choice(["float32", "float64"])
@@ -258,11 +261,29 @@ class _Gen:
 
     # ---- values --------------------------------------------------------------------
     def value(self, sources, vars, depth=0):
+        out = self._value(sources, vars, depth)
+        if self.reshape and self.rng8.random() < 0.03:
+            out = self.select_chain(out)
+        return out
+
+    def select_chain(self, v):
+        """``v`` through 4-7 levels of ``select(v > c, tanh(v) * v, v * a + b)``
+        (bounded: each level is at most as large as the one below), drawn from
+        its own stream so that other programs keep theirs."""
+        r = self.rng8
+        self.smooth = False
+        for _ in range(r.randint(4, 7)):
+            c = r.choice([-0.5, 0.0, 0.25, 0.5])
+            a = r.choice([0.5, -0.5, 0.25])
+            v = te.if_then_else(v > c, te.tanh(v) * v, v * a + r.choice([0.25, -0.1]))
+        return v
+
+    def _value(self, sources, vars, depth=0):
         r = self.rng
         x = self.load(r.choice(sources), vars)
         op = r.random()
         if depth < 2 and op < 0.35:
-            y = self.value(sources, vars, depth + 1)
+            y = self._value(sources, vars, depth + 1)
             return r.choice([lambda: x + y, lambda: x * y, lambda: x - y * 0.5])()
         if op < 0.45:
             self.smooth = False
