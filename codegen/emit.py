@@ -134,9 +134,11 @@ class ExprEmitter:
         :data:`LET_MIN_NODES` tree nodes and is evaluated whenever the statement
         is: not only in one branch of a select or behind a short-circuit
         ``and``/``or`` (nothing is evaluated where it was not). The bindings are
-        written in the statement's order of evaluation, and a node holding a
+        written in the statement's order of evaluation; a node holding a
         run-time check is bound only where no check outside the bindings comes
-        before it: the check that fails first stays the one reported.
+        before it (the check that fails first stays the one reported), and so
+        that checks do not hold each other back, every always-evaluated node
+        with a check of its own (a checked load) is bound in that order too.
         ``write(text)`` writes one line; ``prefix`` makes the names unique in the
         unit; ``checked_before``: the statement runs a check of its own before
         these values (a scatter's index), so no checked node is bound."""
@@ -163,7 +165,10 @@ class ExprEmitter:
             kids = (n.cond, n.true_value, n.false_value) if isinstance(n, E.Select) else n.args
             for c in kids:
                 visit(c)
-            if (id(n) in always and uses.get(id(n), 0) >= 2 and size[id(n)] >= LET_MIN_NODES
+            shared = uses.get(id(n), 0) >= 2 and size[id(n)] >= LET_MIN_NODES
+            # an always-evaluated check is bound too, shared or not: it then runs in
+            # the bindings, in order, and does not hold back the checks after it
+            if (id(n) in always and (shared or self._has_own_check(n))
                     and not (id(n) in checked and before)):
                 name = f"{prefix}{len(names)}"
                 write(f"{name} = {self(n)}")

@@ -208,8 +208,7 @@ def test_the_emitter_binds_checked_subexpressions_in_order_only():
     assert len(lines) >= 5 and "_ck(" in lines[0]
     codes = [int(c) for ln in lines for c in __import__("re").findall(r"np\.int64\((\d+)\)\)", ln)]
     assert codes == sorted(codes)  # the checks keep their order of evaluation
-    # after a check that stays in the statement (another gather, read first), a
-    # checked level is not bound: it would run before that check
+    # another gather read first: its checked load is bound first, then the chain
     em = _emitter(x, idx)
     em.names[id(i)] = "i"
     first = x[idx[i + 1]]
@@ -217,8 +216,16 @@ def test_the_emitter_binds_checked_subexpressions_in_order_only():
     em.checks = {id(n) for n in post_order(stmt) if isinstance(n, E.Load) and n.tensor is x}
     lines = []
     em.bind_shared([stmt], lines.append, "let")
-    assert not any("_ck(" in ln for ln in lines)
-    # the same shapes unchecked bind
+    assert "i + 1" in lines[0] and len(lines) >= 6 and len(em(stmt)) < 300
+    codes = [int(c) for ln in lines for c in __import__("re").findall(r"np\.int64\((\d+)\)\)", ln)]
+    assert codes == sorted(codes)
+    # a check inside one branch of a select, read first, holds the chain's checks back
     em = _emitter(x, idx)
     em.names[id(i)] = "i"
-    assert em.bind_shared([stmt], [].append, "let")
+    cond_first = te.if_then_else(x[i] > 0.0, x[idx[i + 1]], 1.0)
+    stmt = cond_first * 2.0 + v
+    em.checks = {id(n) for n in post_order(stmt)
+                 if isinstance(n, E.Load) and n.tensor is x and n is not x[i]}
+    lines = []
+    em.bind_shared([stmt], lines.append, "let")
+    assert not any("_ck(" in ln for ln in lines)
