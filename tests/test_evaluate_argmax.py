@@ -45,6 +45,33 @@ def test_the_vectorised_argmax_is_the_fold(kind, where, monkeypatch):
         np.testing.assert_array_equal(fast[1].sum(axis=1), np.arange(1.0, 41))
 
 
+def test_a_gradient_loaded_from_the_symbolic_cache_takes_the_same_path():
+    # a loaded graph has its own copy of the argmax combiner: found by structure
+    import pickle
+
+    x = te.placeholder((5,), "X", "float64")
+    k = te.reduce_axis(5, "k")
+    y = te.compute((), lambda: te.max(x[k], axis=k), name="Y")
+    (g,) = te.differentiate(y, [x], simplify=False)
+    x2, g2 = pickle.loads(pickle.dumps([x, g]))
+    stages = [op for op in te.topo_order([g2]) if getattr(op, "body", None)]
+    combs = [b.combiner for op in stages for b in op.body if hasattr(b, "combiner")]
+    assert any(ev._arg_kind(c) == "max" for c in combs)
+    np.testing.assert_array_equal(te.evaluate(g2, {x2: np.array([1.0, 3, 3, 2, np.nan])}),
+                                  [0, 0, 0, 0, 1])
+
+
+def test_a_user_reducer_that_looks_like_argmax_but_differs_is_folded():
+    rev = te.comm_reducer(lambda a, b: (te.select(b[0] >= a[0], b[0], a[0]),
+                                        te.select(b[0] >= a[0], b[1], a[1])),
+                          lambda d0, d1: (te.const(-np.inf, d0), te.const(-1, d1)),
+                          name="argmax")
+    x = te.placeholder((4,), "X", "float64")
+    k = te.reduce_axis(4, "k")
+    v, i = te.compute((), lambda: rev((x[k], k), axis=k), name="A")
+    assert te.evaluate(i, {x: np.array([1.0, 3.0, 3.0, 0.0])}) == 2  # the last tie: its rule
+
+
 def test_a_million_point_max_gradient_evaluates_in_seconds():
     x = te.placeholder((1_200_000,), "X", "float32")
     k = te.reduce_axis(1_200_000, "k")

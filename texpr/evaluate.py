@@ -273,13 +273,30 @@ def _reduce_builtin(kind, src, mask, red_dims, combiner, dtype):
     return fn(src, axis=red_dims, initial=ident)
 
 
+def _combine_text(comb):
+    """The combine of ``comb`` as text, its variables named by position (``lhs`` then
+    ``rhs``): equal for two instances of one reducer, whatever their variables."""
+    from .printer import _Names
+
+    names = _Names(True)
+    for v in comb.lhs + comb.rhs:
+        names.var(v)
+    return tuple(expr_str(r, _names=names) for r in comb.result)
+
+
 def _arg_kind(comb):
     """``"max"``/``"min"`` for the argmax/argmin reducers of the gradient's argmax stages
-    (:data:`texpr.jacobian.ARG_REDUCERS`, compared by identity), else None."""
+    (:data:`texpr.jacobian.ARG_REDUCERS`), else None. Compared by structure, not by
+    identity: a graph loaded from the symbolic cache has its own copy of the
+    combiner (:meth:`Combiner.__reduce__` rebuilds a custom one)."""
     from .jacobian import ARG_REDUCERS
 
+    if not comb.order_free or comb.kind != "custom" or len(comb.lhs) != 2:
+        return None
     for kind, reducer in ARG_REDUCERS.items():
-        if comb is reducer.combiner(comb.dtypes):
+        ref = reducer.combiner(comb.dtypes)
+        if comb is ref or (comb.name == ref.name and _combine_text(comb) == _combine_text(ref)
+                           and [c.value for c in comb.identity] == [c.value for c in ref.identity]):
             return kind
     return None
 
