@@ -120,7 +120,7 @@ class ExprEmitter:
         self.errors.append(msg)
         return len(self.errors)
 
-    def bind_shared(self, exprs, write, prefix, checked_before=False):
+    def bind_shared(self, exprs, write, prefix, checked_before=False, later=()):
         """Write ``name = value`` for the shared subexpressions of a statement about to
         be written with the values ``exprs``, and emit them by name from now on
         (until :meth:`unbind`). Returns the bound nodes' ids.
@@ -141,9 +141,11 @@ class ExprEmitter:
         with a check of its own (a checked load) is bound in that order too.
         ``write(text)`` writes one line; ``prefix`` makes the names unique in the
         unit; ``checked_before``: the statement runs a check of its own before
-        these values (a scatter's index), so no checked node is bound."""
+        these values (a scatter's index), so no checked node is bound; ``later``:
+        values evaluated after these, perhaps not at all (the body under a
+        reduction's ``where`` test): their uses count, their nodes are not bound."""
         roots = list(exprs)
-        order = _nodes(roots)
+        order = _nodes(roots + list(later))
         size, uses, checked = {}, {}, set()
         for n in order:
             size[id(n)] = 1 + sum(size[id(c)] for c in n.args)
@@ -151,7 +153,8 @@ class ExprEmitter:
                 uses[id(c)] = uses.get(id(c), 0) + 1
             if self._has_own_check(n) or any(id(c) in checked for c in n.args):
                 checked.add(id(n))
-        if sum(size[id(r)] for r in roots) <= LET_TREE_NODES or len(order) > LET_MAX_DAG_NODES:
+        if (sum(size[id(r)] for r in roots + list(later)) <= LET_TREE_NODES
+                or len(order) > LET_MAX_DAG_NODES):
             return []
         always = _always_evaluated(roots)
         names, seen = [], set()

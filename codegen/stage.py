@@ -796,10 +796,10 @@ class _StageLowering:
         d0 = comb.dtypes[0]
 
         def emit(depth, targets):
+            bound = []
             if resid is not None:
-                w(depth, f"if {em(resid)}:")
-                depth += 1
-            bound = self._bind_shared(em, depth, red.source)
+                depth, bound = self._guard(em, depth, resid, list(red.source))
+            bound += self._bind_shared(em, depth, red.source)
             if comb.kind in ("sum", "prod"):
                 op = "+=" if comb.kind == "sum" else "*="
                 w(depth, f"{targets[0]} {op} {em.cast(red.source[0], d0)}")
@@ -822,12 +822,43 @@ class _StageLowering:
             em.unbind(bound)
         return emit
 
-    def _bind_shared(self, em, depth, exprs, checked_before=False):
+    def _guard(self, em, depth, cond, later):
+        """Write ``if cond:`` before a statement whose values are ``later``; returns the
+        depth inside it and the ids :meth:`ExprEmitter.bind_shared` bound. A large
+        condition (a where holding a chain of selects, lifted from a gradient) is
+        a sequence of conjuncts, each computed into a flag only where the ones
+        before it held (``and``'s short circuit, without nesting a block per
+        conjunct), after binding the shared subexpressions it computes first."""
+        w = self.w
+        if em.tree_nodes([cond] + later) <= LET_TREE_NODES:
+            w(depth, f"if {em(cond)}:")
+            return depth + 1, []
+        parts, stack = [], [cond]
+        while stack:  # the conjuncts, in order
+            c = stack.pop()
+            if isinstance(c, E.And):
+                stack += [c.b, c.a]
+            else:
+                parts.append(c)
+        self._lets = getattr(self, "_lets", 0) + 1
+        flag = f"ok{self.k}_{self._lets}"
+        bound = []
+        for j, c in enumerate(parts):
+            d = depth
+            if j:
+                w(depth, f"if {flag}:")
+                d += 1
+            bound += self._bind_shared(em, d, [c], later=parts[j + 1:] + later)
+            w(d, f"{flag} = {em(c)}")
+        w(depth, f"if {flag}:")
+        return depth + 1, bound
+
+    def _bind_shared(self, em, depth, exprs, checked_before=False, later=()):
         """:meth:`ExprEmitter.bind_shared` for a statement written at ``depth`` (names
         ``let<k>_<n>_<j>``: unique in the unit, the same in every build)."""
         self._lets = getattr(self, "_lets", 0) + 1
         return em.bind_shared(exprs, lambda text: self.w(depth, text),
-                              f"let{self.k}_{self._lets}_", checked_before)
+                              f"let{self.k}_{self._lets}_", checked_before, later)
 
     def _split_residues(self, cand, statements, ndims, par_dims):
         """Split the statements on the residue classes of a ``(e % m)`` of the
@@ -1204,9 +1235,13 @@ class _StageLowering:
             par_dims = {k for k, a in enumerate(order) if any(a is b for b in par)}
 
         def upd(d):
+            guard = []
             if resid is not None:
-                w(d, f"if {em(resid)}:")
-                d += 1
+                d, guard = self._guard(em, d, resid, list(op.indices) + [op.value])
+            upd_body(d)
+            em.unbind(guard)
+
+        def upd_body(d):
             if support or not op.indices:
                 bound = self._bind_shared(em, d, [op.value])
                 target = self._store(out) if support else element(out, [])
