@@ -53,12 +53,13 @@ REGRESSIONS = (20261140, 20261160, 20261180, 20261210, 20261230, 20261280,
 #: the k = 1 points of its domain (simplify.loop_ast.runs_exactly now checks every
 #: loop nest isl generates); and a reduction whose residue split numbered its
 #: classes by position, so an update piece ran with another class's init; and a
-#: loop nest the validator first refused (two classes in one stride-2 loop);
-#: and a chain of selects over a min's source, whose gradient's scatter lifted the
-#: chain into its where test (a 260 KB line: codegen's shared bindings, issue 10)
+#: loop nest the validator first refused (two classes in one stride-2 loop)
 LONG_RUN_REGRESSIONS = (7000003194, 7000003318, 7000002969, 7000031103, 7000200107,
                         7000020211, 7000500074, 7000500215, 7000600314,
-                        7000802849, 7000802803, 7007100027)
+                        7000802849, 7000802803)
+#: (7007100027, a chain of selects lifted into a gradient scatter's where test, a
+#: 260 KB line before codegen's shared bindings, is a long-run seed only: its
+#: parallel build spent minutes in numba's parfor fusion on a busy machine)
 #: compiled in long runs only: its program's argmax unit inlines a cheap stage into
 #: a 15 KB select chain whose hundreds of inlined check helpers take numba about
 #: 90 s (a compile-time case for issue 11); CI runs its evaluator checks
