@@ -392,7 +392,8 @@ def tie_ordered(comb):
     tie (``max(a, b) + min(a, b)``, a log-sum-exp or top-2 written with them) has
     its exact derivative there. This is simulation of simplicity (Edelsbrunner
     and Muecke, ACM TOG 9(1), 1990) with the flat position as the perturbation.
-    A ``max``/``min`` whose operands are not one side each keeps the even split.
+    A ``max``/``min`` whose operands are not one side each gives a tie to its
+    first operand (one fixed choice, as before the even split).
     """
     sides = {id(v): const(True) for v in comb.lhs}  # from an earlier point?
     sides.update({id(v): const(False) for v in comb.rhs})
@@ -427,6 +428,12 @@ def tie_ordered(comb):
             same = isinstance(pa, Const) and isinstance(pb, Const) and pa.value == pb.value
             origin = pa if same else select(a_wins, pa, pb)
         else:
+            if isinstance(n, (Max, Min)):
+                # an operand of no one side (m + m' of a best-pair-sum combine): the
+                # first operand keeps the tie, one fixed choice (an even split here
+                # is multiplied by another in the chain rule: 1/2, 1/4, ...)
+                a, b = args
+                rebuilt = select(a >= b if isinstance(n, Max) else a <= b, a, b)
             known = [w for w in where if w is not _NO_SIDE]
             if not known:
                 origin = _NO_SIDE
