@@ -11,6 +11,7 @@ from texpr import dtypes as dt
 from texpr import expr as E
 from texpr.errors import TexprError
 from texpr.printer import expr_str
+from texpr.visitor import post_order, tree_sizes
 
 from .bounds import DATA_INDEX_LIMIT
 from .source import comment_text
@@ -19,7 +20,6 @@ __all__ = ["ExprEmitter", "const_str", "element"]
 
 
 def _nodes(e):
-    from texpr.visitor import post_order
     return post_order(e)
 
 
@@ -130,49 +130,80 @@ class ExprEmitter:
         level below several times is a DAG of O(d) nodes and a text of O(3^d) (an
         attack's chain of depth 5 gave 89 KB units that numba compiled in 300 s;
         smaller statements keep their text, :mod:`codegen.cse` shares their
-        repeats). A node is bound when it is used twice or more, has at least
-        :data:`LET_MIN_NODES` tree nodes and is evaluated whenever the statement
-        is: not only in one branch of a select or behind a short-circuit
-        ``and``/``or`` (nothing is evaluated where it was not). The bindings are
-        written in the statement's order of evaluation; a node holding a
-        run-time check is bound only where no check outside the bindings comes
-        before it (the check that fails first stays the one reported), and so
-        that checks do not hold each other back, every always-evaluated node
-        with a check of its own (a checked load) is bound in that order too.
+        repeats). A node used twice or more, of at least :data:`LET_MIN_NODES`
+        tree nodes, is bound when
+
+        * the statement always evaluates it (not only in one branch of a select
+          or behind a short-circuit ``and``/``or``), or
+        * it cannot fail and reads nothing the statement does not always read:
+          no run-time check, no integer division, every load in it always
+          evaluated. Computing it where the statement would not costs a few
+          operations and is harmless (the tangent of a stacked ``max(v, 0)``
+          sits in two of the three branches of its tie rule, which wrote
+          2^depth copies).
+
+        The bindings are written in the statement's order of evaluation. A node
+        holding a run-time check is bound only where its first evaluation is
+        unconditional and no check outside the bindings comes before it (the
+        check that fails first stays the one reported); every such
+        always-evaluated checked load is bound in that order too, so that checks
+        do not hold each other back. A node with a value range check of its own
+        (``value_checks``: an int load in index arithmetic) is never bound: a
+        comparison reads it unchecked (:meth:`_unchecked`, a sentinel guard),
+        the binding would check it.
         ``write(text)`` writes one line; ``prefix`` makes the names unique in the
         unit; ``checked_before``: the statement runs a check of its own before
         these values (a scatter's index), so no checked node is bound; ``later``:
         values evaluated after these, perhaps not at all (the body under a
         reduction's ``where`` test): their uses count, their nodes are not bound."""
         roots = list(exprs)
-        order = _nodes(roots + list(later))
-        size, uses, checked = {}, {}, set()
-        for n in order:
-            size[id(n)] = 1 + sum(size[id(c)] for c in n.args)
-            for c in n.args:
-                uses[id(c)] = uses.get(id(c), 0) + 1
-            if self._has_own_check(n) or any(id(c) in checked for c in n.args):
-                checked.add(id(n))
+        order, size, uses = tree_sizes(roots + list(later))
         if (sum(size[id(r)] for r in roots + list(later)) <= LET_TREE_NODES
                 or len(order) > LET_MAX_DAG_NODES):
             return []
+        checked, unsafe = set(), set()
+        for n in order:
+            kids = [id(c) for c in n.args]
+            if self._has_own_check(n) or any(k in checked for k in kids):
+                checked.add(id(n))
+            if isinstance(n, (E.FloorDiv, E.FloorMod)) or any(k in unsafe for k in kids):
+                unsafe.add(id(n))
         always = _always_evaluated(roots)
+        loads_always = set()  # nodes whose loads the statement always evaluates
+        for n in order:
+            if (all(id(c) in loads_always for c in n.args)
+                    and (not isinstance(n, E.Load) or id(n) in always)):
+                loads_always.add(id(n))
         names, seen = [], set()
         pending = [checked_before]  # a check in the statement's text comes before here
 
-        def visit(n):  # in Python's order of evaluation of the emitted text
-            if id(n) in seen or id(n) in self.bound:
+        def visit(n, conditional):  # in Python's order of evaluation of the emitted text
+            if id(n) in self.bound:
+                return
+            if id(n) in seen:  # written again here: its checks run again here
+                if id(n) in checked:
+                    pending[0] = True
                 return
             seen.add(id(n))
             before = pending[0]
-            kids = (n.cond, n.true_value, n.false_value) if isinstance(n, E.Select) else n.args
-            for c in kids:
-                visit(c)
+            if isinstance(n, E.Select):
+                parts = ((n.cond, conditional), (n.true_value, True), (n.false_value, True))
+            elif isinstance(n, (E.And, E.Or)):
+                parts = ((n.a, conditional), (n.b, conditional or not _cheap_and_safe(n.b)))
+            else:
+                parts = tuple((c, conditional) for c in n.args)
+            for c, cc in parts:
+                visit(c, cc)
             shared = uses.get(id(n), 0) >= 2 and size[id(n)] >= LET_MIN_NODES
-            # an always-evaluated check is bound too, shared or not: it then runs in
-            # the bindings, in order, and does not hold back the checks after it
-            if (id(n) in always and (shared or self._has_own_check(n))
-                    and not (id(n) in checked and before)):
+            if id(n) in checked:
+                # a checked load, or a shared node holding checks: bound at an
+                # unconditional first evaluation only, after every check before it
+                ok = (id(n) in always and not conditional and not before
+                      and (shared or self._has_own_check(n)))
+            else:
+                ok = shared and (id(n) in always
+                                 or (id(n) not in unsafe and id(n) in loads_always))
+            if ok and id(n) not in self.value_checks:
                 name = f"{prefix}{len(names)}"
                 write(f"{name} = {self(n)}")
                 self.bound[id(n)] = name
@@ -182,15 +213,13 @@ class ExprEmitter:
                 pending[0] = True
 
         for r in roots:
-            visit(r)
+            visit(r, False)
         return names
 
     @staticmethod
     def tree_nodes(exprs):
         """The nodes of ``exprs`` as trees (each use of a shared node counted again)."""
-        size = {}
-        for n in _nodes(list(exprs)):
-            size[id(n)] = 1 + sum(size[id(c)] for c in n.args)
+        _order, size, _uses = tree_sizes(exprs)
         return sum(size[id(e)] for e in exprs)
 
     def unbind(self, ids):

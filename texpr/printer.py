@@ -70,14 +70,9 @@ def _let_form(roots, names):
     binding the shared subexpressions of at least :data:`LET_MIN_NODES` tree nodes
     in post-order (children first). Expressions are interned, so the form depends
     on the structure alone: equal graphs print equal text."""
-    from .visitor import post_order
+    from .visitor import tree_sizes
 
-    order = post_order(roots)
-    size, uses = {}, {}
-    for n in order:
-        size[id(n)] = 1 + sum(size[id(c)] for c in n.args)
-        for c in n.args:
-            uses[id(c)] = uses.get(id(c), 0) + 1
+    order, size, uses = tree_sizes(roots)
     if sum(size[id(r)] for r in roots) <= LET_TREE_NODES:
         return "", [_s(r, names) for r in roots]
     names.bound = {}

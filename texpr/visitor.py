@@ -109,3 +109,20 @@ def depth(root):
         d[id(n)] = 1 + max((d[id(c)] for c in n.args), default=0)
     roots = [root] if isinstance(root, Expr) else list(root)
     return max((d[id(r)] for r in roots), default=0)
+
+
+def tree_sizes(roots):
+    """``(order, size, uses)`` of the DAG under ``roots`` (an iterable of Exprs):
+    ``order`` its distinct nodes, children first (:func:`post_order`); ``size``
+    id -> nodes of the node's subtree written as a tree (each use of a shared
+    node counted again); ``uses`` id -> number of parent edges (how often the
+    DAG reads the node). A chain of selects each reading the level below
+    several times has O(d) nodes and trees of O(3^d): the printer's let form and
+    codegen's shared bindings decide by these counts."""
+    order = post_order(list(roots))
+    size, uses = {}, {}
+    for n in order:
+        size[id(n)] = 1 + sum(size[id(c)] for c in n.args)
+        for c in n.args:
+            uses[id(c)] = uses.get(id(c), 0) + 1
+    return order, size, uses
