@@ -189,16 +189,16 @@ def _transform(stmt, counter):
     if isinstance(v, ast.IfExp) and _size(v) >= SPLIT_NODES:
         # what the condition computes and a branch reuses (a chain of selects:
         # each level's value is compared, then used) is computed once, first
+        # (the value itself is never hoisted: it stays the conditional expression)
         first, stmt = _rewrite(stmt, counter)
         v = stmt.value
-        if isinstance(v, ast.IfExp):
-            arms = []
-            for branch in (v.body, v.orelse):
-                leaf = copy.copy(stmt)
-                leaf.value = branch
-                arms.append(_transform(leaf, counter)[0])
-            node = ast.copy_location(ast.If(v.test, arms[0], arms[1]), stmt)
-            return first + [node], True
+        arms = []
+        for branch in (v.body, v.orelse):
+            leaf = copy.copy(stmt)
+            leaf.value = branch
+            arms.append(_transform(leaf, counter)[0])
+        node = ast.copy_location(ast.If(v.test, arms[0], arms[1]), stmt)
+        return first + [node], True
     # the repeats that the whole value always evaluates first (the conditions of a
     # sum of selects share their subexpressions: a chain of selects in one body
     # repeats each level's value in every term's condition), then a large select

@@ -498,6 +498,7 @@ class _StageLowering:
 
     def __init__(self, k, op, stage, buffers, inlined, errors, parallel_on, w):
         self.k, self.op, self.stage, self.buffers = k, op, stage, buffers
+        self._temps = 0  # numbers the temporaries of statements (_fresh)
         self.inlined, self.errors, self.parallel_on, self.w = inlined, errors, parallel_on, w
         self.names = {}
         self.uses_prange = False
@@ -840,8 +841,7 @@ class _StageLowering:
                 stack += [c.b, c.a]
             else:
                 parts.append(c)
-        self._lets = getattr(self, "_lets", 0) + 1
-        flag = f"ok{self.k}_{self._lets}"
+        flag = f"ok{self.k}_{self._fresh()}"
         bound = []
         for j, c in enumerate(parts):
             d = depth
@@ -856,9 +856,14 @@ class _StageLowering:
     def _bind_shared(self, em, depth, exprs, checked_before=False, later=()):
         """:meth:`ExprEmitter.bind_shared` for a statement written at ``depth`` (names
         ``let<k>_<n>_<j>``: unique in the unit, the same in every build)."""
-        self._lets = getattr(self, "_lets", 0) + 1
         return em.bind_shared(exprs, lambda text: self.w(depth, text),
-                              f"let{self.k}_{self._lets}_", checked_before, later)
+                              f"let{self.k}_{self._fresh()}_", checked_before, later)
+
+    def _fresh(self):
+        """A number for the temporaries of one statement, new in the stage (the text
+        stays the same in every build: statements are written in a fixed order)."""
+        self._temps += 1
+        return self._temps
 
     def _split_residues(self, cand, statements, ndims, par_dims):
         """Split the statements on the residue classes of a ``(e % m)`` of the
@@ -1272,10 +1277,10 @@ class _StageLowering:
                 # a large value shares its subexpressions (ExprEmitter.bind_shared):
                 # the target's indices and their checks first, as Python evaluates
                 # ``out[target] += value``, then the value's bindings
-                self._lets = getattr(self, "_lets", 0) + 1
+                tag = self._fresh()
                 for k in range(len(tgt)):
-                    w(d, f"ix{self.k}_{self._lets}_{k} = {tgt[k]}")
-                    tgt[k] = f"ix{self.k}_{self._lets}_{k}"
+                    w(d, f"ix{self.k}_{tag}_{k} = {tgt[k]}")
+                    tgt[k] = f"ix{self.k}_{tag}_{k}"
                 bound = self._bind_shared(em, d, [op.value])
             w(d, f"{element(out, tgt)} += {em.cast(op.value, out.dtype)}")
             em.unbind(bound)
