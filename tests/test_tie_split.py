@@ -194,3 +194,56 @@ def test_the_kernel_gives_the_evaluators_split():
     got = kernel(feed[a], feed[b])
     for w, g_ in zip(want, got):
         np.testing.assert_array_equal(g_, w)
+
+
+@pytest.mark.parametrize("kind", ["max", "min"])
+def test_a_max_or_min_reducer_gives_the_first_nan_the_adjoint_as_the_built_in_does(kind):
+    # a user's max reducer over a NaN gave every point 0 (the tie-ordered selects
+    # compared NaN false both ways); NaN propagates, so the first NaN point is
+    # where the value came from and receives the adjoint, as for te.max/te.min
+    x = te.placeholder((4, 4), "X", F)
+    f, ident = (te.max, -np.inf) if kind == "max" else (te.min, np.inf)
+    red = te.comm_reducer(lambda u, v: f(u, v), lambda d: te.const(ident, d), name="r" + kind)
+    k, kb = te.reduce_axis(4, "k"), te.reduce_axis(4, "kb")
+    y = te.compute((4,), lambda i: red(x[i, k], axis=k), name="Y")
+    builtin = te.compute((4,), lambda i: f(x[i, kb], axis=kb), name="B")
+    head = te.placeholder((4,), "dY", F)
+    nan = np.nan
+    xv = np.array([[1.0, nan, 3.0, nan], [nan, 1.0, 2.0, 3.0],
+                   [nan, nan, nan, nan], [1.0, 2.0, 3.0, nan]])
+    feed = {x: xv, head: np.array([8.0, 6.0, 5.0, 3.0])}
+    want = [[0, 8.0, 0, 0], [6.0, 0, 0, 0], [5.0, 0, 0, 0], [0, 0, 0, 3.0]]
+    (gb,) = te.evaluate(list(te.differentiate(builtin, [x], head=head).result), feed)
+    np.testing.assert_array_equal(gb, want)
+    for simplify in (False, True):
+        value, g = te.evaluate([y] + list(te.differentiate(y, [x], head=head,
+                                                           simplify=simplify).result), feed)
+        assert np.isnan(value).all()
+        np.testing.assert_array_equal(g, want)
+
+
+def test_a_top2_reducer_over_a_nan_sends_the_tops_adjoint_to_the_first_nan():
+    x = te.placeholder((5,), "X", F)
+    k = te.reduce_axis(5, "k")
+    m1, m2 = te.compute((), lambda: _top2()((x[k], te.const(-np.inf, F)), axis=k), name="T")
+    for xv, want in (([1.0, np.nan, 3.0, 2.0, np.nan], [0, 1.0, 0, 0, 0]),
+                     ([1.0, 4.0, 3.0, np.nan, 0.0], [0, 0, 0, 1.0, 0])):
+        for simplify in (False, True):
+            (g,) = _grads(m1, [x], {x: np.array(xv)}, simplify)
+            np.testing.assert_array_equal(g, want)
+
+
+def test_the_kernel_of_a_max_reducer_over_nan_gives_the_evaluators_adjoint():
+    codegen = pytest.importorskip("texpr.codegen")
+    x = te.placeholder((3, 4), "X", F)
+    red = te.comm_reducer(lambda u, v: te.max(u, v), lambda d: te.const(-np.inf, d), name="rmax")
+    k = te.reduce_axis(4, "k")
+    y = te.compute((3,), lambda i: red(x[i, k], axis=k), name="Y")
+    loss = _sum(y)
+    (g,) = te.differentiate(loss, [x])
+    xv = np.array([[1.0, np.nan, 3.0, np.nan], [2.0, 2.0, 1.0, 0.0], [0.0, 1.0, 2.0, np.nan]])
+    want = te.evaluate([loss, g], {x: xv})
+    np.testing.assert_array_equal(want[1], [[0, 1.0, 0, 0], [1.0, 0, 0, 0], [0, 0, 0, 1.0]])
+    got = codegen.build([loss, g], [x])(xv)
+    for w, g_ in zip(want, got):
+        np.testing.assert_array_equal(g_, w)

@@ -418,12 +418,7 @@ def tie_ordered(comb):
             # at a tie a wins when it is the larger (max) or smaller (min) by position
             a_pos = (any_of(pa, logical_not(pb)) if larger == lhs_larger
                      else any_of(logical_not(pa), pb))
-            if isinstance(a_pos, Const):  # positions known statically
-                a_wins = ((a >= b if a_pos.value else a > b) if larger
-                          else (a <= b if a_pos.value else a < b))
-            else:
-                a_wins = (any_of(a > b, all_of(a >= b, a_pos)) if larger
-                          else any_of(a < b, all_of(a <= b, a_pos)))
+            a_wins = _picks_first(a, b, larger, a_pos)
             rebuilt = select(a_wins, a, b)
             same = isinstance(pa, Const) and isinstance(pb, Const) and pa.value == pb.value
             origin = pa if same else select(a_wins, pa, pb)
@@ -433,7 +428,7 @@ def tie_ordered(comb):
                 # first operand keeps the tie, one fixed choice (an even split here
                 # is multiplied by another in the chain rule: 1/2, 1/4, ...)
                 a, b = args
-                rebuilt = select(a >= b if isinstance(n, Max) else a <= b, a, b)
+                rebuilt = select(_picks_first(a, b, isinstance(n, Max), const(True)), a, b)
             known = [w for w in where if w is not _NO_SIDE]
             if not known:
                 origin = _NO_SIDE
@@ -447,6 +442,25 @@ def tie_ordered(comb):
 
 
 _NO_SIDE, _MIXED = object(), object()
+
+
+def _picks_first(a, b, larger, a_pos):
+    """Whether ``max(a, b)`` (``larger``) or ``min(a, b)`` picks ``a``: by value, at a
+    tie by ``a_pos`` (a boolean expression), and a NaN operand wins as NaN
+    propagates (the first by ``a_pos`` when both are NaN), so the derivative goes
+    where the value came from, as for the built-in max and min reducers."""
+    strict, loose = (a > b, a >= b) if larger else (a < b, a <= b)
+    if isinstance(a_pos, Const):  # positions known statically
+        by_value = loose if a_pos.value else strict
+    else:
+        by_value = any_of(strict, all_of(loose, a_pos))
+    if not dt.is_float(a.dtype):
+        return by_value
+    a_nan = a != a  # IEEE: only NaN differs from itself
+    b_number = b == b
+    nan_wins = a_nan if isinstance(a_pos, Const) and a_pos.value else all_of(
+        a_nan, any_of(b_number, a_pos))
+    return any_of(by_value, nan_wins)
 
 
 def _rule_generic(out, red, ctx):
