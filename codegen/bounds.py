@@ -28,6 +28,14 @@ _COMPARISONS = (E.EQ, E.NE, E.LT, E.LE, E.GT, E.GE)
 _INDEX_ARITH = (E.Add, E.Sub, E.Mul, E.FloorDiv, E.FloorMod, E.Min, E.Max)
 
 
+def _narrow(path, s):
+    """``path`` within the set ``s``: the same object where ``s`` is plainly the
+    universe (a float comparison), so that :meth:`_BoundsChecker.walk`'s memo (by
+    the path's id) sees a DAG once, not a chain of selects as a tree of O(2^d)
+    paths (isl ran out of memory on a depth-8 chain over a gathered load)."""
+    return path if s.plain_is_universe() else path.intersect(s)
+
+
 class _BoundsChecker:
     """Finds the loads of a statement that need a run-time bounds check, and
     proves its integer index arithmetic exact.
@@ -182,9 +190,9 @@ class _BoundsChecker:
         if isinstance(e, E.Select):
             self.walk(e.cond, path, resid)
             s, r = to_set(e.cond, self.space)
-            self.walk(e.true_value, path.intersect(s), resid or r is not None)
+            self.walk(e.true_value, _narrow(path, s), resid or r is not None)
             if r is None:
-                self.walk(e.false_value, path.intersect(s.complement()), resid)
+                self.walk(e.false_value, _narrow(path, s.complement()), resid)
             else:
                 self.walk(e.false_value, path, True)
             return
@@ -193,7 +201,7 @@ class _BoundsChecker:
             s, r = to_set(e.a, self.space)
             if isinstance(e, E.Or):
                 s = s.complement() if r is None else self.space.universe()
-            self.walk(e.b, path.intersect(s), resid or r is not None)
+            self.walk(e.b, _narrow(path, s), resid or r is not None)
             return
         for c in e.args:
             self.walk(c, path, resid)

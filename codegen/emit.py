@@ -120,7 +120,7 @@ class ExprEmitter:
         self.errors.append(msg)
         return len(self.errors)
 
-    def bind_shared(self, exprs, write, prefix, checked_before=False, later=()):
+    def bind_shared(self, exprs, write, prefix, checked_before=False, later=(), expand=None):
         """Write ``name = value`` for the shared subexpressions of a statement about to
         be written with the values ``exprs``, and emit them by name from now on
         (until :meth:`unbind`). Returns the bound nodes' ids.
@@ -155,7 +155,9 @@ class ExprEmitter:
         unit; ``checked_before``: the statement runs a check of its own before
         these values (a scatter's index), so no checked node is bound; ``later``:
         values evaluated after these, perhaps not at all (the body under a
-        reduction's ``where`` test): their uses count, their nodes are not bound."""
+        reduction's ``where`` test): their uses count, their nodes are not bound;
+        ``expand(node)``, if given, runs just before a node's binding is written
+        (it may write statements computing the node's large branches first)."""
         roots = list(exprs)
         order, size, uses = tree_sizes(roots + list(later))
         if (sum(size[id(r)] for r in roots + list(later)) <= LET_TREE_NODES
@@ -204,6 +206,8 @@ class ExprEmitter:
                 ok = shared and (id(n) in always
                                  or (id(n) not in unsafe and id(n) in loads_always))
             if ok and id(n) not in self.value_checks:
+                if expand is not None:
+                    expand(n)
                 name = f"{prefix}{len(names)}"
                 write(f"{name} = {self(n)}")
                 self.bound[id(n)] = name
@@ -220,6 +224,14 @@ class ExprEmitter:
     def tree_nodes(exprs):
         """The nodes of ``exprs`` as trees (each use of a shared node counted again)."""
         _order, size, _uses = tree_sizes(exprs)
+        return sum(size[id(e)] for e in exprs)
+
+    def unbound_tree_nodes(self, exprs):
+        """The nodes of ``exprs`` as trees, as the text would write them now: each use
+        of a shared node counted again, a bound node (:meth:`bind_shared`) one leaf."""
+        size = {}
+        for n in post_order(list(exprs)):
+            size[id(n)] = 1 if id(n) in self.bound else 1 + sum(size[id(c)] for c in n.args)
         return sum(size[id(e)] for e in exprs)
 
     def unbind(self, ids):

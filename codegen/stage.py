@@ -79,12 +79,13 @@ from texpr import expr as E
 from texpr.errors import TexprError
 from texpr.printer import expr_str, tensor_str
 from texpr.scan import ScanOp
+from texpr.visitor import tree_sizes
 from texpr.tensor import ScatterAddOp, row_major_strides
 
 from .affine import affine_offsets
 from .bounds import _BoundsChecker
 from .scan_lower import lower_scan
-from .emit import LET_TREE_NODES, ExprEmitter, const_str, element, fill_value, helper_int
+from .emit import LET_MAX_DAG_NODES, LET_MIN_NODES, LET_TREE_NODES, ExprEmitter, const_str, element, fill_value, helper_int
 from .schedule import inline_expand
 
 __all__ = ["default_order", "lift_zero_guards", "PARALLEL_MIN_POINTS", "UNROLL", "JAM",
@@ -96,6 +97,9 @@ __all__ = ["default_order", "lift_zero_guards", "PARALLEL_MIN_POINTS", "UNROLL",
 #: (depthwise conv's border nests: about 1 s of compile time each, for about 5% of
 #: the stage's run time)
 REST_PARALLEL_FRACTION = 0.125
+#: a subexpression of at most this many tree nodes and no run-time check stays
+#: inline in a large value's statements (:meth:`_StageLowering._bind_branches`)
+INLINE_NODES = 16
 #: when no loop of at least 4 trips walks memory contiguously, a shorter one that
 #: does may go innermost: the main job's 3x3 convolution of 4x4 images (batch 64)
 #: had its batch axis innermost, at a stride of a whole image: its forward ran
@@ -558,6 +562,7 @@ class _StageLowering:
                 # elementwise stage with several outputs (BUGS.md C14)
                 bound = self._bind_shared(em, d, body)
                 for o, b in zip(outs, body):
+                    bound += self._bind_branches(em, d, b)
                     w(d, f"{self._store(o)} = {em.cast(b, o.dtype)}")
                 em.unbind(bound)
 
@@ -801,6 +806,8 @@ class _StageLowering:
             if resid is not None:
                 depth, bound = self._guard(em, depth, resid, list(red.source))
             bound += self._bind_shared(em, depth, red.source)
+            for src in red.source:
+                bound += self._bind_branches(em, depth, src)
             if comb.kind in ("sum", "prod"):
                 op = "+=" if comb.kind == "sum" else "*="
                 w(depth, f"{targets[0]} {op} {em.cast(red.source[0], d0)}")
@@ -849,15 +856,165 @@ class _StageLowering:
                 w(depth, f"if {flag}:")
                 d += 1
             bound += self._bind_shared(em, d, [c], later=parts[j + 1:] + later)
+            bound += self._bind_branches(em, d, c)
             w(d, f"{flag} = {em(c)}")
         w(depth, f"if {flag}:")
         return depth + 1, bound
 
+    def _bind_branches(self, em, depth, e):
+        """After :meth:`_bind_shared`, a value ``e`` still larger than
+        ``LET_TREE_NODES`` as a tree is computed before its statement as statements
+        in its own order of evaluation: a select whose branches compute something
+        worth a name becomes ``if c: v = a`` / ``else: v = b`` (an ``and``/``or``
+        likewise), and within each block every node with a run-time check and
+        every shared node (of at least ``LET_MIN_NODES`` tree nodes) gets a
+        variable at its first evaluation on that path; a branch's variables are
+        forgotten after it. ``e`` is emitted by name from then on.
+
+        That is a chain of selects behind a guarded load (a gather at a data
+        index, its load checked, read only where the index is in range):
+        :meth:`ExprEmitter.bind_shared` binds only what the statement always
+        evaluates, so the chain and its derivative stayed trees of O(3^d) text (a
+        fuzzed gradient scatter, seed 7007400007: 430 KB of source, numba out of
+        memory at 23 GB). Checks run in the value's order (each in a statement of
+        its own, in order), so the one that fails first stays the one reported.
+        Returns the ids to unbind after the statement."""
+        order, size, uses = tree_sizes([e])
+        if em.unbound_tree_nodes([e]) <= LET_TREE_NODES or len(order) > LET_MAX_DAG_NODES:
+            return []
+        vc = em.value_checks
+        checked = {}  # id -> whether emitting the node runs a check not bound yet
+
+        def has_check(n):
+            hit = checked.get(id(n))
+            if hit is None:
+                hit = id(n) not in em.bound and (
+                    em._has_own_check(n) or any(has_check(c) for c in n.args))
+                checked[id(n)] = hit
+            return hit
+
+        def worth(n):  # the node would write a statement of its own
+            return (id(n) not in em.bound and id(n) not in vc
+                    and (has_check(n) or size[id(n)] > INLINE_NODES))
+
+        def first_in(arm, hoisted):
+            """The nodes worth a statement that ``arm`` evaluates before any check
+            outside ``hoisted`` (ids), in its order of evaluation."""
+            out, pending = [], [False]
+
+            def walk(n):
+                if pending[0] or id(n) in em.bound:
+                    return
+                if id(n) in vc:
+                    pending[0] = True
+                    return
+                if not worth(n):
+                    return
+                if id(n) in hoisted:  # computed before the if: its checks come first
+                    out.append(n)
+                    return
+                if isinstance(n, E.Select):
+                    walk(n.cond)
+                    late = has_check(n.true_value) or has_check(n.false_value)
+                elif isinstance(n, (E.And, E.Or)):
+                    walk(n.a)
+                    late = has_check(n.b)
+                else:
+                    for c in n.args:
+                        walk(c)
+                    late = em._has_own_check(n) or any(id(c) in vc for c in n.args)
+                if not pending[0]:
+                    out.append(n)
+                pending[0] = pending[0] or late
+
+            walk(arm)
+            return out
+
+        def in_both_arms(n):
+            """What both branches of the select ``n`` compute first (before any other
+            check of theirs): computed once before its ``if``, checks in order."""
+            hoisted = None
+            while True:
+                a = first_in(n.true_value, hoisted or set())
+                b = {id(x) for x in first_in(n.false_value, hoisted or set())}
+                both = [x for x in a if id(x) in b]
+                if hoisted is not None and {id(x) for x in both} == hoisted:
+                    return both
+                if hoisted is None:
+                    hoisted = {id(x) for x in both}
+                    continue
+                hoisted = {id(x) for x in both}
+
+        prefix = f"s{self.k}_{self._fresh()}_"
+        count = [0]
+        w = self.w
+
+        def bind(n, d, text, scope):
+            name = f"{prefix}{count[0]}"
+            count[0] += 1
+            w(d, f"{name} = {text}")
+            em.bound[id(n)] = name
+            scope.append(id(n))
+            return name
+
+        def block(n, d, scope):  # the statements of n at depth d
+            if not worth(n):
+                return
+            if isinstance(n, E.Select) and (worth(n.true_value) or worth(n.false_value)):
+                block(n.cond, d, scope)
+                for c in in_both_arms(n):  # before the if, once (not 2^depth times)
+                    block(c, d, scope)
+                name = f"{prefix}{count[0]}"
+                count[0] += 1
+                w(d, f"if {em(n.cond)}:")
+                for k, arm in enumerate((n.true_value, n.false_value)):
+                    if k:
+                        w(d, "else:")
+                    inner = []
+                    block(arm, d + 1, inner)
+                    w(d + 1, f"{name} = {em.cast(arm, n.dtype)}")
+                    em.unbind(inner)
+                    checked.clear()  # a branch's names are gone: recount
+                em.bound[id(n)] = name
+                scope.append(id(n))
+                return
+            if isinstance(n, (E.And, E.Or)) and worth(n.b):
+                block(n.a, d, scope)
+                name = bind(n, d, em(n.a), [])
+                em.bound.pop(id(n))
+                w(d, f"if {name}:" if isinstance(n, E.And) else f"if not {name}:")
+                inner = []
+                block(n.b, d + 1, inner)
+                w(d + 1, f"{name} = {em(n.b)}")
+                em.unbind(inner)
+                checked.clear()
+                em.bound[id(n)] = name
+                scope.append(id(n))
+                return
+            if isinstance(n, E.Select):
+                kids = (n.cond,)  # branches inline: nothing in them worth a statement
+            elif isinstance(n, (E.And, E.Or)):
+                kids = (n.a,)
+            else:
+                kids = n.args
+            for c in kids:
+                block(c, d, scope)
+            if (em._has_own_check(n) or any(id(c) in vc for c in n.args)
+                    or (uses.get(id(n), 0) >= 2 and size[id(n)] >= LET_MIN_NODES)):
+                bind(n, d, em(n), scope)
+
+        bound = []
+        block(e, depth, bound)
+        return bound
+
     def _bind_shared(self, em, depth, exprs, checked_before=False, later=()):
         """:meth:`ExprEmitter.bind_shared` for a statement written at ``depth`` (names
         ``let<k>_<n>_<j>``: unique in the unit, the same in every build)."""
-        return em.bind_shared(exprs, lambda text: self.w(depth, text),
-                              f"let{self.k}_{self._fresh()}_", checked_before, later)
+        inner = []
+        names = em.bind_shared(exprs, lambda text: self.w(depth, text),
+                               f"let{self.k}_{self._fresh()}_", checked_before, later,
+                               expand=lambda n: inner.extend(self._bind_branches(em, depth, n)))
+        return names + inner
 
     def _fresh(self):
         """A number for the temporaries of one statement, new in the stage (the text
@@ -1249,6 +1406,7 @@ class _StageLowering:
         def upd_body(d):
             if support or not op.indices:
                 bound = self._bind_shared(em, d, [op.value])
+                bound += self._bind_branches(em, d, op.value)
                 target = self._store(out) if support else element(out, [])
                 w(d, f"{target} {'=' if support else '+='} {em.cast(op.value, out.dtype)}")
                 em.unbind(bound)
@@ -1282,6 +1440,7 @@ class _StageLowering:
                     w(d, f"ix{self.k}_{tag}_{k} = {tgt[k]}")
                     tgt[k] = f"ix{self.k}_{tag}_{k}"
                 bound = self._bind_shared(em, d, [op.value])
+                bound += self._bind_branches(em, d, op.value)
             w(d, f"{element(out, tgt)} += {em.cast(op.value, out.dtype)}")
             em.unbind(bound)
 

@@ -265,3 +265,34 @@ def test_a_stacked_max_tangent_is_bound_where_it_cannot_fail():
         for ln in lines:
             exec(ln, ns)
         np.testing.assert_allclose(eval(text, ns), want[k], rtol=1e-15)
+
+
+def test_a_chain_over_a_guarded_gather_builds_linear_code_and_matches():
+    # the chain reads X at a data index, only where the index is in range: its loads
+    # are checked and sit in one branch, so ExprEmitter.bind_shared left them alone;
+    # the gradient scatter's where test and value were trees of O(3^d) text (a fuzzed
+    # program, seed 7007400007: 430 KB, numba out of memory at 23 GB; depth 5 here
+    # built in 217 s with 103 KB, depth 6 ran out of memory). Now each select is an
+    # if statement whose branches bind what they compute (_StageLowering._bind_branches)
+    n, depth = 8, 4
+    x = te.placeholder((n,), "X", F)
+    idx = te.placeholder((n,), "I", "int64")
+    y = te.compute((n,), lambda i: te.if_then_else(
+        te.all(idx[i] >= 0, idx[i] < n), _chain(x, idx[i], depth, "poly"), 0.0), name="Y")
+    r = te.reduce_axis(n, "r")
+    loss = te.compute((), lambda: te.sum(y[r] * y[r], axis=r), name="L")
+    (g,) = te.differentiate(loss, [x])
+    kernel = codegen.build([loss, g], [x, idx])
+    code = "\n".join(ln for ln in kernel.source.splitlines() if not ln.lstrip().startswith("#"))
+    assert len(code) < 20_000  # 47 KB before at depth 4 (and 103 KB at 5)
+    xv = np.array([-1.0, -0.63, -0.2, 0.05, 0.31, 0.52, 0.77, 0.9])
+    iv = np.array([3, 9, 0, 7, -1, 2, 2, 5])
+    feed = {x: xv, idx: iv}
+    got = kernel(xv, iv)
+    want = te.evaluate([loss, g], feed)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-12)
+    # an index out of range where the guard does not hold is no error; inside it is
+    bad = np.array([3, 9, 0, 7, -1, 2, 2, 5])
+    bad[0] = 8
+    kernel(xv, bad)  # guarded: I = 8 is outside [0, 8) and never read
