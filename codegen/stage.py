@@ -85,7 +85,8 @@ from texpr.tensor import ScatterAddOp, row_major_strides
 from .affine import affine_offsets
 from .bounds import _BoundsChecker
 from .scan_lower import lower_scan
-from .emit import LET_MAX_DAG_NODES, LET_MIN_NODES, LET_TREE_NODES, ExprEmitter, const_str, element, fill_value, helper_int
+from .emit import (LET_MAX_DAG_NODES, LET_MIN_NODES, LET_TREE_NODES, ExprEmitter, const_str,
+                   element, fill_value, helper_int)
 from .schedule import inline_expand
 
 __all__ = ["default_order", "lift_zero_guards", "PARALLEL_MIN_POINTS", "UNROLL", "JAM",
@@ -933,16 +934,12 @@ class _StageLowering:
         def in_both_arms(n):
             """What both branches of the select ``n`` compute first (before any other
             check of theirs): computed once before its ``if``, checks in order."""
-            hoisted = None
-            while True:
-                a = first_in(n.true_value, hoisted or set())
-                b = {id(x) for x in first_in(n.false_value, hoisted or set())}
-                both = [x for x in a if id(x) in b]
-                if hoisted is not None and {id(x) for x in both} == hoisted:
+            hoisted = set()
+            while True:  # grows: a hoisted node's checks no longer hold later ones back
+                b = {id(x) for x in first_in(n.false_value, hoisted)}
+                both = [x for x in first_in(n.true_value, hoisted) if id(x) in b]
+                if {id(x) for x in both} == hoisted:
                     return both
-                if hoisted is None:
-                    hoisted = {id(x) for x in both}
-                    continue
                 hoisted = {id(x) for x in both}
 
         prefix = f"s{self.k}_{self._fresh()}_"
@@ -955,7 +952,6 @@ class _StageLowering:
             w(d, f"{name} = {text}")
             em.bound[id(n)] = name
             scope.append(id(n))
-            return name
 
         def block(n, d, scope):  # the statements of n at depth d
             if not worth(n):
@@ -980,8 +976,9 @@ class _StageLowering:
                 return
             if isinstance(n, (E.And, E.Or)) and worth(n.b):
                 block(n.a, d, scope)
-                name = bind(n, d, em(n.a), [])
-                em.bound.pop(id(n))
+                name = f"{prefix}{count[0]}"
+                count[0] += 1
+                w(d, f"{name} = {em(n.a)}")
                 w(d, f"if {name}:" if isinstance(n, E.And) else f"if not {name}:")
                 inner = []
                 block(n.b, d + 1, inner)
