@@ -142,6 +142,11 @@ class ExprEmitter:
           sits in two of the three branches of its tie rule, which wrote
           2^depth copies).
 
+        Whatever its size, a statement whose text would nest deeper than
+        :data:`TEXT_MAX_HEIGHT` nodes has each node at that height bound on the
+        same terms as a shared node (a long sum of terms is written as a few
+        partial sums).
+
         The bindings are written in the statement's order of evaluation. A node
         holding a run-time check is bound only where its first evaluation is
         unconditional and no check outside the bindings comes before it (the
@@ -160,8 +165,9 @@ class ExprEmitter:
         (it may write statements computing the node's large branches first)."""
         roots = list(exprs)
         order, size, uses = tree_sizes(roots + list(later))
-        if (sum(size[id(r)] for r in roots + list(later)) <= LET_TREE_NODES
-                or len(order) > LET_MAX_DAG_NODES):
+        large = sum(size[id(r)] for r in roots + list(later)) > LET_TREE_NODES
+        deep = self.unbound_height(roots) > TEXT_MAX_HEIGHT
+        if not (large or deep) or (len(order) > LET_MAX_DAG_NODES and not deep):
             return []
         checked, unsafe = set(), set()
         for n in order:
@@ -177,6 +183,7 @@ class ExprEmitter:
                     and (not isinstance(n, E.Load) or id(n) in always)):
                 loads_always.add(id(n))
         names, seen = [], set()
+        height = {}  # id -> how deep the node's text nests now (a bound node: 0)
         pending = [checked_before]  # a check in the statement's text comes before here
 
         def visit(n, conditional):  # in Python's order of evaluation of the emitted text
@@ -196,15 +203,18 @@ class ExprEmitter:
                 parts = tuple((c, conditional) for c in n.args)
             for c, cc in parts:
                 visit(c, cc)
-            shared = uses.get(id(n), 0) >= 2 and size[id(n)] >= LET_MIN_NODES
+            height[id(n)] = 1 + max((0 if id(c) in self.bound else height[id(c)]
+                                     for c in n.args), default=0)
+            deep_here = height[id(n)] >= TEXT_MAX_HEIGHT
+            shared = large and uses.get(id(n), 0) >= 2 and size[id(n)] >= LET_MIN_NODES
             if id(n) in checked:
                 # a checked load, or a shared node holding checks: bound at an
                 # unconditional first evaluation only, after every check before it
                 ok = (id(n) in always and not conditional and not before
-                      and (shared or self._has_own_check(n)))
+                      and (shared or deep_here or self._has_own_check(n)))
             else:
-                ok = shared and (id(n) in always
-                                 or (id(n) not in unsafe and id(n) in loads_always))
+                ok = (shared or deep_here) and (
+                    id(n) in always or (id(n) not in unsafe and id(n) in loads_always))
             if ok and id(n) not in self.value_checks:
                 if expand is not None:
                     expand(n)
@@ -233,6 +243,15 @@ class ExprEmitter:
         for n in post_order(list(exprs)):
             size[id(n)] = 1 if id(n) in self.bound else 1 + sum(size[id(c)] for c in n.args)
         return sum(size[id(e)] for e in exprs)
+
+    def unbound_height(self, exprs):
+        """How many nodes deep the text of ``exprs`` nests as it would be written
+        now: a bound node (:meth:`bind_shared`) is a name, of height 0; a leaf 1."""
+        height = {}
+        for n in post_order(list(exprs)):
+            height[id(n)] = 0 if id(n) in self.bound else 1 + max(
+                (height[id(c)] for c in n.args), default=0)
+        return max((height[id(e)] for e in exprs), default=0)
 
     def unbind(self, ids):
         """Forget the bindings :meth:`bind_shared` returned."""
@@ -347,6 +366,12 @@ LET_MIN_NODES = 4
 #: a statement with more distinct nodes than this is left to codegen.cse (the
 #: analysis keeps a set of nodes per node)
 LET_MAX_DAG_NODES = 2000
+#: a value's text nests at most this many nodes deep: a deeper node is given a
+#: variable (:meth:`ExprEmitter.bind_shared`). CPython's parser allows 200 nested
+#: parentheses and its compiler about 1,000 nested nodes; a node writes one to
+#: three parentheses. A fuzzed gradient (seed 7007500472) summed 216 terms in one
+#: line of 216 parentheses: SyntaxError "too many nested parentheses".
+TEXT_MAX_HEIGHT = 48
 
 
 def _always_evaluated(roots):

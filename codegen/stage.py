@@ -85,7 +85,8 @@ from texpr.tensor import ScatterAddOp, row_major_strides
 from .affine import affine_offsets
 from .bounds import _BoundsChecker
 from .scan_lower import lower_scan
-from .emit import (LET_MAX_DAG_NODES, LET_MIN_NODES, LET_TREE_NODES, ExprEmitter, const_str,
+from .emit import (LET_MAX_DAG_NODES, LET_MIN_NODES, LET_TREE_NODES, TEXT_MAX_HEIGHT,
+                   ExprEmitter, const_str,
                    element, fill_value, helper_int)
 from .schedule import inline_expand
 
@@ -879,12 +880,24 @@ class _StageLowering:
         fuzzed gradient scatter, seed 7007400007: 430 KB of source, numba out of
         memory at 23 GB). Checks run in the value's order (each in a statement of
         its own, in order), so the one that fails first stays the one reported.
+        A value whose text would nest deeper than ``TEXT_MAX_HEIGHT`` nodes is
+        written the same way, a node at that height bound (a derivative's sum of
+        216 terms, each in a branch of its own: fuzz seed 7007500472).
         Returns the ids to unbind after the statement."""
         order, size, uses = tree_sizes([e])
-        if em.unbound_tree_nodes([e]) <= LET_TREE_NODES or len(order) > LET_MAX_DAG_NODES:
+        if ((em.unbound_tree_nodes([e]) <= LET_TREE_NODES
+             and em.unbound_height([e]) <= TEXT_MAX_HEIGHT) or len(order) > LET_MAX_DAG_NODES):
             return []
         vc = em.value_checks
         checked = {}  # id -> whether emitting the node runs a check not bound yet
+        heights = {}  # id -> how deep the node's text nests now (a bound node: 0)
+
+        def height(n):
+            hit = heights.get(id(n))
+            if hit is None:
+                hit = 0 if id(n) in em.bound else 1 + max(map(height, n.args), default=0)
+                heights[id(n)] = hit
+            return hit
 
         def has_check(n):
             hit = checked.get(id(n))
@@ -951,6 +964,7 @@ class _StageLowering:
             count[0] += 1
             w(d, f"{name} = {text}")
             em.bound[id(n)] = name
+            heights[id(n)] = 0
             scope.append(id(n))
 
         def block(n, d, scope):  # the statements of n at depth d
@@ -971,6 +985,7 @@ class _StageLowering:
                     w(d + 1, f"{name} = {em.cast(arm, n.dtype)}")
                     em.unbind(inner)
                     checked.clear()  # a branch's names are gone: recount
+                    heights.clear()
                 em.bound[id(n)] = name
                 scope.append(id(n))
                 return
@@ -985,6 +1000,7 @@ class _StageLowering:
                 w(d + 1, f"{name} = {em(n.b)}")
                 em.unbind(inner)
                 checked.clear()
+                heights.clear()
                 em.bound[id(n)] = name
                 scope.append(id(n))
                 return
@@ -997,7 +1013,8 @@ class _StageLowering:
             for c in kids:
                 block(c, d, scope)
             if (em._has_own_check(n) or any(id(c) in vc for c in n.args)
-                    or (uses.get(id(n), 0) >= 2 and size[id(n)] >= LET_MIN_NODES)):
+                    or (uses.get(id(n), 0) >= 2 and size[id(n)] >= LET_MIN_NODES)
+                    or height(n) >= TEXT_MAX_HEIGHT):
                 bind(n, d, em(n), scope)
 
         bound = []

@@ -57,9 +57,13 @@ REGRESSIONS = (20261140, 20261160, 20261180, 20261210, 20261230, 20261280,
 LONG_RUN_REGRESSIONS = (7000003194, 7000003318, 7000002969, 7000031103, 7000200107,
                         7000020211, 7000500074, 7000500215, 7000600314,
                         7000802849, 7000802803)
-#: (7007100027, a chain of selects lifted into a gradient scatter's where test, a
-#: 260 KB line before codegen's shared bindings, is a long-run seed only: its
-#: parallel build spent minutes in numba's parfor fusion on a busy machine)
+#: checked by long runs only (each builds for minutes): 7007100027, a chain of
+#: selects lifted into a gradient scatter's where test, a 260 KB line before
+#: codegen's shared bindings (its parallel build spent minutes in numba's parfor
+#: fusion on a busy machine); 7007400007, a chain of selects behind a guarded gather
+#: (430 KB, numba out of memory); 7007500472, a gradient's sum of 216 terms in one
+#: line of 216 parentheses (tests/test_deep_text.py has its kind)
+LONG_RUN_ONLY = (7007100027, 7007400007, 7007500472)
 #: compiled in long runs only: its program's argmax unit inlines a cheap stage into
 #: a 15 KB select chain whose hundreds of inlined check helpers take numba about
 #: 90 s (a compile-time case for issue 11); CI runs its evaluator checks
@@ -195,6 +199,7 @@ def test_fuzz_long_run():
     first = int(os.environ.get("TEXPR_FUZZ_SEED") or random.SystemRandom().randrange(2**40))
     print(f"\nTEXPR_FUZZ={n}: replay with TEXPR_FUZZ_SEED={first}")
     findings = fuzz.check_programs(SLOW_REGRESSIONS, log=_progress(), reshape=False)
+    findings += fuzz.check_programs(LONG_RUN_ONLY, batch=1, log=_progress())
     findings += fuzz.check_programs(range(first, first + n), log=_progress())
     assert not findings, f"TEXPR_FUZZ_SEED={first}: " + _report(findings)
 

@@ -26,6 +26,7 @@ from texpr.codegen.cse import hoist_common_subexpressions
 from texpr.testing import numeric_gradient
 from texpr.visitor import post_order
 from simplify.terms import guarded_terms
+from emit_testutil import emitter
 
 F = "float64"
 
@@ -136,17 +137,8 @@ def test_cse_keeps_what_one_branch_alone_computes_inside_it():
     assert len(temps) == 1 and "b0[7]" not in ast.unparse(temps[0])
 
 
-class _Buf:
-    def __init__(self, name, shape):
-        self.name, self.shape = name, shape
-
-
 def _emitter(x, idx_tensor=None):
-    from texpr.codegen.emit import ExprEmitter
-    bufs = {id(x): _Buf("bx", x.shape)}
-    if idx_tensor is not None:
-        bufs[id(idx_tensor)] = _Buf("bi", idx_tensor.shape)
-    return ExprEmitter({}, bufs, "S", [])
+    return emitter(x) if idx_tensor is None else emitter(x, idx_tensor)
 
 
 def _chain_expr(x, i, depth):

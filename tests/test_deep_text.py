@@ -1,0 +1,131 @@
+"""Generated text nests at most ``codegen.emit.TEXT_MAX_HEIGHT`` nodes deep.
+
+CPython's parser refuses more than 200 nested parentheses ("too many nested
+parentheses") and its compiler about 1,000 nested nodes. A fuzzed gradient (seed
+7007500472: a chain of selects inside a reduction, three loads of one input)
+summed 216 terms, each computed in a branch of its own, in one line of 216
+parentheses: the kernel did not build. A node at that height is now given a
+variable, in the statement's order of evaluation (ExprEmitter.bind_shared for what
+a statement always evaluates, _StageLowering._bind_branches inside a branch).
+"""
+
+import ast
+
+import numpy as np
+import pytest
+
+import texpr as te
+from texpr import expr as E
+from texpr.codegen.emit import TEXT_MAX_HEIGHT
+from texpr.codegen.stage import _StageLowering
+from texpr.visitor import post_order
+
+from emit_testutil import CheckFailed, emitter, namespace
+
+F = "float64"
+
+
+def _nesting(text):
+    """The deepest nesting of brackets in ``text``."""
+    depth = deepest = 0
+    for ch in text:
+        if ch in "([{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in ")]}":
+            depth -= 1
+    return deepest
+
+
+def _lowering():
+    """A stage lowering with nothing but a line writer, to call _bind_branches."""
+    low = _StageLowering.__new__(_StageLowering)
+    low.k, low._temps, low.lines = 0, 0, []
+    low.w = lambda d, text: low.lines.append("    " * d + text)
+    return low
+
+
+def _emit(stmt, em):
+    """The lines a stage writes before a statement of value ``stmt``, and the
+    statement's text (as _StageLowering does: shared bindings, then branches)."""
+    low = _lowering()
+    inner = []
+    bound = em.bind_shared([stmt], lambda text: low.w(0, text), "let",
+                           expand=lambda n: inner.extend(low._bind_branches(em, 0, n)))
+    bound += inner + low._bind_branches(em, 0, stmt)
+    return low.lines, em(stmt)
+
+
+def _check_text(lines, text):
+    source = "\n".join(lines + [f"out = {text}"])
+    compile(ast.parse(source), "<unit>", "exec")  # parses and compiles
+    assert _nesting(source) <= 3 * TEXT_MAX_HEIGHT < 200
+    return source
+
+
+@pytest.mark.parametrize("terms", [60, 250])
+def test_a_long_sum_is_written_as_partial_sums_in_its_order(terms):
+    x = te.placeholder((terms,), "X", F)
+    i = E.var("i")
+    stmt = x[0] * 0.5
+    for k in range(1, terms):
+        stmt = stmt + x[(k * 7) % terms] * (0.5 + k)  # left to right, as written
+    em = emitter(x)
+    em.names[id(i)] = "i"
+    lines, text = _emit(stmt, em)
+    source = _check_text(lines, text)
+    assert len(lines) >= (terms - 1) // TEXT_MAX_HEIGHT
+    xv = np.random.default_rng(1).standard_normal(terms) * 1e3
+    ns = namespace(bx=xv, i=0)
+    exec(source, ns)
+    want = xv[0] * 0.5
+    for k in range(1, terms):
+        want = want + xv[(k * 7) % terms] * (0.5 + k)
+    assert ns["out"] == want  # the same sums in the same order: bit for bit
+
+
+def test_a_long_sum_in_one_branch_behind_a_guarded_gather_keeps_its_checks():
+    # the 216-term sum of the fuzzed gradient sat in a branch, its loads checked:
+    # bind_shared cannot bind them, _bind_branches writes the branch as statements
+    n, terms = 64, 220
+    x = te.placeholder((n,), "X", F)
+    idx = te.placeholder((4,), "I", "int64")
+    i = E.var("i")
+    j = idx[i]
+    deep = x[j] * 0.5
+    for k in range(1, terms):
+        deep = deep + x[j + k % 5] * (0.25 * k)
+    stmt = te.if_then_else(te.all(j >= 0, j < n - 2), deep, -1.0)
+    em = emitter(x, idx)
+    em.names[id(i)] = "i"
+    em.checks = {id(e) for e in post_order(stmt) if isinstance(e, E.Load) and e.tensor is x}
+    lines, text = _emit(stmt, em)
+    source = _check_text(lines, text)
+    xv = np.linspace(-2.0, 3.0, n)
+    for iv, first_bad in (([5, 0, 60, 61], None), ([70, -3, 2, 100], None),
+                          ([61, 0, 0, 0], 3)):  # 61 + 3 is out of range
+        ns = namespace(bx=xv, bi=np.array(iv), i=0)
+        if first_bad is not None:
+            with pytest.raises(CheckFailed):
+                exec(source, ns)
+            continue
+        exec(source, ns)
+        jv = iv[0]
+        if 0 <= jv < n - 2:
+            want = xv[jv] * 0.5
+            for k in range(1, terms):
+                want = want + xv[jv + k % 5] * (0.25 * k)
+        else:  # the guard is false: no load of X runs, none is checked
+            want = -1.0
+        assert ns["out"] == want
+
+
+def test_a_shallow_statement_keeps_its_text():
+    # below the height and size bounds nothing is bound: the text is unchanged
+    x = te.placeholder((8,), "X", F)
+    stmt = x[0]
+    for k in range(1, 20):
+        stmt = stmt * 0.5 + x[k % 8]
+    em = emitter(x)
+    lines, text = _emit(stmt, em)
+    assert lines == [] and _nesting(text) >= 20
