@@ -59,6 +59,10 @@ class _BoundsChecker:
         self.need = set()   # ids of Load nodes to check at run time
         self.values = set()  # ids of int loads / float->int casts to range-check at run time
         self.var_ranges = {}  # id(Var) -> (lo, hi) for variables that are not axes
+        #: ids of integer + - * on values (not in an index or a comparison) that
+        #: may leave their dtype: computed by a checked helper (codegen.runtime)
+        self.arith = set()
+        self._value_ranges = {}
         self._seen = set()
         self._ranges = {}
 
@@ -178,8 +182,11 @@ class _BoundsChecker:
                     if _INT_RANGE.get(x.dtype) is not None:
                         self.index(x, path)
 
-    def walk(self, e, path, resid):
-        key = (id(e), id(path), resid)
+    def walk(self, e, path, resid, value=True):
+        """Find the loads of ``e`` to check at run time on ``path``, prove its index
+        and comparison arithmetic, and mark the value arithmetic to check
+        (``value``: ``e`` is a value, not inside an index or a comparison)."""
+        key = (id(e), id(path), resid, value)
         if key in self._seen:
             return
         self._seen.add(key)
@@ -187,26 +194,75 @@ class _BoundsChecker:
             for x in e.args:
                 if _INT_RANGE.get(x.dtype) is not None:
                     self.index(x, path)
+            value = False
+        elif value and type(e) in (E.Add, E.Sub, E.Mul) and _INT_RANGE.get(e.dtype) is not None:
+            self.value_range(e)
         if isinstance(e, E.Select):
-            self.walk(e.cond, path, resid)
+            self.walk(e.cond, path, resid, value)
             s, r = to_set(e.cond, self.space)
-            self.walk(e.true_value, _narrow(path, s), resid or r is not None)
+            self.walk(e.true_value, _narrow(path, s), resid or r is not None, value)
             if r is None:
-                self.walk(e.false_value, _narrow(path, s.complement()), resid)
+                self.walk(e.false_value, _narrow(path, s.complement()), resid, value)
             else:
-                self.walk(e.false_value, path, True)
+                self.walk(e.false_value, path, True, value)
             return
         if isinstance(e, (E.And, E.Or)):
-            self.walk(e.a, path, resid)
+            self.walk(e.a, path, resid, value)
             s, r = to_set(e.a, self.space)
             if isinstance(e, E.Or):
                 s = s.complement() if r is None else self.space.universe()
-            self.walk(e.b, _narrow(path, s), resid or r is not None)
+            self.walk(e.b, _narrow(path, s), resid or r is not None, value)
             return
         for c in e.args:
-            self.walk(c, path, resid)
+            self.walk(c, path, resid, value and not isinstance(e, E.Load))
         if isinstance(e, E.Load):
             self._check(e, path, resid)
+
+    def value_range(self, e):
+        """The range of the integer value ``e`` (a stage's value, not an index:
+        a loaded value may be anything its dtype holds), from interval
+        arithmetic. A ``+ - *`` that may leave its dtype goes into ``arith``: the
+        kernel checks it at run time, as ``te.evaluate`` does, instead of
+        wrapping around (``-N[i]`` at ``N[i] = -2**63``)."""
+        hit = self._value_ranges.get(id(e))
+        if hit is not None:
+            return hit[1]
+        full = _INT_RANGE.get(e.dtype)
+        r = full
+        if full is None:
+            r = None
+        elif isinstance(e, E.Const):
+            r = (int(e.value), int(e.value))
+        elif isinstance(e, E.IterVar):
+            r = (e.dom[0], e.dom[1] - 1)
+        elif isinstance(e, E.Var):
+            r = self.var_ranges.get(id(e), full)
+        elif isinstance(e, E.Cast) and e.value.dtype == "bool":
+            r = (0, 1)
+        elif isinstance(e, E.Cast) and _INT_RANGE.get(e.value.dtype) is not None:
+            inner = self.value_range(e.value)
+            r = inner if full[0] <= inner[0] and inner[1] <= full[1] else full
+        elif isinstance(e, E.Select):
+            a, b = self.value_range(e.true_value), self.value_range(e.false_value)
+            r = (min(a[0], b[0]), max(a[1], b[1]))
+        elif isinstance(e, (E.Min, E.Max)):
+            a, b = self.value_range(e.a), self.value_range(e.b)
+            pick = min if isinstance(e, E.Min) else max
+            r = (pick(a[0], b[0]), pick(a[1], b[1]))
+        elif isinstance(e, (E.Add, E.Sub, E.Mul)):
+            a, b = self.value_range(e.a), self.value_range(e.b)
+            if isinstance(e, E.Add):
+                r = (a[0] + b[0], a[1] + b[1])
+            elif isinstance(e, E.Sub):
+                r = (a[0] - b[1], a[1] - b[0])
+            else:
+                ps = [x * y for x in a for y in b]
+                r = (min(ps), max(ps))
+            if not (full[0] <= r[0] and r[1] <= full[1]):
+                self.arith.add(id(e))  # checked at run time: never outside the dtype
+                r = (max(r[0], full[0]), min(r[1], full[1]))
+        self._value_ranges[id(e)] = (e, r)
+        return r
 
     def _check(self, ld, path, resid):
         t = ld.tensor

@@ -194,6 +194,8 @@ def unit_error(unit, code, value):
     msg = unit.errors[code - 1]
     if "division by zero" in msg:
         return TexprError(msg)
+    if "would wrap around" in msg:
+        return TexprError(f"{msg} (its first operand: {value})")
     return OutOfBoundsError(f"{msg} (index value {value})")
 
 

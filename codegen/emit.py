@@ -7,6 +7,8 @@ decides nothing about loops (:mod:`codegen.stage`) or bounds
 (:mod:`codegen.bounds` tells it which loads to check).
 """
 
+import numpy as np
+
 from texpr import dtypes as dt
 from texpr import expr as E
 from texpr.errors import TexprError
@@ -83,6 +85,9 @@ class ExprEmitter:
         self.bound = {}
         self.checks = set()
         self.value_checks = set()  # ids of int loads / casts range-checked (DATA_INDEX_LIMIT)
+        #: ids of integer + - * on values that may leave their dtype (codegen.bounds):
+        #: written as the checked helpers _iadd/_isub/_imul
+        self.arith_checks = set()
         #: id(load) -> its row-major offset as an affine expression (codegen.affine)
         self.flat = {}
 
@@ -94,6 +99,19 @@ class ExprEmitter:
             f"arithmetic and must lie in [-{DATA_INDEX_LIMIT}, {DATA_INDEX_LIMIT}) "
             "(the arithmetic is proven exact in int64 for such values only)")
         return f"_rk({helper_int(text)}, np.int64({DATA_INDEX_LIMIT}), err, np.int64({code}))"
+
+    def _checked_arith(self, e):
+        """An integer ``+ - *`` on values that may leave its dtype: computed by a
+        helper that fails (``te.evaluate``'s error) instead of wrapping around."""
+        d = e.dtype
+        info = np.iinfo(np.dtype(d))
+        code = self._err(
+            f"stage {self.stage_name}: the integer arithmetic `{expr_str(e)}` leaves {d} "
+            f"[{info.min}, {info.max}] (it would wrap around)")
+        fn = {E.Add: "_iadd", E.Sub: "_isub", E.Mul: "_imul"}[type(e)]
+        a, b = helper_int(self.cast(e.a, d)), helper_int(self.cast(e.b, d))
+        out = f"{fn}({a}, {b}, np.int64({int(d == 'int32')}), err, np.int64({code}))"
+        return f"np.int32({out})" if d == "int32" else out
 
     def _unchecked(self, e):
         """``e`` without its own range check (an operand that is not arithmetic:
@@ -260,7 +278,7 @@ class ExprEmitter:
 
     def _has_own_check(self, n):
         """Whether emitting ``n`` itself (not its operands) writes a run-time check."""
-        if id(n) in self.checks or id(n) in self.value_checks:
+        if id(n) in self.checks or id(n) in self.value_checks or id(n) in self.arith_checks:
             return True
         return (isinstance(n, (E.FloorDiv, E.FloorMod)) and dt.is_int(n.dtype)
                 and not (isinstance(n.b, E.Const) and n.b.value != 0))
@@ -280,6 +298,8 @@ class ExprEmitter:
                                  "in the generated code") from None
         d = e.dtype
         if cls in _ARITH:
+            if id(e) in self.arith_checks:
+                return self._checked_arith(e)
             out = f"({self.cast(e.a, d)} {_ARITH[cls]} {self.cast(e.b, d)})"
             return f"np.int32{out}" if d == "int32" else out
         if cls is E.Div:

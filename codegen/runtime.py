@@ -3,7 +3,7 @@
 One job: the text of that module and its name. Units call a few small numba
 functions -- NaN-propagating ``_fmax_<dtype>``/``_fmin_<dtype>``,
 ``_fill_<dtype>``/``_copy_<dtype>``/``_copy_n_<dtype>`` and the checks
-``_ck``/``_rk``/``_nz``/``_fail`` -- each compiled for one signature only (see
+``_ck``/``_rk``/``_nz``/``_fail``/``_iadd``/``_isub``/``_imul`` -- each compiled for one signature only (see
 :data:`_PER_DTYPE`; :func:`codegen.compile._compile` checks it). They are
 defined once, in a module of their own that :mod:`codegen.compile` writes
 to the cache directory and loads before any unit (``texpr_k_rt<hash>.py``, its
@@ -108,7 +108,8 @@ def _gemm_ok(a, b, k, lim):
 '''
 
 #: the run-time checks (numba helpers): an index outside ``[0, n)``, a value outside
-#: ``[-lim, lim)``, a zero divisor set ``err`` and return a safe value. The first
+#: ``[-lim, lim)``, a zero divisor, integer arithmetic on values that would leave its
+#: dtype (``_iadd``/``_isub``/``_imul``) set ``err`` and return a safe value. The first
 #: failure is kept (later ones leave ``err`` alone), so a sequential loop reports
 #: the first offending point's value; in a parallel loop it is one of them. Every
 #: argument is an int64 (the call sites cast: :func:`codegen.emit.helper_int`) and
@@ -143,6 +144,52 @@ def _nz(b, err, code):
         _fail(err, code, np.int64(0))
         return 1
     return b
+
+
+@njit(cache=True)
+def _iadd(a, b, narrow, err, code):
+    # a + b of integer values, exactly within its dtype, else a failure. The tests
+    # come before the operation: LLVM assumes a signed operation does not wrap and
+    # folds a test of its result (a * b // b == a is true to it). int32 values
+    # (narrow != 0) are added in int64 and range-checked
+    if (b > 0 and a > 9223372036854775807 - b) or (b < 0 and a < -9223372036854775807 - 1 - b):
+        _fail(err, code, a)
+        return np.int64(0)
+    r = a + b
+    if narrow != 0 and (r < -2147483648 or r > 2147483647):
+        _fail(err, code, a)
+        return np.int64(0)
+    return r
+
+
+@njit(cache=True)
+def _isub(a, b, narrow, err, code):
+    if (b < 0 and a > 9223372036854775807 + b) or (b > 0 and a < -9223372036854775807 - 1 + b):
+        _fail(err, code, a)
+        return np.int64(0)
+    r = a - b
+    if narrow != 0 and (r < -2147483648 or r > 2147483647):
+        _fail(err, code, a)
+        return np.int64(0)
+    return r
+
+
+@njit(cache=True)
+def _imul(a, b, narrow, err, code):
+    if a != 0 and b != 0:
+        # |a| * |b| against the largest magnitude of the product's sign, in uint64
+        # (unsigned arithmetic is defined to wrap: nothing for LLVM to assume away)
+        ma = np.uint64(a) if a > 0 else np.uint64(-(a + 1)) + np.uint64(1)
+        mb = np.uint64(b) if b > 0 else np.uint64(-(b + 1)) + np.uint64(1)
+        top = np.uint64(9223372036854775807) + np.uint64((a > 0) != (b > 0))
+        if ma > top // mb:
+            _fail(err, code, a)
+            return np.int64(0)
+    r = a * b
+    if narrow != 0 and (r < -2147483648 or r > 2147483647):
+        _fail(err, code, a)
+        return np.int64(0)
+    return r
 '''
 
 #: the helper module's text (numba's ``cache=True`` on every function)

@@ -554,7 +554,7 @@ class _StageLowering:
             ck = _BoundsChecker(op.name, sp_space, sp_box)
             for b in body:
                 ck.walk(b, sp_box, False)
-            em.checks, em.value_checks = ck.need, ck.values
+            em.checks, em.value_checks, em.arith_checks = ck.need, ck.values, ck.arith
             if AFFINE_OFFSETS:
                 em.flat = affine_offsets(body, spatial, sp_space, sp_box, ck.need)
 
@@ -599,7 +599,7 @@ class _StageLowering:
         ck.walk(red.where, box, False)
         for s in red.source:
             ck.walk(s, dom, resid is not None)
-        em.checks, em.value_checks = ck.need, ck.values
+        em.checks, em.value_checks, em.arith_checks = ck.need, ck.values, ck.arith
         if AFFINE_OFFSETS:
             em.flat = affine_offsets([red.where] + list(red.source), full, space, box, ck.need)
         comb = red.combiner
@@ -1399,7 +1399,7 @@ class _StageLowering:
             ck.walk(e, dom, resid is not None)
         for e in op.indices:
             ck.index(e, dom)
-        em.checks, em.value_checks = ck.need, ck.values
+        em.checks, em.value_checks, em.arith_checks = ck.need, ck.values, ck.arith
         order = list(self.stage.leaf_axes) if self.stage.ordered else axes
         par_dims = set()
         if support and self.parallel_on:
