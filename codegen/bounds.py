@@ -28,6 +28,20 @@ _COMPARISONS = (E.EQ, E.NE, E.LT, E.LE, E.GT, E.GE)
 _INDEX_ARITH = (E.Add, E.Sub, E.Mul, E.FloorDiv, E.FloorMod, E.Min, E.Max)
 
 
+def _interval(e, a, b):
+    """The exact range of ``e`` (``+ - * min max``) over operands in the ranges
+    ``a`` and ``b`` (``(lo, hi)``, Python ints: no wrap-around)."""
+    if isinstance(e, E.Add):
+        return (a[0] + b[0], a[1] + b[1])
+    if isinstance(e, E.Sub):
+        return (a[0] - b[1], a[1] - b[0])
+    if isinstance(e, E.Mul):
+        ps = [x * y for x in a for y in b]
+        return (min(ps), max(ps))
+    pick = min if isinstance(e, E.Min) else max
+    return (pick(a[0], b[0]), pick(a[1], b[1]))
+
+
 def _narrow(path, s):
     """``path`` within the set ``s``: the same object where ``s`` is plainly the
     universe (a float comparison), so that :meth:`_BoundsChecker.walk`'s memo (by
@@ -122,17 +136,8 @@ class _BoundsChecker:
         a, b = self._range(e.a, path), self._range(e.b, path)
         if a is None or b is None:
             return full
-        if isinstance(e, E.Add):
-            r = (a[0] + b[0], a[1] + b[1])
-        elif isinstance(e, E.Sub):
-            r = (a[0] - b[1], a[1] - b[0])
-        elif isinstance(e, E.Mul):
-            ps = [x * y for x in a for y in b]
-            r = (min(ps), max(ps))
-        elif isinstance(e, E.Min):
-            r = (min(a[0], b[0]), min(a[1], b[1]))
-        elif isinstance(e, E.Max):
-            r = (max(a[0], b[0]), max(a[1], b[1]))
+        if isinstance(e, (E.Add, E.Sub, E.Mul, E.Min, E.Max)):
+            r = _interval(e, a, b)
         elif isinstance(e, E.FloorMod):
             if b[0] > 0:
                 r = (0, b[1] - 1)
@@ -245,19 +250,8 @@ class _BoundsChecker:
         elif isinstance(e, E.Select):
             a, b = self.value_range(e.true_value), self.value_range(e.false_value)
             r = (min(a[0], b[0]), max(a[1], b[1]))
-        elif isinstance(e, (E.Min, E.Max)):
-            a, b = self.value_range(e.a), self.value_range(e.b)
-            pick = min if isinstance(e, E.Min) else max
-            r = (pick(a[0], b[0]), pick(a[1], b[1]))
-        elif isinstance(e, (E.Add, E.Sub, E.Mul)):
-            a, b = self.value_range(e.a), self.value_range(e.b)
-            if isinstance(e, E.Add):
-                r = (a[0] + b[0], a[1] + b[1])
-            elif isinstance(e, E.Sub):
-                r = (a[0] - b[1], a[1] - b[0])
-            else:
-                ps = [x * y for x in a for y in b]
-                r = (min(ps), max(ps))
+        elif isinstance(e, (E.Add, E.Sub, E.Mul, E.Min, E.Max)):
+            r = _interval(e, self.value_range(e.a), self.value_range(e.b))
             if not (full[0] <= r[0] and r[1] <= full[1]):
                 self.arith.add(id(e))  # checked at run time: never outside the dtype
                 r = (max(r[0], full[0]), min(r[1], full[1]))
