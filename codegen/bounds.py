@@ -195,13 +195,21 @@ class _BoundsChecker:
         if key in self._seen:
             return
         self._seen.add(key)
+        if value and type(e) in (E.Add, E.Sub, E.Mul) and _INT_RANGE.get(e.dtype) is not None:
+            self.value_range(e)
+        # what the index proof covers: the integer operands of a comparison or a
+        # load's index, down to the first node that is not an integer (a cast to
+        # float or bool hides the integer arithmetic under it from the proof:
+        # that is a value again, `cast(N[i] * N[i], float64) > 1.0`)
         if type(e) in _COMPARISONS:
             for x in e.args:
                 if _INT_RANGE.get(x.dtype) is not None:
                     self.index(x, path)
             value = False
-        elif value and type(e) in (E.Add, E.Sub, E.Mul) and _INT_RANGE.get(e.dtype) is not None:
-            self.value_range(e)
+        elif isinstance(e, E.Load):
+            value = False
+        else:
+            value = value or _INT_RANGE.get(e.dtype) is None
         if isinstance(e, E.Select):
             self.walk(e.cond, path, resid, value)
             s, r = to_set(e.cond, self.space)
@@ -219,7 +227,7 @@ class _BoundsChecker:
             self.walk(e.b, _narrow(path, s), resid or r is not None, value)
             return
         for c in e.args:
-            self.walk(c, path, resid, value and not isinstance(e, E.Load))
+            self.walk(c, path, resid, value)
         if isinstance(e, E.Load):
             self._check(e, path, resid)
 

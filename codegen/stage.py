@@ -79,7 +79,7 @@ from texpr import expr as E
 from texpr.errors import TexprError
 from texpr.printer import expr_str, tensor_str
 from texpr.scan import ScanOp
-from texpr.visitor import tree_sizes
+from texpr.visitor import post_order, tree_sizes
 from texpr.tensor import ScatterAddOp, row_major_strides
 
 from .affine import affine_offsets
@@ -824,6 +824,13 @@ class _StageLowering:
                 names.update({id(v): t for v, t in zip(comb.lhs, targets)})
                 names.update({id(v): y for v, y in zip(comb.rhs, ys)})
                 cem = ExprEmitter(names, self.buffers, self.op.name, self.errors)
+                # the combine's operands are any values of their dtypes: its integer
+                # + - * that may leave the dtype are checked, as te.evaluate does
+                cck = _BoundsChecker(self.op.name, None, None)
+                for n in post_order(list(comb.result)):
+                    if isinstance(n, (E.Add, E.Sub, E.Mul)) and dt.is_int(n.dtype):
+                        cck.value_range(n)
+                cem.arith_checks = cck.arith
                 news = [f"n{self.k}_{c}" for c in range(len(comb.result))]
                 for n, r, v in zip(news, comb.result, comb.lhs):
                     w(depth, f"{n} = {cem.cast(r, v.dtype)}")

@@ -109,3 +109,50 @@ def test_the_checked_helpers_fail_exactly_where_the_result_leaves_the_dtype(help
                 assert err[0] == 0 and int(r) == exact, (fn, a, b, narrow)
             else:
                 assert err[0] == 7 and err[1] == a, (fn, a, b, narrow)
+
+
+def _agree(outs, inputs, feed):
+    """The kernel raises "would wrap around" where te.evaluate does, else equals it."""
+    kernel = codegen.build(outs, inputs, parallel=False)
+    args = [feed[t] for t in inputs]
+    try:
+        want = te.evaluate(outs, feed)
+    except te.TexprError as exc:
+        assert "would wrap around" in str(exc)
+        with pytest.raises(te.TexprError, match="would wrap around"):
+            kernel(*args)
+        return False
+    for got, w in zip(kernel(*args), want):
+        np.testing.assert_array_equal(got, w)
+    return True
+
+
+def test_value_arithmetic_under_a_cast_in_a_comparison_or_an_index_is_checked():
+    # an attack: the index proof follows integer operands only, so a cast to float
+    # hid N[i] * N[i] from it, and the value walk stopped at the comparison or
+    # load: 2**62 * 2**62 wrapped to 0, the select and the gather silently wrong
+    y1 = te.compute((3,), lambda i: te.if_then_else(
+        te.cast(N[i] * N[i], "float64") > 1.0, 1.0, 0.0), name="Y1")
+    y2 = te.compute((3,), lambda i: X[te.cast(te.cast(N[i] * N[i], "float64"), "int64") % 6],
+                    name="Y2")
+    k = te.reduce_axis(3, "k")
+    y3 = te.compute((), lambda: te.sum(X[k], axis=k,
+                                       where=te.cast(N[k] * 3, "float64") > 0.0), name="Y3")
+    for y, ins in ((y1, [N]), (y2, [N, X]), (y3, [N, X])):
+        xs = np.arange(6.0)
+        assert not _agree([y], ins, {N: np.array([2**62, 3, -5]), X: xs})
+        assert _agree([y], ins, {N: np.array([2**10, 3, -5]), X: xs})
+
+
+def test_integer_arithmetic_in_a_custom_combine_is_checked():
+    # the combine is written by an emitter of its own, which had no checks
+    P = te.placeholder((2, 3), "P", "int64")
+    k = te.reduce_axis(3, "k")
+    mul = te.comm_reducer(lambda a, b: a * b, lambda d: te.const(1, d), name="mymul")
+    add = te.comm_reducer(lambda a, b: a - (0 - b), lambda d: te.const(0, d), name="myadd")
+    prod = te.compute((2,), lambda i: mul(P[i, k], axis=k), name="Prod")
+    total = te.compute((2,), lambda i: add(P[i, k], axis=k), name="Total")
+    for out in (prod, total):
+        wraps = np.full((2, 3), 3037000500 if out is prod else 2**62, dtype=np.int64)
+        assert not _agree([out], [P], {P: wraps})
+        assert _agree([out], [P], {P: np.array([[1, -2, 3], [4, 5, -6]])})

@@ -203,8 +203,8 @@ class _StageEval:
                 raise TexprError(
                     f"stage {self.stage_name}: the integer arithmetic `{expr_str(e)}` reaches "
                     f"{exact}, outside {e.dtype} [{-int(lim)}, {int(lim) - 1}] (it would wrap "
-                    "around); keep index expressions within range (smaller coefficients "
-                    "or extents)")
+                    "around); keep integer values and index expressions within range "
+                    "(smaller values, coefficients or extents)")
         return out
 
     def _load(self, e, mask):
