@@ -161,7 +161,7 @@ class ExprEmitter:
           2^depth copies).
 
         Whatever its size, a statement whose text would nest deeper than
-        :data:`TEXT_MAX_HEIGHT` nodes has each node at that height bound on the
+        :data:`TEXT_MAX_HEIGHT` parentheses has each node at that height bound on the
         same terms as a shared node (a long sum of terms is written as a few
         partial sums).
 
@@ -221,8 +221,8 @@ class ExprEmitter:
                 parts = tuple((c, conditional) for c in n.args)
             for c, cc in parts:
                 visit(c, cc)
-            height[id(n)] = 1 + max((0 if id(c) in self.bound else height[id(c)]
-                                     for c in n.args), default=0)
+            height[id(n)] = self.text_weight(n) + max(
+                (0 if id(c) in self.bound else height[id(c)] for c in n.args), default=0)
             deep_here = height[id(n)] >= TEXT_MAX_HEIGHT
             shared = large and uses.get(id(n), 0) >= 2 and size[id(n)] >= LET_MIN_NODES
             if id(n) in checked:
@@ -262,12 +262,26 @@ class ExprEmitter:
             size[id(n)] = 1 if id(n) in self.bound else 1 + sum(size[id(c)] for c in n.args)
         return sum(size[id(e)] for e in exprs)
 
+    def text_weight(self, n):
+        """At least as many parentheses as the text of ``n`` nests around each of
+        its operands: a load ``b[np.uint64((_ck(np.int64(...`` (and its row-major
+        offset, one more per dimension), a cast or call, a checked or int32
+        operation, else one."""
+        if isinstance(n, E.Load):
+            return 4 + 2 * len(n.args)
+        if isinstance(n, (E.Cast, E.Call)):
+            return 2
+        if type(n) in _ARITH:
+            return 3 if id(n) in self.arith_checks else 2 if n.dtype == "int32" else 1
+        return 1
+
     def unbound_height(self, exprs):
-        """How many nodes deep the text of ``exprs`` nests as it would be written
-        now: a bound node (:meth:`bind_shared`) is a name, of height 0; a leaf 1."""
+        """How many parentheses deep the text of ``exprs`` nests as it would be
+        written now (:meth:`text_weight` per node): a bound node
+        (:meth:`bind_shared`) is a name, of height 0."""
         height = {}
         for n in post_order(list(exprs)):
-            height[id(n)] = 0 if id(n) in self.bound else 1 + max(
+            height[id(n)] = 0 if id(n) in self.bound else self.text_weight(n) + max(
                 (height[id(c)] for c in n.args), default=0)
         return max((height[id(e)] for e in exprs), default=0)
 
@@ -386,12 +400,14 @@ LET_MIN_NODES = 4
 #: a statement with more distinct nodes than this is left to codegen.cse (the
 #: analysis keeps a set of nodes per node)
 LET_MAX_DAG_NODES = 2000
-#: a value's text nests at most this many nodes deep: a deeper node is given a
-#: variable (:meth:`ExprEmitter.bind_shared`). CPython's parser allows 200 nested
-#: parentheses and its compiler about 1,000 nested nodes; a node writes one to
-#: three parentheses. A fuzzed gradient (seed 7007500472) summed 216 terms in one
-#: line of 216 parentheses: SyntaxError "too many nested parentheses".
-TEXT_MAX_HEIGHT = 48
+#: a value's text nests at most this many parentheses deep, as estimated node by
+#: node (:meth:`ExprEmitter.text_weight`): a deeper node is given a variable
+#: (:meth:`ExprEmitter.bind_shared`). CPython's parser allows 200 nested
+#: parentheses and its compiler about 1,000 nested nodes. A fuzzed gradient (seed
+#: 7007500472) summed 216 terms in one line of 216 parentheses, and a chain of 45
+#: checked gathers (5 parentheses each) wrote 225: SyntaxError "too many nested
+#: parentheses".
+TEXT_MAX_HEIGHT = 120
 
 
 def _always_evaluated(roots):

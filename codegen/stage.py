@@ -887,7 +887,7 @@ class _StageLowering:
         fuzzed gradient scatter, seed 7007400007: 430 KB of source, numba out of
         memory at 23 GB). Checks run in the value's order (each in a statement of
         its own, in order), so the one that fails first stays the one reported.
-        A value whose text would nest deeper than ``TEXT_MAX_HEIGHT`` nodes is
+        A value whose text would nest deeper than ``TEXT_MAX_HEIGHT`` parentheses is
         written the same way, a node at that height bound (a derivative's sum of
         216 terms, each in a branch of its own: fuzz seed 7007500472).
         Returns the ids to unbind after the statement."""
@@ -902,7 +902,8 @@ class _StageLowering:
         def height(n):
             hit = heights.get(id(n))
             if hit is None:
-                hit = 0 if id(n) in em.bound else 1 + max(map(height, n.args), default=0)
+                hit = 0 if id(n) in em.bound else em.text_weight(n) + max(
+                    map(height, n.args), default=0)
                 heights[id(n)] = hit
             return hit
 

@@ -1,4 +1,4 @@
-"""Generated text nests at most ``codegen.emit.TEXT_MAX_HEIGHT`` nodes deep.
+"""Generated text nests at most ``codegen.emit.TEXT_MAX_HEIGHT`` parentheses deep.
 
 CPython's parser refuses more than 200 nested parentheses ("too many nested
 parentheses") and its compiler about 1,000 nested nodes. A fuzzed gradient (seed
@@ -59,7 +59,7 @@ def _emit(stmt, em):
 def _check_text(lines, text):
     source = "\n".join(lines + [f"out = {text}"])
     compile(ast.parse(source), "<unit>", "exec")  # parses and compiles
-    assert _nesting(source) <= 3 * TEXT_MAX_HEIGHT < 200
+    assert _nesting(source) <= TEXT_MAX_HEIGHT < 200
     return source
 
 
@@ -129,3 +129,28 @@ def test_a_shallow_statement_keeps_its_text():
     em = emitter(x)
     lines, text = _emit(stmt, em)
     assert lines == [] and _nesting(text) >= 20
+
+
+@pytest.mark.parametrize("levels,ndim", [(45, 2), (30, 5)])
+def test_a_chain_of_checked_gathers_builds_and_matches(levels, ndim):
+    # an attack: each checked load writes 5 parentheses or more (b[np.uint64((_ck(
+    # np.int64(...), more on a 5-D table), so a bound of 48 nodes let 45 levels
+    # write 225: SyntaxError "too many nested parentheses"
+    from texpr import codegen
+    table = te.placeholder((8,) + (2,) * (ndim - 1), "T", "int64")
+    x = te.placeholder((8,), "X", F)
+
+    def body(i):
+        e = i
+        for _ in range(levels):
+            e = table[(e,) + (1,) * (ndim - 1)]
+        return x[e]
+
+    y = te.compute((8,), body, name="Y")
+    tv = np.zeros(table.shape, dtype=np.int64)
+    tv[(slice(None),) + (1,) * (ndim - 1)] = [3, 1, 4, 0, 5, 7, 2, 6]
+    xv = np.arange(8.0) * 1.5
+    kernel = codegen.build([y], [table, x], parallel=False)
+    np.testing.assert_array_equal(kernel(tv, xv)[0], te.evaluate(y, {table: tv, x: xv}))
+    for line in kernel.source.splitlines():
+        assert _nesting(line) < 200
