@@ -26,11 +26,14 @@ DATA_INDEX_LIMIT = 1 << 31
 _INT_RANGE = {"int64": (-(1 << 63), (1 << 63) - 1), "int32": (-(1 << 31), (1 << 31) - 1)}
 _COMPARISONS = (E.EQ, E.NE, E.LT, E.LE, E.GT, E.GE)
 _INDEX_ARITH = (E.Add, E.Sub, E.Mul, E.FloorDiv, E.FloorMod, E.Min, E.Max)
+#: the value arithmetic that can leave its dtype (INT_MIN // -1 included)
+_VALUE_ARITH = (E.Add, E.Sub, E.Mul, E.FloorDiv)
 
 
 def _interval(e, a, b):
-    """The exact range of ``e`` (``+ - * min max``) over operands in the ranges
-    ``a`` and ``b`` (``(lo, hi)``, Python ints: no wrap-around)."""
+    """The exact range of ``e`` (``+ - * // % min max``) over operands in the
+    ranges ``a`` and ``b`` (``(lo, hi)``, Python ints: no wrap-around). A divisor
+    of 0 is the kernel's ``_nz`` failure, which divides by 1."""
     if isinstance(e, E.Add):
         return (a[0] + b[0], a[1] + b[1])
     if isinstance(e, E.Sub):
@@ -38,6 +41,18 @@ def _interval(e, a, b):
     if isinstance(e, E.Mul):
         ps = [x * y for x in a for y in b]
         return (min(ps), max(ps))
+    if isinstance(e, E.FloorMod):
+        if b[0] > 0:
+            return (0, b[1] - 1)
+        if b[1] < 0:
+            return (b[0] + 1, 0)
+        return (min(b[0] + 1, 0), max(b[1] - 1, 0))
+    if isinstance(e, E.FloorDiv):
+        # floor(x / y) is extreme at a corner of each part of the divisor's range
+        # on one side of 0 ([b0, -1] and [1, b1]): -1 gives -a0 (-INT_MIN wraps)
+        ds = [y for y in (b[0], b[1], 1, -1) if b[0] <= y <= b[1] and y != 0] or [1]
+        qs = [x // y for x in a for y in ds]
+        return (min(qs), max(qs))
     pick = min if isinstance(e, E.Min) else max
     return (pick(a[0], b[0]), pick(a[1], b[1]))
 
@@ -136,19 +151,7 @@ class _BoundsChecker:
         a, b = self._range(e.a, path), self._range(e.b, path)
         if a is None or b is None:
             return full
-        if isinstance(e, (E.Add, E.Sub, E.Mul, E.Min, E.Max)):
-            r = _interval(e, a, b)
-        elif isinstance(e, E.FloorMod):
-            if b[0] > 0:
-                r = (0, b[1] - 1)
-            elif b[1] < 0:
-                r = (b[0] + 1, 0)
-            else:
-                r = (min(b[0] + 1, 0), max(b[1] - 1, 0))
-        else:  # floor division: by a divisor range not containing 0 (else the _nz check)
-            cands = [x for x in (b[0], b[1], 1, -1) if b[0] <= x <= b[1] and x != 0]
-            qs = [p // q for p in a for q in cands]
-            r = (min(qs + [a[0], -a[1]]), max(qs + [a[1], -a[0]])) if cands else full
+        r = _interval(e, a, b)
         if full[0] <= r[0] and r[1] <= full[1]:
             return r
         exact = self._isl_range(e, path)
@@ -195,7 +198,7 @@ class _BoundsChecker:
         if key in self._seen:
             return
         self._seen.add(key)
-        if value and type(e) in (E.Add, E.Sub, E.Mul) and _INT_RANGE.get(e.dtype) is not None:
+        if value and type(e) in _VALUE_ARITH and _INT_RANGE.get(e.dtype) is not None:
             self.value_range(e)
         # what the index proof covers: the integer operands of a comparison or a
         # load's index, down to the first node that is not an integer (a cast to
@@ -234,16 +237,16 @@ class _BoundsChecker:
     def value_range(self, e):
         """The range of the integer value ``e`` (a stage's value, not an index:
         a loaded value may be anything its dtype holds), from interval
-        arithmetic. A ``+ - *`` that may leave its dtype goes into ``arith``: the
+        arithmetic. A ``+ - * //`` that may leave its dtype goes into ``arith``: the
         kernel checks it at run time, as ``te.evaluate`` does, instead of
-        wrapping around (``-N[i]`` at ``N[i] = -2**63``)."""
+        wrapping around (``-N[i]`` or ``N[i] // -1`` at ``N[i] = -2**63``)."""
         hit = self._value_ranges.get(id(e))
         if hit is not None:
             return hit[1]
         full = _INT_RANGE.get(e.dtype)
         r = full
         if full is None:
-            r = None
+            pass
         elif isinstance(e, E.Const):
             r = (int(e.value), int(e.value))
         elif isinstance(e, E.IterVar):
@@ -258,13 +261,23 @@ class _BoundsChecker:
         elif isinstance(e, E.Select):
             a, b = self.value_range(e.true_value), self.value_range(e.false_value)
             r = (min(a[0], b[0]), max(a[1], b[1]))
-        elif isinstance(e, (E.Add, E.Sub, E.Mul, E.Min, E.Max)):
+        elif isinstance(e, _INDEX_ARITH):
             r = _interval(e, self.value_range(e.a), self.value_range(e.b))
             if not (full[0] <= r[0] and r[1] <= full[1]):
                 self.arith.add(id(e))  # checked at run time: never outside the dtype
                 r = (max(r[0], full[0]), min(r[1], full[1]))
         self._value_ranges[id(e)] = (e, r)
         return r
+
+    def value_arith(self, exprs):
+        """Range the integer value arithmetic of ``exprs`` (values whose operands may
+        be anything their dtypes hold: a custom reducer's combine) and return
+        ``arith``: the ids of the ``+ - * //`` to check at run time."""
+        from texpr.visitor import post_order
+        for n in post_order(list(exprs)):
+            if type(n) in _VALUE_ARITH and _INT_RANGE.get(n.dtype) is not None:
+                self.value_range(n)
+        return self.arith
 
     def _check(self, ld, path, resid):
         t = ld.tensor

@@ -218,7 +218,8 @@ def _transform(stmt, counter):
 
 #: the run-time checks of generated code (codegen.bounds, codegen.emit): calls
 #: that flag an error; the first one to fail is the one reported
-_CHECKS = frozenset({"_ck", "_rk", "_nz", "_fail", "_iadd", "_isub", "_imul"})
+_CHECKS = frozenset({"_ck", "_rk", "_nz", "_fail", "_iadd", "_isub", "_imul",
+                     "_ifloordiv"})
 
 
 def _is_check(node):

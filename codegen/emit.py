@@ -86,7 +86,7 @@ class ExprEmitter:
         self.checks = set()
         self.value_checks = set()  # ids of int loads / casts range-checked (DATA_INDEX_LIMIT)
         #: ids of integer + - * on values that may leave their dtype (codegen.bounds):
-        #: written as the checked helpers _iadd/_isub/_imul
+        #: written as the checked helpers _iadd/_isub/_imul/_ifloordiv
         self.arith_checks = set()
         #: id(load) -> its row-major offset as an affine expression (codegen.affine)
         self.flat = {}
@@ -100,16 +100,19 @@ class ExprEmitter:
             "(the arithmetic is proven exact in int64 for such values only)")
         return f"_rk({helper_int(text)}, np.int64({DATA_INDEX_LIMIT}), err, np.int64({code}))"
 
-    def _checked_arith(self, e):
-        """An integer ``+ - *`` on values that may leave its dtype: computed by a
-        helper that fails (``te.evaluate``'s error) instead of wrapping around."""
+    def _checked_arith(self, e, a=None, b=None):
+        """An integer ``+ - * //`` on values that may leave its dtype: computed by a
+        helper that fails (``te.evaluate``'s error) instead of wrapping around.
+        ``a``, ``b``: the operands' text, if already written (a checked divisor)."""
         d = e.dtype
         info = np.iinfo(np.dtype(d))
         code = self._err(
             f"stage {self.stage_name}: the integer arithmetic `{expr_str(e)}` leaves {d} "
             f"[{info.min}, {info.max}] (it would wrap around)")
-        fn = {E.Add: "_iadd", E.Sub: "_isub", E.Mul: "_imul"}[type(e)]
-        a, b = helper_int(self.cast(e.a, d)), helper_int(self.cast(e.b, d))
+        fn = {E.Add: "_iadd", E.Sub: "_isub", E.Mul: "_imul",
+              E.FloorDiv: "_ifloordiv"}[type(e)]
+        a = helper_int(self.cast(e.a, d) if a is None else a)
+        b = helper_int(self.cast(e.b, d) if b is None else b)
         out = f"{fn}({a}, {b}, np.int64({int(d == 'int32')}), err, np.int64({code}))"
         return f"np.int32({out})" if d == "int32" else out
 
@@ -266,13 +269,15 @@ class ExprEmitter:
         """At least as many parentheses as the text of ``n`` nests around each of
         its operands: a load ``b[np.uint64((_ck(np.int64(...`` (and its row-major
         offset, one more per dimension), a cast or call, a checked or int32
-        operation, else one."""
+        operation, an integer division, else one."""
         if isinstance(n, E.Load):
             return 4 + 2 * len(n.args)
         if isinstance(n, (E.Cast, E.Call)):
             return 2
         if type(n) in _ARITH:
             return 3 if id(n) in self.arith_checks else 2 if n.dtype == "int32" else 1
+        if isinstance(n, (E.FloorDiv, E.FloorMod)) and dt.is_int(n.dtype):
+            return 4  # np.int32(_ifloordiv(.., _nz(np.int64(b) at most
         return 1
 
     def unbound_height(self, exprs):
@@ -325,6 +330,8 @@ class ExprEmitter:
                 code = self._err(f"stage {self.stage_name}: integer division by zero in "
                                  f"`{expr_str(e)}`")
                 b = f"_nz({helper_int(b)}, err, np.int64({code}))"
+            if id(e) in self.arith_checks:  # INT_MIN // -1
+                return self._checked_arith(e, a, b)
             out = f"({a} {op} {b})"
             return f"np.int32{out}" if d == "int32" else out
         if cls in (E.Min, E.Max):

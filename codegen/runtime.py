@@ -3,7 +3,8 @@
 One job: the text of that module and its name. Units call a few small numba
 functions -- NaN-propagating ``_fmax_<dtype>``/``_fmin_<dtype>``,
 ``_fill_<dtype>``/``_copy_<dtype>``/``_copy_n_<dtype>`` and the checks
-``_ck``/``_rk``/``_nz``/``_fail``/``_iadd``/``_isub``/``_imul`` -- each compiled for one signature only (see
+``_ck``/``_rk``/``_nz``/``_fail`` and ``_iadd``/``_isub``/``_imul``/``_ifloordiv``
+-- each compiled for one signature only (see
 :data:`_PER_DTYPE`; :func:`codegen.compile._compile` checks it). They are
 defined once, in a module of their own that :mod:`codegen.compile` writes
 to the cache directory and loads before any unit (``texpr_k_rt<hash>.py``, its
@@ -109,11 +110,11 @@ def _gemm_ok(a, b, k, lim):
 
 #: the run-time checks (numba helpers): an index outside ``[0, n)``, a value outside
 #: ``[-lim, lim)``, a zero divisor, integer arithmetic on values that would leave its
-#: dtype (``_iadd``/``_isub``/``_imul``) set ``err`` and return a safe value. The first
-#: failure is kept (later ones leave ``err`` alone), so a sequential loop reports
-#: the first offending point's value; in a parallel loop it is one of them. Every
-#: argument is an int64 (the call sites cast: :func:`codegen.emit.helper_int`) and
-#: ``err`` an int64 array: one signature each
+#: dtype (``_iadd``/``_isub``/``_imul``/``_ifloordiv``) set ``err`` and return a safe
+#: value. The first failure is kept (later ones leave ``err`` alone), so a
+#: sequential loop reports the first offending point's value; in a parallel loop it
+#: is one of them. Every argument is an int64 (the call sites cast:
+#: :func:`codegen.emit.helper_int`) and ``err`` an int64 array: one signature each
 CHECK_HELPERS = '''
 @njit(cache=True)
 def _fail(err, code, v):
@@ -187,6 +188,20 @@ def _imul(a, b, narrow, err, code):
             return np.int64(0)
     r = a * b
     if narrow != 0 and (r < -2147483648 or r > 2147483647):
+        _fail(err, code, a)
+        return np.int64(0)
+    return r
+
+
+@njit(cache=True)
+def _ifloordiv(a, b, narrow, err, code):
+    # a // b (b != 0: a zero divisor is _nz's failure): only INT_MIN // -1 leaves
+    # the dtype (int64: numba gives 0, numpy INT_MIN)
+    if b == -1 and a == -9223372036854775807 - 1:
+        _fail(err, code, a)
+        return np.int64(0)
+    r = a // b
+    if narrow != 0 and r > 2147483647:
         _fail(err, code, a)
         return np.int64(0)
     return r

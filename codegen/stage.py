@@ -825,15 +825,15 @@ class _StageLowering:
                 names.update({id(v): y for v, y in zip(comb.rhs, ys)})
                 cem = ExprEmitter(names, self.buffers, self.op.name, self.errors)
                 # the combine's operands are any values of their dtypes: its integer
-                # + - * that may leave the dtype are checked, as te.evaluate does
-                cck = _BoundsChecker(self.op.name, None, None)
-                for n in post_order(list(comb.result)):
-                    if isinstance(n, (E.Add, E.Sub, E.Mul)) and dt.is_int(n.dtype):
-                        cck.value_range(n)
-                cem.arith_checks = cck.arith
+                # + - * // that may leave the dtype are checked, as te.evaluate does
+                cem.arith_checks = _BoundsChecker(self.op.name, None, None).value_arith(
+                    comb.result)
+                # a deep combiner is written in parts (the text height bound)
+                cbound = self._bind_shared(cem, depth, comb.result)
                 news = [f"n{self.k}_{c}" for c in range(len(comb.result))]
                 for n, r, v in zip(news, comb.result, comb.lhs):
                     w(depth, f"{n} = {cem.cast(r, v.dtype)}")
+                cem.unbind(cbound)
                 for t, n in zip(targets, news):
                     w(depth, f"{t} = {n}")
             em.unbind(bound)

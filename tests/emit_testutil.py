@@ -22,6 +22,18 @@ def emitter(*tensors):
     return ExprEmitter({}, {id(t): Buf(n, t.shape) for t, n in zip(tensors, names)}, "S", [])
 
 
+def nesting(text):
+    """The deepest nesting of brackets in ``text`` (CPython's parser allows 200)."""
+    depth = deepest = 0
+    for ch in text:
+        if ch in "([{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in ")]}":
+            depth -= 1
+    return deepest
+
+
 class CheckFailed(Exception):
     """A run-time check of the emitted text failed: ``args[0]`` is its code."""
 

@@ -20,21 +20,9 @@ from texpr.codegen.emit import TEXT_MAX_HEIGHT
 from texpr.codegen.stage import _StageLowering
 from texpr.visitor import post_order
 
-from emit_testutil import CheckFailed, emitter, namespace
+from emit_testutil import CheckFailed, emitter, namespace, nesting
 
 F = "float64"
-
-
-def _nesting(text):
-    """The deepest nesting of brackets in ``text``."""
-    depth = deepest = 0
-    for ch in text:
-        if ch in "([{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in ")]}":
-            depth -= 1
-    return deepest
 
 
 def _lowering():
@@ -59,7 +47,7 @@ def _emit(stmt, em):
 def _check_text(lines, text):
     source = "\n".join(lines + [f"out = {text}"])
     compile(ast.parse(source), "<unit>", "exec")  # parses and compiles
-    assert _nesting(source) <= TEXT_MAX_HEIGHT < 200
+    assert nesting(source) <= TEXT_MAX_HEIGHT < 200
     return source
 
 
@@ -128,7 +116,7 @@ def test_a_shallow_statement_keeps_its_text():
         stmt = stmt * 0.5 + x[k % 8]
     em = emitter(x)
     lines, text = _emit(stmt, em)
-    assert lines == [] and _nesting(text) >= 20
+    assert lines == [] and nesting(text) >= 20
 
 
 @pytest.mark.parametrize("levels,ndim", [(45, 2), (30, 5)])
@@ -153,4 +141,4 @@ def test_a_chain_of_checked_gathers_builds_and_matches(levels, ndim):
     kernel = codegen.build([y], [table, x], parallel=False)
     np.testing.assert_array_equal(kernel(tv, xv)[0], te.evaluate(y, {table: tv, x: xv}))
     for line in kernel.source.splitlines():
-        assert _nesting(line) < 200
+        assert nesting(line) < 200

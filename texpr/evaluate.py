@@ -137,6 +137,8 @@ class _StageEval:
                     raise TexprError(
                         f"stage {self.stage_name}: integer division by zero in `{expr_str(e)}`")
                 b = np.where(b == 0, 1, b)
+                if cls is FloorDiv:
+                    self._check_min_over_minus_one(e, a, b, mask)
             return (np.floor_divide if cls is FloorDiv else np.mod)(a, b)
         if cls is And:
             a = self(e.args[0], mask)
@@ -196,16 +198,32 @@ class _StageEval:
             return out
         shape = np.broadcast_shapes(np.shape(a), np.shape(b), np.shape(risky))
         aa, bb = np.broadcast_to(a, shape), np.broadcast_to(b, shape)
-        for pos in zip(*np.nonzero(np.broadcast_to(risky, shape))):
+        for pos in map(tuple, np.argwhere(np.broadcast_to(risky, shape))):  # 0-d too
             x, y = int(aa[pos]), int(bb[pos])
             exact = x + y if type(e) is Add else x - y if type(e) is Sub else x * y
             if not -lim <= exact < lim:
-                raise TexprError(
-                    f"stage {self.stage_name}: the integer arithmetic `{expr_str(e)}` reaches "
-                    f"{exact}, outside {e.dtype} [{-int(lim)}, {int(lim) - 1}] (it would wrap "
-                    "around); keep integer values and index expressions within range "
-                    "(smaller values, coefficients or extents)")
+                raise self._wrap_error(e, exact)
         return out
+
+    def _check_min_over_minus_one(self, e, a, b, mask):
+        """``a // b`` of integers leaves its dtype only at ``INT_MIN // -1``
+        (numpy returns INT_MIN): raise there, as for ``+ - *``."""
+        low = np.iinfo(np.dtype(e.dtype)).min
+        bad = (a == low) & (b == -1)
+        if mask is not None:
+            bad = bad & mask
+        if np.any(bad):
+            raise self._wrap_error(e, -int(low))
+
+    def _wrap_error(self, e, exact):
+        """The error of integer arithmetic ``e`` whose exact result ``exact`` (a
+        Python int) leaves its dtype."""
+        info = np.iinfo(np.dtype(e.dtype))
+        return TexprError(
+            f"stage {self.stage_name}: the integer arithmetic `{expr_str(e)}` reaches "
+            f"{exact}, outside {e.dtype} [{info.min}, {info.max}] (it would wrap "
+            "around); keep integer values and index expressions within range "
+            "(smaller values, coefficients or extents)")
 
     def _load(self, e, mask):
         t = e.tensor
