@@ -71,6 +71,12 @@ CONTROL_NAMES = ["a\nb", "\x00", "t\tab", "c\rd", "\x1b[31m", "e\u2028f", "\"\"\
 BIG_COEFFICIENTS = [2**31, 2**40, 2**61, 2**62 - 5, -(2**62)]
 
 
+#: regression seeds (tests/test_fuzz.py) found before the generator drew integer
+#: value arithmetic (:meth:`_Gen.with_int_value`), whose programs would now draw it:
+#: they keep the programs they were found with
+SEEDS_BEFORE_INT_VALUES = frozenset({7000000475, 7000003194, 7000003318})
+
+
 @dataclasses.dataclass
 class Program:
     """One fuzzed program.
@@ -99,6 +105,9 @@ class Program:
     #: an input holds a finite value near the dtype's largest (its products and
     #: sums can leave the range: partial sums then depend on the order of terms)
     near_max: bool = False
+    #: integer value arithmetic on data near the int limits (:meth:`_Gen.with_int_value`):
+    #: te.evaluate may raise "would wrap around" or "division by zero"
+    int_arith: bool = False
 
     @property
     def inputs(self):
@@ -141,6 +150,11 @@ class _Gen:
         # an eighth for a chain of selects each reading the level below several
         # times: a DAG far smaller than its tree (codegen's shared bindings)
         self.rng8 = random.Random(seed * 122949823 + 23)
+        # a ninth for integer value arithmetic (+ - * // % min max) on int64 and
+        # int32 data near the dtype's limits, cast into a float value
+        self.rng9 = random.Random(seed * 179424673 + 29)
+        self.draw_int_values = reshape and seed not in SEEDS_BEFORE_INT_VALUES
+        self.int_arith = False
         self.big = False
         # draw the dtype even when it is given: the twin must draw the same program
         self.dtype = self.rng.choice(["float32", "float64"])
@@ -264,7 +278,56 @@ class _Gen:
         out = self._value(sources, vars, depth)
         if self.reshape and self.rng8.random() < 0.03:
             out = self.select_chain(out)
+        if self.draw_int_values and self.rng9.random() < 0.04:
+            out = self.with_int_value(out, vars)
         return out
+
+    def with_int_value(self, x, vars):
+        """``x`` combined with integer value arithmetic cast to float: scaled
+        into a few units (``x + cast(v) * 2**-62``) or as a select's condition
+        (``cast(v) > 0``). ``v`` reads a new int list of values at and near the
+        dtype's limits: exact arithmetic raises "would wrap around" (or
+        "division by zero") in te.evaluate, and must in every kernel. Draws
+        from its own stream, so other programs keep theirs."""
+        r = self.rng9
+        self.int_arith = True
+        v = self.int_value(vars, r.choice(["int64", "int64", "int32"]), r.randint(1, 2))
+        f = te.cast(v, self.dtype)
+        if r.random() < 0.6:
+            return x + f * (2.0 ** -62 if v.dtype == "int64" else 2.0 ** -30)
+        self.smooth = False
+        return te.if_then_else(f > 0.0, x, x * 0.5)
+
+    def int_value(self, vars, dtype, depth):
+        r = self.rng9
+        m = r.randint(1, 4)
+        info = np.iinfo(dtype)
+        root = 3037000500 if dtype == "int64" else 46341  # its square leaves the dtype
+        pool = [int(info.min), int(info.max), int(info.min) + 1, int(info.max) // 2 + 1,
+                -(int(info.max) // 2) - 1, root, -root, 0, 1, -1, 7, -3]
+        N = te.placeholder((m,), self.name("N"), dtype=dtype)
+        self.ints.append(N)
+        self.int_values[N] = np.array([r.choice(pool) for _ in range(m)], dtype=dtype)
+
+        def leaf():
+            if r.random() < 0.2:
+                return te.const(r.choice([2, -1, 3, 0]), dtype)
+            v = r.choice(vars)
+            return N[(v * r.randint(1, 2) + r.randint(0, 3)) % m]
+
+        def node(d):
+            a = leaf() if d == 0 else node(d - 1)
+            b = leaf()
+            op = r.choice(["add", "sub", "mul", "mul", "neg", "div", "divc", "mod", "min",
+                           "max"])
+            if op == "neg":
+                return -a
+            if op == "divc":
+                return a // te.const(r.choice([-1, 2, -3]), dtype)
+            return {"add": lambda: a + b, "sub": lambda: a - b, "mul": lambda: a * b,
+                    "div": lambda: a // b, "mod": lambda: a % b,
+                    "min": lambda: te.min(a, b), "max": lambda: te.max(a, b)}[op]()
+        return node(depth - 1)
 
     def select_chain(self, v):
         """``v`` through 4-7 levels of ``select(v > c, tanh(v) * v, v * a + b)``
@@ -461,7 +524,7 @@ def make_program(seed, dtype=None, reshape=True):
     feed.update(g.int_values)
     text = te.graph_str([y, loss])
     return Program(seed, g.dtype, floats, list(g.ints), C, y, loss, feed, g.smooth, finite,
-                   text, g.big, reshape, near_max)
+                   text, g.big, reshape, near_max, g.int_arith)
 
 
 # ---- checks ------------------------------------------------------------------------
@@ -564,10 +627,15 @@ class _Prepared:
 
     def __init__(self, p):
         self.p = p
-        self.oob = self.refused = False
+        self.oob = self.refused = self.int_error = False
         try:
             self._prepare(p)
         except te.TexprError as exc:
+            if p.int_arith and refuses_int_value(exc):
+                # integer value arithmetic left its dtype or divided by zero: every
+                # kernel must raise too (_check_kernel_int_error)
+                self.int_error = True
+                return
             # exact integer arithmetic refuses a program whose indices leave int64
             if not (p.big and refuses_wraparound(exc)):
                 raise
@@ -614,6 +682,13 @@ def refuses_wraparound(exc):
     dtype (the evaluator at run time, codegen at build time): a refusal, never a
     wrong value, so allowed for the programs with int64-limit coefficients."""
     return isinstance(exc, te.TexprError) and "wrap around" in str(exc)
+
+
+def refuses_int_value(exc):
+    """Whether ``exc`` is texpr refusing integer value arithmetic at run time: a
+    result outside its dtype or a zero divisor (never a wrong value)."""
+    return isinstance(exc, te.TexprError) and (
+        "wrap around" in str(exc) or "division by zero" in str(exc))
 
 
 def reads_through_data(tensors):
@@ -1085,6 +1160,52 @@ def _check_kernel_oob(q, findings, mode="default"):
         return
 
 
+#: kernels that raised where te.evaluate refused integer value arithmetic
+INT_ERROR_KERNELS = [0]
+
+
+def _check_kernel_int_error(q, findings, mode="default"):
+    """A program whose integer value arithmetic te.evaluate refuses somewhere: the
+    kernel (built alone) raises where te.evaluate of the graph it computes (the
+    simplified forward and gradients) raises, a refusal too, and equals it
+    elsewhere (the simplifier may have removed the refused operation)."""
+    p = q.p
+    graph = list(simplify.simplify([p.y, p.loss])) + list(q.simp)
+    try:
+        want = te.evaluate(graph, p.feed)
+    except te.TexprError as exc:
+        if not refuses_int_value(exc):
+            findings.append(_finding(p, "reference-error", traceback.format_exc(limit=-3)))
+            return
+        want = None
+    arrays = [p.feed[t] for t in p.inputs]
+    try:
+        with _MODES[mode](), code_size_bounded(), build_time_bounded(
+                f"seed {p.seed} in mode {mode!r}"):
+            kernel = codegen.build(q.outputs, p.inputs)
+    except Exception as exc:  # noqa: BLE001
+        findings.append(_kernel_error(p, exc))
+        return
+    try:
+        got = kernel(*arrays)
+    except te.TexprError as exc:
+        INT_ERROR_KERNELS[0] += want is None
+        if want is not None or not refuses_int_value(exc):
+            findings.append(_finding(p, "int-value", "the kernel raised where te.evaluate "
+                                     "did not, or something else:\n"
+                                     + traceback.format_exc(limit=-3)))
+        return
+    if want is None:
+        findings.append(_finding(p, "int-value", "te.evaluate refuses the integer "
+                                 "arithmetic but the kernel returns values"))
+        return
+    names = [p.y.name, p.loss.name] + [f"d{p.loss.name}/d{x.name}" for x in p.floats]
+    for g, w, nm in zip(got, want, names):
+        msg = compare(g, w, p.dtype, f"kernel vs te.evaluate of {nm}")
+        if msg:
+            findings.append(_finding(p, "kernel-vs-evaluate", msg))
+
+
 def _check_fd(q, findings):
     """Raw gradients of the float64 twin against central finite differences."""
     p = make_program(q.p.seed, dtype="float64", reshape=q.p.reshape)
@@ -1143,6 +1264,11 @@ def check_programs(seeds, batch=8, fd=True, compile_every=1, log=None, reshape=T
             findings.append(_finding(p, "reference-error", traceback.format_exc(limit=-3)))
             continue
         if q.refused:
+            continue
+        if q.int_error:
+            if compiled:
+                _check_kernel_int_error(q, findings, oob_modes[oob_built % len(oob_modes)])
+                oob_built += 1
             continue
         _check_reference(q, findings)
         if q.oob:

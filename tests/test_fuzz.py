@@ -168,6 +168,22 @@ def test_the_order_oracle_accepts_only_a_partial_sum_overflow():
     assert fuzz.compare_orders([top / 1e6], [np.inf], [np.inf], "float64", "x")
 
 
+#: programs with integer value arithmetic on data at the int64/int32 limits
+#: (fuzz._Gen.with_int_value): te.evaluate refuses the first four ("would wrap
+#: around" or "division by zero") and every kernel must raise too; the last two
+#: run. Before the fix INT_MIN // -1 was 0 in a kernel and INT_MIN in te.evaluate
+INT_VALUE_SEEDS = (20264001, 20264174, 20264267, 20264280, 20264003, 20264016)
+
+
+def test_fuzz_integer_value_arithmetic_raises_on_every_path_or_none():
+    before = fuzz.INT_ERROR_KERNELS[0]
+    programs = [fuzz.make_program(s) for s in INT_VALUE_SEEDS]
+    assert all(p.int_arith for p in programs)
+    findings = fuzz.check_programs(INT_VALUE_SEEDS, batch=2)
+    assert not findings, _report(findings)
+    assert fuzz.INT_ERROR_KERNELS[0] - before == 4
+
+
 def test_fuzz_regression_seeds():
     # found before the generator drew reshape loads: their programs without them
     findings = fuzz.check_programs(REGRESSIONS, reshape=False)
