@@ -41,6 +41,7 @@ import numpy as np
 
 from texpr import expr as E
 from texpr.errors import TexprError
+from texpr.evaluate import int_arith_exactly
 
 __all__ = ["ContractionPlan", "GemmPiece", "OperandView",
            "GEMM_THREADS", "GEMM_SPLIT_MIN", "CHUNK_MIN_BYTES", "CHUNK_BYTES", "CHUNKED"]
@@ -546,15 +547,22 @@ _TREE_OPS = {E.Add: np.add, E.Sub: np.subtract, E.Mul: np.multiply, E.Div: np.tr
 
 
 #: operations whose integer results the evaluator checks against the dtype's range
-_TREE_EXACT_INT = (E.Add, E.Sub, E.Mul)
+_TREE_EXACT_INT = (E.Add, E.Sub, E.Mul, E.FloorDiv)
 
 
-def _eval_tree(t, grid, arrays):
+def _tree_mask(mask, cond):
+    return cond if mask is None else mask & cond
+
+
+def _eval_tree(t, grid, arrays, mask=None):
     """The value of an expression tree (:func:`_tree`) on the grid of axis values,
     by ``te.evaluate``'s rules (texpr/evaluate.py): every node's value in the
     node's dtype, a float operation's constants at its precision, ``/`` on
-    operands cast to its dtype first, integer ``+ - *`` outside the dtype's
-    range an error (never a wrapped value), integer division by zero an error."""
+    operands cast to its dtype first, integer ``+ - * //`` outside the dtype's
+    range an error (never a wrapped value: texpr.evaluate.int_arith_exactly),
+    integer division by zero an error -- only where ``mask`` (None: everywhere)
+    holds: a select's branch counts where its condition selects it, an
+    ``and``'s / ``or``'s second operand where the first does not decide."""
     kind = t[0]
     if kind == "c":
         return np.asarray(t[1], dtype=t[2])
@@ -565,39 +573,45 @@ def _eval_tree(t, grid, arrays):
         flat = np.zeros((), dtype=np.int64)
         stride = 1
         for d in range(len(shape) - 1, -1, -1):
-            i = _eval_tree(idx[d], grid, arrays).astype(np.int64)
+            i = _eval_tree(idx[d], grid, arrays, mask).astype(np.int64)
             if kind == "ldc":
                 i = np.clip(i, 0, shape[d] - 1)
             flat = flat + i * stride
             stride *= shape[d]
         return np.asarray(arrays[key]).reshape(-1)[flat]
     if kind == "not":
-        return np.logical_not(_eval_tree(t[1], grid, arrays))
+        return np.logical_not(_eval_tree(t[1], grid, arrays, mask))
     if kind == "sel":
-        c, a, b = (_eval_tree(x, grid, arrays) for x in t[1:4])
+        c = _eval_tree(t[1], grid, arrays, mask)
+        a = _eval_tree(t[2], grid, arrays, _tree_mask(mask, c))
+        b = _eval_tree(t[3], grid, arrays, _tree_mask(mask, np.logical_not(c)))
         return np.where(c, a, b).astype(t[4], copy=False)
     if kind == "cast":
-        return _eval_tree(t[1], grid, arrays).astype(t[2])
+        return _eval_tree(t[1], grid, arrays, mask).astype(t[2])
     if kind == "abs":
-        return np.abs(_eval_tree(t[1], grid, arrays)).astype(t[2], copy=False)
+        return np.abs(_eval_tree(t[1], grid, arrays, mask)).astype(t[2], copy=False)
     fn, dtype = _TREE_OPS[kind], np.dtype(t[3])
+    if kind in (E.And, E.Or):
+        a = _eval_tree(t[1], grid, arrays, mask)
+        rest = a if kind is E.And else np.logical_not(a)
+        return fn(a, _eval_tree(t[2], grid, arrays, _tree_mask(mask, rest)))
 
     def operand(x):
         if x[0] == "c" and dtype.kind == "f" and not isinstance(x[1], bool):
             return np.asarray(x[1], dtype=dtype)  # a weak constant, as the evaluator
-        return _eval_tree(x, grid, arrays)
+        return _eval_tree(x, grid, arrays, mask)
     a, b = operand(t[1]), operand(t[2])
     if kind is E.Div:
         a, b = a.astype(dtype, copy=False), b.astype(dtype, copy=False)
-    if kind in (E.FloorDiv, E.FloorMod) and np.any(b == 0):
-        raise TexprError("contraction: integer division by zero in a condition")
+    if kind in (E.FloorDiv, E.FloorMod) and dtype.kind in "iu":
+        if np.any(_tree_mask(mask, b == 0)):
+            raise TexprError("contraction: integer division by zero in a condition")
+        b = np.where(b == 0, np.ones((), b.dtype), b)
     if kind in _TREE_EXACT_INT and dtype.kind in "iu":
-        with np.errstate(over="ignore"):
-            out = fn(a, b)
-        approx = fn(np.asarray(a, np.float64), np.asarray(b, np.float64))
-        if np.any(np.abs(approx) >= 2.0 ** (dtype.itemsize * 8 - 2)):
-            raise TexprError("contraction: integer arithmetic in a condition leaves the range "
-                             f"of {dtype.name}")
+        out, exact = int_arith_exactly(kind, a, b, dtype, mask)
+        if exact is not None:
+            raise TexprError(f"contraction: integer arithmetic in a condition reaches {exact}, "
+                             f"outside {dtype.name} (it would wrap around)")
         return out.astype(dtype, copy=False)
     with np.errstate(all="ignore"):
         return np.asarray(fn(a, b)).astype(dtype, copy=False)

@@ -658,6 +658,42 @@ def test_data_masks_follow_the_evaluators_dtypes(cond):
     np.testing.assert_allclose(kb(a, b)[0], ref, rtol=1e-6)
 
 
+def test_integer_data_masks_refuse_and_skip_as_the_evaluator():
+    """A condition with integer arithmetic on data, on the GEMM path: INT_MIN // -1
+    raises "would wrap around" (it wrapped to INT_MIN, and the term was dropped
+    silently), a zero divisor in a select's untaken branch does not raise (both
+    branches were computed everywhere), and an int32 result of 2**30 is not an
+    overflow (a check at 2**(bits-2) refused it). An attack, 2026-12-03."""
+    lo = -2**63
+    A = te.placeholder((4, 3), "A", "float64")
+    B = te.placeholder((3, 5), "B", "float64")
+    N = te.placeholder((4, 3), "N", "int64")
+    D = te.placeholder((4, 3), "D", "int64")
+    M = te.placeholder((4, 3), "M", "int32")
+    k = te.reduce_axis(3, "k")
+    Y = te.compute((4, 5), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k, where=te.all(
+        te.if_then_else(D[i, k] != 0, N[i, k] // D[i, k], te.const(1, "int64")) > 0,
+        M[i, k] * 2 > 0)), name="Y")
+    s = create_schedule([Y])
+    s[Y].blas(True)
+    kernel = codegen.build([Y], [A, B, N, D, M], s, parallel=False)
+    assert [u.kind for u in kernel.units] == ["blas"]
+    base = {A: np.arange(12.0).reshape(4, 3), B: np.arange(15.0).reshape(3, 5),
+            N: np.full((4, 3), 6, np.int64), D: np.full((4, 3), 2, np.int64),
+            M: np.full((4, 3), 2**29, np.int32)}
+    base[N][1, 2], base[D][2, 1], base[M][3, 0] = -6, 0, -1
+    args = lambda f: [f[t] for t in (A, B, N, D, M)]  # noqa: E731
+    want = te.evaluate(Y, base)
+    np.testing.assert_array_equal(kernel(*args(base))[0], want)
+    assert not np.array_equal(want, base[A] @ base[B])  # the mask drops terms
+    wraps = {t: v.copy() for t, v in base.items()}
+    wraps[N][0, 0], wraps[D][0, 0] = lo, -1
+    with pytest.raises(te.TexprError, match="would wrap around"):
+        te.evaluate(Y, wraps)
+    with pytest.raises(te.TexprError, match="would wrap around"):
+        kernel(*args(wraps))
+
+
 def test_an_overflowing_gemm_gives_inf_without_numpy_warnings(monkeypatch):
     # finite operands whose products overflow: inf as in the loop nest (which
     # never warns), with no RuntimeWarning from numpy, in one call and cut in

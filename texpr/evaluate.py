@@ -82,6 +82,45 @@ def symbolic_zero_products():
 _EXACT_INT = (Add, Sub, Mul)
 
 
+def int_arith_exactly(kind, a, b, dtype, mask=None):
+    """``a + b``, ``a - b``, ``a * b`` or ``a // b`` (``kind``: the expression class
+    Add, Sub, Mul or FloorDiv; ``b`` nonzero for FloorDiv) of integer arrays, in
+    ``dtype``, exactly.
+
+    Returns ``(out, exact)``: ``out`` as numpy computes it (broadcast), and
+    ``exact`` None, or the exact result (a Python int) at a point where ``mask``
+    (a bool array or None: everywhere) holds and the result leaves ``dtype``:
+    there numpy wraps around (``INT_MIN // -1`` is the one such floor
+    division). The callers raise their error with it."""
+    info = np.iinfo(np.dtype(dtype))
+    if kind is FloorDiv:
+        with np.errstate(all="ignore"):
+            out = np.asarray(np.floor_divide(a, b))
+        bad = (np.asarray(a) == info.min) & (np.asarray(b) == -1)
+        if mask is not None:
+            bad = bad & mask
+        return out, (-int(info.min) if np.any(bad) else None)
+    op = _BINARY[kind]
+    with np.errstate(over="ignore"):
+        out = np.asarray(op(a, b))
+    lim = 2.0 ** (info.bits - 1)
+    approx = op(np.asarray(a, np.float64), np.asarray(b, np.float64))
+    # float64 is exact below 2**53; above 2**62 an int64 result may be off: check exactly
+    risky = np.abs(approx) >= (lim if info.bits <= 32 else lim / 2)
+    if mask is not None:
+        risky = risky & mask
+    if not np.any(risky):
+        return out, None
+    shape = np.broadcast_shapes(np.shape(a), np.shape(b), np.shape(risky))
+    aa, bb = np.broadcast_to(a, shape), np.broadcast_to(b, shape)
+    for pos in map(tuple, np.argwhere(np.broadcast_to(risky, shape))):  # 0-d too
+        x, y = int(aa[pos]), int(bb[pos])
+        exact = x + y if kind is Add else x - y if kind is Sub else x * y
+        if not info.min <= exact <= info.max:
+            return out, exact
+    return out, None
+
+
 def _and_mask(mask, cond):
     return cond if mask is None else (mask & cond)
 
@@ -138,7 +177,10 @@ class _StageEval:
                         f"stage {self.stage_name}: integer division by zero in `{expr_str(e)}`")
                 b = np.where(b == 0, 1, b)
                 if cls is FloorDiv:
-                    self._check_min_over_minus_one(e, a, b, mask)
+                    out, exact = int_arith_exactly(FloorDiv, a, b, e.dtype, mask)
+                    if exact is not None:
+                        raise self._wrap_error(e, exact)
+                    return out
             return (np.floor_divide if cls is FloorDiv else np.mod)(a, b)
         if cls is And:
             a = self(e.args[0], mask)
@@ -184,36 +226,10 @@ class _StageEval:
         range (where ``mask`` holds) raises instead of wrapping around, as the
         kernels reject index arithmetic they cannot prove within int64."""
         a, b = self(e.args[0], mask), self(e.args[1], mask)
-        op = _BINARY[type(e)]
-        with np.errstate(over="ignore"):
-            out = np.asarray(op(a, b))
-        bits = np.iinfo(np.dtype(e.dtype)).bits
-        lim = 2.0 ** (bits - 1)
-        approx = op(np.asarray(a, np.float64), np.asarray(b, np.float64))
-        # float64 is exact below 2**53; above 2**62 an int64 result may be off: check exactly
-        risky = np.abs(approx) >= (lim if bits <= 32 else lim / 2)
-        if mask is not None:
-            risky = risky & mask
-        if not np.any(risky):
-            return out
-        shape = np.broadcast_shapes(np.shape(a), np.shape(b), np.shape(risky))
-        aa, bb = np.broadcast_to(a, shape), np.broadcast_to(b, shape)
-        for pos in map(tuple, np.argwhere(np.broadcast_to(risky, shape))):  # 0-d too
-            x, y = int(aa[pos]), int(bb[pos])
-            exact = x + y if type(e) is Add else x - y if type(e) is Sub else x * y
-            if not -lim <= exact < lim:
-                raise self._wrap_error(e, exact)
+        out, exact = int_arith_exactly(type(e), a, b, e.dtype, mask)
+        if exact is not None:
+            raise self._wrap_error(e, exact)
         return out
-
-    def _check_min_over_minus_one(self, e, a, b, mask):
-        """``a // b`` of integers leaves its dtype only at ``INT_MIN // -1``
-        (numpy returns INT_MIN): raise there, as for ``+ - *``."""
-        low = np.iinfo(np.dtype(e.dtype)).min
-        bad = (a == low) & (b == -1)
-        if mask is not None:
-            bad = bad & mask
-        if np.any(bad):
-            raise self._wrap_error(e, -int(low))
 
     def _wrap_error(self, e, exact):
         """The error of integer arithmetic ``e`` whose exact result ``exact`` (a
@@ -366,9 +382,12 @@ def _reduce_custom(ev, comb, srcs, mask, grid_shape, n):
         for v, s in zip(comb.rhs, srcs):
             env[id(v)] = s[..., k]
         step = _StageEval(ev.stage_name, env, ev.values, ())
-        new = [step(res) for res in comb.result]
-        if m is not None:
-            new = [np.where(m[..., k], x, a) for x, a in zip(new, acc)]
+        # the combine runs where the where= condition holds only (its integer
+        # errors too: a point the condition excludes is never combined)
+        mk = None if m is None else m[..., k]
+        new = [step(res, mk) for res in comb.result]
+        if mk is not None:
+            new = [np.where(mk, x, a) for x, a in zip(new, acc)]
         acc = [np.broadcast_to(x, out_shape).astype(a.dtype) for x, a in zip(new, acc)]
     return acc
 
