@@ -892,8 +892,10 @@ class _StageLowering:
         216 terms, each in a branch of its own: fuzz seed 7007500472).
         Returns the ids to unbind after the statement."""
         order, size, uses = tree_sizes([e])
-        if ((em.unbound_tree_nodes([e]) <= LET_TREE_NODES
-             and em.unbound_height([e]) <= TEXT_MAX_HEIGHT) or len(order) > LET_MAX_DAG_NODES):
+        # too deep to parse is written in parts whatever its size (an attack: a select
+        # over a 2,000-node tree and a chain of 45 checked gathers was a SyntaxError)
+        if em.unbound_height([e]) <= TEXT_MAX_HEIGHT and (
+                em.unbound_tree_nodes([e]) <= LET_TREE_NODES or len(order) > LET_MAX_DAG_NODES):
             return []
         vc = em.value_checks
         checked = {}  # id -> whether emitting the node runs a check not bound yet

@@ -142,3 +142,36 @@ def test_a_chain_of_checked_gathers_builds_and_matches(levels, ndim):
     np.testing.assert_array_equal(kernel(tv, xv)[0], te.evaluate(y, {table: tv, x: xv}))
     for line in kernel.source.splitlines():
         assert nesting(line) < 200
+
+
+def test_a_deep_branch_of_a_large_statement_is_written_in_parts(monkeypatch):
+    # an attack: select(X > 0, max(chain of 45 checked gathers, a max tree over 1,100
+    # leaves), 0): the branch's text was too deep, and _bind_branches left every
+    # statement of more than LET_MAX_DAG_NODES (2,000) nodes alone: a raw
+    # SyntaxError. Here the bound is lowered to 60 (40 leaves) to build in seconds
+    from texpr import codegen
+    from texpr.codegen import stage
+    monkeypatch.setattr(stage, "LET_MAX_DAG_NODES", 60)
+    monkeypatch.setenv("TEXPR_SYMBOLIC_CACHE", "0")
+    table = te.placeholder((3, 3), "T", "int64")
+    x = te.placeholder((3, 3), "X", F)
+
+    def body(i, j):
+        e = i
+        for _ in range(45):
+            e = table[e, j]
+        leaves = [te.min(x[i, j], te.const(-float(n), F)) for n in range(40)]
+        while len(leaves) > 1:
+            leaves = [te.max(leaves[a], leaves[a + 1]) for a in range(0, len(leaves) - 1, 2)] + (
+                leaves[-1:] if len(leaves) % 2 else [])
+        return te.if_then_else(x[i, j] > 0.0, te.max(te.cast(e, F), leaves[0]), 0.0)
+
+    y = te.compute((3, 3), body, name="Y")
+    feed = {table: np.array([[1, 2, 0]] * 3), x: np.arange(9.0).reshape(3, 3) - 4}
+    kernel = codegen.build([y], [table, x], parallel=False)
+    assert all(nesting(line) <= TEXT_MAX_HEIGHT for line in kernel.source.splitlines())
+    np.testing.assert_array_equal(kernel(feed[table], feed[x])[0], te.evaluate(y, feed))
+    bad = dict(feed)
+    bad[table] = np.array([[1, 2, 3]] * 3)  # a gather leaves T where X > 0
+    with pytest.raises(te.OutOfBoundsError):
+        kernel(bad[table], bad[x])
