@@ -17,7 +17,8 @@ import pytest
 
 import texpr as te
 from texpr import codegen
-from texpr.codegen import runtime
+from texpr.codegen import runtime, stage
+from texpr.codegen.emit import TEXT_MAX_HEIGHT
 
 from emit_testutil import nesting
 
@@ -197,24 +198,57 @@ def test_index_floor_division_by_minus_one_of_a_loaded_value_is_proven():
                                   te.evaluate(Y, {X: np.arange(6.0), I: np.array([1, -2, 7])}))
 
 
-def test_a_deep_custom_combine_builds_and_agrees():
-    # a combiner 210 levels deep wrote one line of 210 nested parentheses: a raw
-    # SyntaxError from the parser (the height bound did not reach combines)
+def _wide_combine(chain, leaves):
+    """A combine ``select(a > b, max(a -+ b ... (chain checked ops), a tree of
+    max/min over leaves), b)``: deep text, and with 1,100 leaves a DAG of more
+    than codegen's LET_MAX_DAG_NODES nodes."""
+    def combine(a, b):
+        e = a
+        for j in range(chain):
+            e = e + b if j % 2 else e - b
+        lv = [te.min(a, te.const(-j, "int64")) for j in range(leaves)]
+        while len(lv) > 1:
+            lv = [te.max(lv[i], lv[i + 1]) for i in range(0, len(lv) - 1, 2)] + (
+                lv[-1:] if len(lv) % 2 else [])
+        return te.if_then_else(a > b, te.max(e, lv[0]), b)
+    return combine
+
+
+def test_a_deep_custom_combine_builds_and_agrees(monkeypatch):
+    # a combine's text nested 105 levels of checked operations in one line: a raw
+    # SyntaxError from the parser (the height bound did not reach combines, and
+    # then not a select over a DAG of more than LET_MAX_DAG_NODES = 2,000 nodes: an
+    # attack's 1,100 leaves; here the bound is lowered to 60 to build in seconds)
+    monkeypatch.setattr(stage, "LET_MAX_DAG_NODES", 60)
+    monkeypatch.setenv("TEXPR_SYMBOLIC_CACHE", "0")
+    P = te.placeholder((2, 3), "P", "int64")
+    k = te.reduce_axis(3, "k")
+    pv = np.arange(6).reshape(2, 3)
+    for chain, leaves in ((60, 4), (60, 40)):
+        red = te.comm_reducer(_wide_combine(chain, leaves), lambda d: te.const(-2**63, d),
+                              name="deep")
+        out = te.compute((2,), lambda i: red(P[i, k], axis=k), name="Deep")
+        kernel = codegen.build([out], [P], parallel=False)
+        assert all(nesting(line) <= TEXT_MAX_HEIGHT for line in kernel.source.splitlines())
+        assert _agree([out], [P], {P: pv})
+        assert not _agree([out], [P], {P: np.array([[2**62, -2**62, -2**62], [0, 1, 2]])})
+
+
+def test_a_combine_deeper_than_the_limit_is_refused_where_it_is_written():
+    # te.evaluate recursed past Python's limit on a 300-level combine (RecursionError):
+    # a combine is held to a compute body's depth limit
     P = te.placeholder((2, 3), "P", "float64")
     k = te.reduce_axis(3, "k")
 
     def combine(a, b):
         e = a + b
-        for j in range(210):
+        for j in range(300):
             e = e * 1.0 + (b if j % 2 else a) * 0.0
         return e
-
-    red = te.comm_reducer(combine, lambda d: te.const(0.0, d), name="deep")
-    out = te.compute((2,), lambda i: red(P[i, k], axis=k), name="Deep")
-    pv = np.arange(6.0).reshape(2, 3)
-    kernel = codegen.build([out], [P], parallel=False)
-    assert all(nesting(line) < 200 for line in kernel.source.splitlines())
-    np.testing.assert_array_equal(kernel(pv)[0], te.evaluate(out, {P: pv}))
+    red = te.comm_reducer(combine, lambda d: te.const(0.0, d), name="toodeep")
+    with pytest.raises(te.TexprError, match="MAX_DEPTH") as info:
+        te.compute((2,), lambda i: red(P[i, k], axis=k), name="Deep")
+    assert "toodeep" in str(info.value) and "Deep" in str(info.value)
 
 
 def test_a_zero_dimensional_stage_that_wraps_raises_a_texpr_error():
@@ -225,3 +259,27 @@ def test_a_zero_dimensional_stage_that_wraps_raises_a_texpr_error():
         assert not _agree([out], [N], {N: np.array([2**62, 1, -2**63])})
     fits = te.compute((), lambda: N[1] * 3, name="T")
     assert _agree([fits], [N], {N: np.array([2**62, 1, -2**63])})
+
+
+def test_a_custom_combine_runs_only_where_the_condition_holds():
+    # te.evaluate applied a user combine at every point and masked afterwards: it
+    # raised "would wrap around" / "division by zero" at points where= excludes,
+    # where the kernels (and the definition) never combine. An attack
+    P = te.placeholder((1, 3), "P", "int64")
+    k = te.reduce_axis(3, "k")
+    mul = te.comm_reducer(lambda a, b: a * b, lambda d: te.const(1, d), name="mymul")
+    div = te.comm_reducer(lambda a, b: a // b, lambda d: te.const(1000, d), name="mydiv")
+    low = te.comm_reducer(lambda a, b: a // b, lambda d: te.const(-2**63, d), name="lowdiv")
+    a = te.compute((1,), lambda i: mul(P[i, k], axis=k, where=P[i, k] < 100), name="A")
+    b = te.compute((1,), lambda i: div(P[i, k], axis=k, where=P[i, k] != 0), name="B")
+    c = te.compute((1,), lambda i: low(P[i, k], axis=k, where=P[i, k] != -1), name="C")
+    for out, row, want in ((a, [3, 2**62, 5], 15), (b, [3, 0, 5], 66),
+                           (c, [-1, 2, 5], -922337203685477581)):
+        feed = {P: np.array([row])}
+        assert _agree([out], [P], feed)
+        assert te.evaluate(out, feed)[0] == want
+    # where the condition holds, the combine still refuses
+    a2 = te.compute((1,), lambda i: mul(P[i, k], axis=k, where=P[i, k] != 0), name="A2")
+    assert not _agree([a2], [P], {P: np.array([[2**40, 0, 2**40]])})
+    c2 = te.compute((1,), lambda i: low(P[i, k], axis=k, where=P[i, k] != 0), name="C2")
+    assert not _agree([c2], [P], {P: np.array([[-1, 2, 5]])})  # INT_MIN // -1

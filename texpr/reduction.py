@@ -9,6 +9,7 @@ import numpy as np
 
 from . import dtypes as dt
 from .errors import AxisError, DTypeError, TexprError
+from .visitor import MAX_DEPTH, depth
 from .expr import (Combiner, Expr, IterVar, as_expr, const, make_reduce, maximum, minimum,
                    var)
 
@@ -73,6 +74,11 @@ class CommReducer:
                 if r.dtype != d:
                     raise DTypeError(
                         f"reducer {self.name}: combine gives dtype {r.dtype} for a {d} component")
+            d = depth(list(res))
+            if d > MAX_DEPTH:  # as a compute body's (te.evaluate recursed past Python's limit)
+                raise TexprError(
+                    f"reducer {self.name}: the combine is {d} levels deep, more than the limit "
+                    f"texpr.visitor.MAX_DEPTH = {MAX_DEPTH}; write a shallower combine")
             c = Combiner(self.name, self.kind, lhs, rhs, res, ident, self.order_free)
             self._instances[dtypes] = c
         return c
