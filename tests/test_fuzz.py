@@ -173,15 +173,18 @@ def test_the_order_oracle_accepts_only_a_partial_sum_overflow():
 #: around" or "division by zero") and every kernel must raise too; the last two
 #: run. Before the fix INT_MIN // -1 was 0 in a kernel and INT_MIN in te.evaluate
 INT_VALUE_SEEDS = (20264001, 20264174, 20264267, 20264280, 20264003, 20264016)
+#: a long run's: the forward refuses its integer arithmetic, the gradient an
+#: out-of-range gather first (the kernel must refuse with either)
+INT_VALUE_LONG_RUN = (7009300398,)
 
 
 def test_fuzz_integer_value_arithmetic_raises_on_every_path_or_none():
     before = fuzz.INT_ERROR_KERNELS[0]
     programs = [fuzz.make_program(s) for s in INT_VALUE_SEEDS]
     assert all(p.int_arith for p in programs)
-    findings = fuzz.check_programs(INT_VALUE_SEEDS, batch=2)
+    findings = fuzz.check_programs(INT_VALUE_SEEDS + INT_VALUE_LONG_RUN, batch=2)
     assert not findings, _report(findings)
-    assert fuzz.INT_ERROR_KERNELS[0] - before == 4
+    assert fuzz.INT_ERROR_KERNELS[0] - before == 5
 
 
 def test_fuzz_regression_seeds():
