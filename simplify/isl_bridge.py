@@ -32,7 +32,7 @@ import islpy as isl
 import numpy as np
 
 from texpr import expr as E
-from texpr.errors import TexprError
+from texpr.errors import DTypeError, TexprError
 
 CTX = isl.DEFAULT_CONTEXT
 
@@ -451,7 +451,7 @@ def canonical_quasi_affine(e, vars):
             return None
         ctx = box_set(space)
         return pwaff_to_expr(pa.gist(ctx), space, context=ctx)
-    except isl.Error:
+    except (isl.Error, DTypeError):  # DTypeError: a constant of ISL's form leaves int64
         return None
 
 

@@ -283,3 +283,14 @@ def test_a_custom_combine_runs_only_where_the_condition_holds():
     assert not _agree([a2], [P], {P: np.array([[2**40, 0, 2**40]])})
     c2 = te.compute((1,), lambda i: low(P[i, k], axis=k, where=P[i, k] != 0), name="C2")
     assert not _agree([c2], [P], {P: np.array([[-1, 2, 5]])})  # INT_MIN // -1
+
+
+def test_an_index_form_with_a_constant_outside_int64_is_not_chosen():
+    # ISL's form of (C - i) * -1 - 1 at C = 2**63 - 1 is i - 2**63, written with the
+    # constant 2**63: building it raised DTypeError and codegen.build refused a
+    # program te.evaluate computes (an attack). The written form is kept
+    y = te.compute((3,), lambda i: (te.const(2**63 - 1) - i) * -1 - 1, name="Yc")
+    kernel = codegen.build([y], [], parallel=False)
+    want = te.evaluate(y, {})
+    np.testing.assert_array_equal(want, [-2**63, -2**63 + 1, -2**63 + 2])
+    np.testing.assert_array_equal(kernel()[0], want)
