@@ -693,14 +693,21 @@ def refuses_int_value(exc):
 
 def reads_through_data(tensors):
     """Whether a stage reachable from ``tensors`` loads at a data-dependent index
-    (:func:`texpr.jacobian.gather_loads`) or scatters to one."""
+    (:func:`texpr.jacobian.gather_loads`) or scatters to one (a scatter whose
+    condition is the constant false never runs: it reads nothing)."""
     from texpr.jacobian import gather_loads
     from texpr.simplify.graph import stage_exprs
     from texpr.tensor import ScatterAddOp, topo_order
     from texpr.visitor import loads
-    return any(gather_loads(stage_exprs(op), None)
-               or (isinstance(op, ScatterAddOp) and any(loads(a) for a in op.indices))
-               for op in topo_order(list(tensors)))
+    from texpr import expr as E
+
+    def never_runs(op):  # a scatter under `if false` (a structurally zero adjoint)
+        return isinstance(op, ScatterAddOp) and isinstance(op.where, E.Const) \
+            and op.where.value is False
+    return any(not never_runs(op) and (
+        gather_loads(stage_exprs(op), None)
+        or (isinstance(op, ScatterAddOp) and any(loads(a) for a in op.indices)))
+        for op in topo_order(list(tensors)))
 
 
 def _finding(p, kind, msg):

@@ -85,7 +85,9 @@ REFERENCE_REGRESSIONS = (749189702389, 309414454917, 543264005676,
 #: order oracle, fuzz.compare_orders); and a program whose forward reads out of
 #: range through an index tensor while its gradient is structurally zero (every
 #: load of X outside its guard): the simplified gradient reads no index at all
-REFERENCE_REGRESSIONS_NOW = (7000300083, 7000501004, 7000900345)
+#: and a forward that reads out of range while the simplified gradient is a
+#: scatter under `if false` (structurally zero): it never reads its data index
+REFERENCE_REGRESSIONS_NOW = (7000300083, 7000501004, 7000900345, 7009700507)
 
 
 def test_reads_through_data_sees_gathers_and_scatters_only():
@@ -96,6 +98,9 @@ def test_reads_through_data_sees_gathers_and_scatters_only():
     Z = te.compute((4,), lambda i: X[3 - i] + 0.0, name="Z")
     assert fuzz.reads_through_data([G]) and fuzz.reads_through_data([S])
     assert not fuzz.reads_through_data([Z])
+    never = te.scatter_add((4,), "float32", (3,), lambda k: I[k], lambda k: X[k],
+                           where=lambda k: te.const(False), name="Never")
+    assert not fuzz.reads_through_data([never])
 
 
 def _progress():
