@@ -154,7 +154,16 @@ def _scatter(op, where, source, init=None, name=None):
         if id(a) in fixed:
             bounds.extend(n < _EMPTY_ARGMAX for n in _argmax_loads(ix))
             ranges += [ix >= a.dom[0], ix < a.dom[1]]
-    where = all_expr(bounds + ranges + [substitute(c, new_vars) for c in cond_parts])
+    # conditions on the scatter's own axes alone (no load: they cannot fail) come
+    # first: they guard the loads of the rest, the fixed indices' included (long
+    # run seed 7009700500: an argmin read at j0 = 2 of its 2 columns, before the
+    # test j0 <= 1, raised OutOfBoundsError in a valid gradient)
+    axis_only, data_conds = [], []
+    for c in cond_parts:
+        for x in conjuncts(substitute(c, new_vars)):
+            has_load = any(isinstance(n, Load) for n in post_order(x))
+            (data_conds if has_load else axis_only).append(x)
+    where = all_expr(axis_only + bounds + ranges + data_conds)
     if any(id(v) in spatial_ids and id(v) in fixed_ids
            for v in free_vars([value, where] + indices)):
         return None
