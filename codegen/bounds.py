@@ -16,7 +16,7 @@ from texpr.errors import OutOfBoundsError, TexprError
 from texpr.printer import expr_str
 from texpr.simplify.isl_bridge import isl, to_pwaff, to_set
 
-__all__ = ["DATA_INDEX_LIMIT"]
+__all__ = ["DATA_INDEX_LIMIT", "may_refuse", "int_arith_on_data"]
 
 #: an int64 value loaded (or cast from a float) inside index arithmetic is checked
 #: at run time to lie in [-DATA_INDEX_LIMIT, DATA_INDEX_LIMIT): the arithmetic
@@ -55,6 +55,52 @@ def _interval(e, a, b):
         return (min(qs), max(qs))
     pick = min if isinstance(e, E.Min) else max
     return (pick(a[0], b[0]), pick(a[1], b[1]))
+
+
+def may_refuse(e):
+    """Whether evaluating ``e`` exactly (``te.evaluate``'s integer rules, which
+    the GEMM path's conditions follow) can raise for some values of what it
+    reads: an integer ``+ - * //`` whose range leaves its dtype ("would wrap
+    around"; a loaded integer may be anything its dtype holds, an axis ranges
+    over its extent), or an integer ``//`` or ``%`` whose divisor's range holds
+    0. Loads themselves (their indices) are not considered.
+
+    Args:
+        e: an Expr (or a list of them).
+    Returns:
+        bool.
+    """
+    from texpr.visitor import post_order
+    ck = _BoundsChecker("", None, None)
+    for n in post_order(e if isinstance(e, list) else [e]):
+        if _INT_RANGE.get(n.dtype) is None:
+            continue
+        if type(n) in _VALUE_ARITH:
+            ck.value_range(n)
+        if isinstance(n, (E.FloorDiv, E.FloorMod)):
+            lo, hi = ck.value_range(n.b)
+            if lo <= 0 <= hi:
+                return True
+    return bool(ck.arith)
+
+
+def int_arith_on_data(e):
+    """Whether ``e`` holds integer arithmetic (``+ - * // % min max``) over a
+    loaded value or a float converted to an integer: in a condition or an index
+    a kernel range-checks such a value at run time (``DATA_INDEX_LIMIT``) or
+    refuses the arithmetic at build time (int32), so a stage computing ``e`` at
+    points its consumer never reads may refuse where the consumer would not."""
+    from texpr.visitor import post_order
+    data = set()  # ids of the nodes with a loaded or converted value under them
+    for n in post_order(e if isinstance(e, list) else [e]):
+        if isinstance(n, E.Load) or (isinstance(n, E.Cast) and n.value.dtype != "bool"
+                                     and _INT_RANGE.get(n.value.dtype) is None):
+            data.add(id(n))
+        elif any(id(c) in data for c in n.args):
+            if type(n) in _INDEX_ARITH and _INT_RANGE.get(n.dtype) is not None:
+                return True
+            data.add(id(n))
+    return False
 
 
 def _narrow(path, s):

@@ -81,6 +81,7 @@ from texpr.tensor import ComputeOp
 from texpr.visitor import post_order, substitute
 
 from .affine import affine_form as _affine
+from .bounds import may_refuse
 from .gemm import ContractionPlan, GemmPiece, OperandView, _TREE_OPS, _byte_view
 from .schedule import inline_expand
 
@@ -119,11 +120,14 @@ class _Instance:
     what has been tried (``split``, ``tapped``)."""
 
     def __init__(self, spatial, out_strides, out_offset, reduce_, loads, conjuncts,
-                 split=False, tapped=False, packed=False):
+                 split=False, tapped=False, packed=False, n_where=0):
         self.spatial, self.out_strides, self.out_offset = list(spatial), list(out_strides), out_offset
         self.reduce, self.loads, self.conjuncts = list(reduce_), list(loads), list(conjuncts)
         self.split, self.tapped = split, tapped
         self.packed = packed  # the stage's packed operands apply its data masks
+        # the first n_where conjuncts are the where's (te.evaluate evaluates each
+        # where those before it hold); the rest are the summand's select conditions
+        self.n_where = n_where
 
     @property
     def axes(self):
@@ -132,7 +136,8 @@ class _Instance:
     def subst(self, mapping, spatial, out_strides, out_offset, reduce_, extra=(), **flags):
         loads = [(t, tuple(substitute(a, mapping) for a in args)) for t, args in self.loads]
         conj = [substitute(c, mapping) for c in self.conjuncts] + list(extra)
-        kw = dict(split=self.split, tapped=self.tapped, packed=self.packed)
+        kw = dict(split=self.split, tapped=self.tapped, packed=self.packed,
+                  n_where=self.n_where)
         kw.update(flags)
         return _Instance(spatial, out_strides, out_offset, reduce_, loads, conj, **kw)
 
@@ -189,6 +194,7 @@ def _contraction_of(op, inlined):
         scale *= float(c.value)
     conj = []
     _conjuncts(body.where, conj)
+    n_where = len(conj)
     for c in conds:
         _conjuncts(c, conj)
     for c in conj:
@@ -198,7 +204,7 @@ def _contraction_of(op, inlined):
     strides = [int(np.prod(shape[d + 1:], dtype=np.int64)) for d in range(len(shape))]
     inst = _Instance(list(op.axis), strides, 0, list(body.axes),
                      [(ld.tensor, tuple(ld.args)) for ld in loads], conj,
-                     packed=bool(op.attrs.get("texpr.packed_operands")))
+                     packed=bool(op.attrs.get("texpr.packed_operands")), n_where=n_where)
     if len(set(id(a) for a in inst.axes)) != len(inst.axes):
         raise _NoMatch("an axis appears twice")
     return inst, scale, dtype
@@ -246,7 +252,10 @@ def _analyze(inst):
             data.append(c)
             continue
         dom = dom.intersect(s)
+    refusing = [c for c in data if may_refuse(c)]
     if dom.is_empty():
+        if refusing:  # te.evaluate evaluates them where the conjuncts before them hold
+            raise _NoMatch("an empty domain behind a condition that may raise", "other")
         return None
     inb = []
     for t, args in inst.loads:
@@ -270,30 +279,39 @@ def _analyze(inst):
         load_axes.append(used)
     sp_ids = {id(a) for a in inst.spatial}
     out_masks, op_masks, op_data = [], [[], []], [[], []]
-    for c in data:
-        cvars = {id(v) for v in post_order(c) if isinstance(v, E.IterVar)}
-        side = next((i for i in (0, 1) if cvars <= load_axes[i]), None)
-        if side is None:
-            raise _NoMatch("a data-dependent condition not on one operand's axes", "other")
-        op_data[side].append(_tree(c, axes, space, box, clip=inst.packed))
+    placed = []  # per conjunct, in order: where the GEMM applies it
     for c in inst.conjuncts:
+        cvars = {id(v) for v in post_order(c) if isinstance(v, E.IterVar)}
         if any(c is d for d in data):
+            side = next((i for i in (0, 1) if cvars <= load_axes[i]), None)
+            if side is None:
+                raise _NoMatch("a data-dependent condition not on one operand's axes", "other")
+            op_data[side].append(_tree(c, axes, space, box, clip=inst.packed))
+            placed.append(("data", side))
             continue
         s, _ = to_set(c, space)
-        if both.is_subset(s):
+        if box.is_subset(s):
+            placed.append(("box", None))
             continue
-        cvars = {id(v) for v in post_order(c) if isinstance(v, E.IterVar)}
+        if both.is_subset(s):
+            placed.append(("bounds", None))
+            continue
         aff = _cond_affine(c, axes, space, box)
         if aff is None:
             raise _NoMatch("a condition that is not affine", "nonaffine")
         if cvars <= sp_ids:
             out_masks.extend(aff)
+            placed.append(("out", None))
         elif cvars <= load_axes[0]:
             op_masks[0].extend(aff)
+            placed.append(("op", 0))
         elif cvars <= load_axes[1]:
             op_masks[1].extend(aff)
+            placed.append(("op", 1))
         else:
             raise _NoMatch("a condition that ties both operands", "other")
+    if refusing:
+        _check_refusing_order(inst, placed, refusing)
     views = []
     for (t, args), masks, dmasks, lax in zip(inst.loads, op_masks, op_data, load_axes):
         pad, shape = [], tuple(t.shape)
@@ -333,6 +351,32 @@ def _analyze(inst):
     if points < TAP_EFFICIENCY * vol:
         piece.inefficient = True
     return piece
+
+
+def _check_refusing_order(inst, placed, refusing):
+    """Raise _NoMatch unless every data-dependent conjunct that may raise
+    (:func:`codegen.bounds.may_refuse`: a divisor of 0, an integer leaving its
+    dtype) is evaluated by the GEMM path exactly where ``te.evaluate`` evaluates
+    it: ``&&`` evaluates a conjunct where the ones before it hold, and its view
+    (:func:`codegen.gemm._operand`) evaluates it on the box where the view's
+    affine masks and its earlier data conditions hold. So the conjuncts before
+    it must hold on the whole box or be its own operand's conditions, and none
+    after it an affine mask of its operand; and the piece's box must be the
+    stage's (no residue classes, no taps: their boxes cover other points). It
+    must be the where's: a summand's ``select(c1, A, 0) * select(c2, B, 0)``
+    evaluates ``c2`` whatever ``c1`` is."""
+    if inst.split or inst.tapped:
+        raise _NoMatch("a condition that may raise, in a split or tapped piece", "other")
+    for j, c in enumerate(inst.conjuncts):
+        if not any(c is r for r in refusing):
+            continue
+        if j >= inst.n_where:
+            raise _NoMatch("a select condition in the summand that may raise", "other")
+        side = placed[j][1]
+        if any(p not in (("box", None), ("op", side), ("data", side)) for p in placed[:j]) \
+                or ("op", side) in placed[j + 1:]:
+            raise _NoMatch("a condition that may raise behind conditions the GEMM path "
+                           "applies after it", "other")
 
 
 def _tree(e, axes, space, box, clip=False):

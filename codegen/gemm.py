@@ -521,20 +521,23 @@ def _operand(view, arrays, piece_axes, dtype, real=None, padded=None, workspace=
             padded[key] = buf
     shape = [piece_axes[p][1] for p in view.axes]
     v = _byte_view(buf, view.offset, shape, view.strides)
-    if view.masks:
-        v = np.where(_mask_array(view.masks, view.axes, piece_axes, shape, view), v,
-                     np.zeros((), dtype=v.dtype))
+    ok = _mask_array(view.masks, view.axes, piece_axes, shape, view) if view.masks else None
     if view.data_masks and (real is not None or not getattr(view, "masks_only_non_finite", False)):
         grid = {}
         for d, q in enumerate(view.axes):
             lo, ext, _ = piece_axes[q]
             grid[q] = (lo + np.arange(ext, dtype=np.int64)).reshape(
                 [ext if i == d else 1 for i in range(len(shape))])
-        ok = np.ones(shape, dtype=bool)
+        ok = np.ones(shape, dtype=bool) if ok is None else ok.copy()
+        # in order, each where the ones before it hold: te.evaluate's `&&`, so a
+        # condition that can raise (a divisor of 0) is evaluated where the evaluator
+        # evaluates it (codegen.contraction matches such a stage only where the
+        # view's affine masks are the conjuncts before it)
         with np.errstate(all="ignore"):
             for t in view.data_masks:
-                ok &= np.broadcast_to(_eval_tree(t, grid, arrays if real is None else real),
-                                      shape)
+                ok &= np.broadcast_to(
+                    _eval_tree(t, grid, arrays if real is None else real, ok), shape)
+    if ok is not None:
         v = np.where(ok, v, np.zeros((), dtype=v.dtype))
     return v
 

@@ -36,8 +36,10 @@ inf``. The stage is marked (``attrs[PACKED]``) for that.
 A rewrite is kept only when the new stage matches the GEMM path and its cost
 rule says BLAS pays (:func:`codegen.contraction.cost_ok`); a group is packed
 only when its expressions are cheap (``texpr.simplify.materialize.is_cheap``:
-no division, no intrinsic: the packed stage raises nothing the original would
-not), every load in it stays provably inside its tensor over the key's whole
+no division, no intrinsic), it can raise nothing (no integer arithmetic that
+may leave its dtype or divide by zero, none over loaded integers: the packed
+stage computes points the original never reads, and must not refuse at
+them), every load in it stays provably inside its tensor over the key's whole
 index space (isl), and its key's indices are distinct. Packed stages of equal
 definition are shared (a relu read by the next convolution and by its weight
 gradient is packed once).
@@ -54,6 +56,7 @@ from texpr.tensor import ComputeOp, topo_order
 from texpr.visitor import free_vars, post_order, substitute
 
 from . import contraction
+from .bounds import int_arith_on_data, may_refuse
 
 __all__ = ["pack_operands", "PACKED"]
 
@@ -266,9 +269,11 @@ def _pack(op, key, facs, conds, dtype, shared, k):
     body = value if cond is None else E.select(cond, value, E.const(0.0, dtype))
     if body.dtype != dtype:
         body = E.cast(body, dtype)
-    if not is_cheap(body) or any(isinstance(n, (E.FloorDiv, E.FloorMod))
-                                 and not isinstance(n.b, E.Const) for n in post_order(body)):
-        return None  # (an integer division by a computed divisor could raise)
+    if not is_cheap(body) or may_refuse(body) or int_arith_on_data(body):
+        # the packed stage covers the key's whole index space: it must raise nothing
+        # (a division by zero, an integer leaving its dtype, a loaded integer out of
+        # a condition's checked range) at a point the contraction never reads
+        return None
     own = {id(v) for v in ivs}
     if any(id(v) not in own for v in free_vars(body) if isinstance(v, E.IterVar)):
         return None

@@ -10,6 +10,8 @@ evaluator; stages that are not contractions keep their loop nests.
 
 import itertools
 import pickle
+import random
+import re
 
 import numpy as np
 import pytest
@@ -692,6 +694,193 @@ def test_integer_data_masks_refuse_and_skip_as_the_evaluator():
         te.evaluate(Y, wraps)
     with pytest.raises(te.TexprError, match="would wrap around"):
         kernel(*args(wraps))
+
+
+def _guarded_gemm(where):
+    """Y = sum_k A[i, k] * B[k, j] under ``where(i, j, k, N, D, B)`` (N, D int64 (4, 3)),
+    with its feed: D is 0 at (0, 2), where k > i."""
+    A = te.placeholder((4, 3), "A", "float64")
+    B = te.placeholder((3, 5), "B", "float64")
+    N = te.placeholder((4, 3), "N", "int64")
+    D = te.placeholder((4, 3), "D", "int64")
+    k = te.reduce_axis(3, "k")
+    Y = te.compute((4, 5), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k,
+                                               where=where(i, j, k, N, D, B)), name="Y")
+    feed = {A: np.arange(12.0).reshape(4, 3), B: np.arange(15.0).reshape(3, 5) - 3,
+            N: np.full((4, 3), 6, np.int64), D: np.full((4, 3), 2, np.int64)}
+    feed[N][1, 0] = -6
+    feed[D][0, 2] = 0
+    return Y, [A, B, N, D], feed
+
+
+@pytest.mark.parametrize("where", [
+    # the divisor tested first on the same operand's axes
+    lambda i, j, k, N, D, B: te.all(D[i, k] != 0, N[i, k] // D[i, k] > 0),
+    # an affine mask of the operand first (the causal kind)
+    lambda i, j, k, N, D, B: te.all(k <= i, N[i, k] // D[i, k] > 0),
+    # both, and a second condition that may raise (INT_MIN // -1) behind them
+    lambda i, j, k, N, D, B: te.all(k <= i, D[i, k] != 0, N[i, k] // D[i, k] > 0,
+                                 N[i, k] // -1 < 100),
+], ids=["guard", "triangle", "both"])
+def test_a_condition_that_may_raise_is_evaluated_where_the_evaluator_evaluates_it(where):
+    """A data-dependent condition that can raise (a divisor of 0) behind conjuncts
+    that exclude the point: te.evaluate's `&&` never evaluates it there, and the
+    GEMM path evaluated every data condition on the operand's whole grid and
+    raised "division by zero" (an attack on the GEMM path, 2026-12-03). Where the
+    evaluator does evaluate it, both raise."""
+    Y, ins, feed = _guarded_gemm(where)
+    s = create_schedule([Y])
+    s[Y].blas(True)
+    kernel = codegen.build([Y], ins, s, parallel=False)
+    assert [u.kind for u in kernel.units] == ["blas"]
+    want = te.evaluate(Y, feed)
+    np.testing.assert_array_equal(kernel(*[feed[t] for t in ins])[0], want)
+    assert np.any(want != 0)
+    bad = {t: v.copy() for t, v in feed.items()}
+    bad[ins[3]][3, 0] = 0  # k = 0 <= i = 3: evaluated, nothing tests it first
+    bad[ins[2]][3, 0] = 1  # (the guard's `D != 0` case raises nowhere: see below)
+    try:
+        te.evaluate(Y, bad)
+        raised = None
+    except te.TexprError as exc:
+        raised = exc
+    if raised is None:  # the guard variant: D == 0 is excluded wherever it occurs
+        np.testing.assert_array_equal(kernel(*[bad[t] for t in ins])[0], te.evaluate(Y, bad))
+    else:
+        with pytest.raises(te.TexprError, match="division by zero"):
+            kernel(*[bad[t] for t in ins])
+
+
+@pytest.mark.parametrize("where, reason", [
+    # the affine mask comes after: te.evaluate evaluates the division everywhere
+    (lambda i, j, k, N, D, B: te.all(N[i, k] // D[i, k] > 0, k <= i), "applies after it"),
+    # behind an output mask, the other operand's mask, the other operand's data
+    (lambda i, j, k, N, D, B: te.all(j < 3, N[i, k] // D[i, k] > 0), "applies after it"),
+    (lambda i, j, k, N, D, B: te.all(j + k < 6, N[i, k] // D[i, k] > 0), "applies after it"),
+    (lambda i, j, k, N, D, B: te.all(B[k, j] > 0, N[i, k] // D[i, k] > 0), "applies after it"),
+], ids=["mask-after", "output-mask", "other-mask", "other-data"])
+def test_a_condition_that_may_raise_out_of_order_keeps_the_loop_nest(where, reason):
+    """Where the GEMM path cannot evaluate a condition that may raise exactly where
+    te.evaluate does, the stage is no contraction (the loop nest evaluates it in
+    order), and ``blas(True)`` says why."""
+    Y, ins, feed = _guarded_gemm(where)
+    why = []
+    assert C.match(Y.op, why=why) is None
+    assert reason in why[0]
+    s = create_schedule([Y])
+    s[Y].blas(True)
+    with pytest.raises(ScheduleError, match="not a contraction"):
+        codegen.build([Y], ins, s, parallel=False)
+
+
+def test_a_select_condition_that_may_raise_keeps_the_loop_nest():
+    """``select(c1, A, 0) * select(c2, B, 0)``: te.evaluate evaluates ``c2`` whatever
+    ``c1`` is, so a ``c2`` that may raise is not evaluated behind ``c1`` on the GEMM
+    path: the stage stays a loop nest, which raises where te.evaluate of the graph
+    it computes (the simplified one) does, and agrees with it elsewhere."""
+    A = te.placeholder((4, 3), "A", "float64")
+    B = te.placeholder((3, 5), "B", "float64")
+    N = te.placeholder((4, 3), "N", "int64")
+    D = te.placeholder((4, 3), "D", "int64")
+    k = te.reduce_axis(3, "k")
+    Y = te.compute((4, 5), lambda i, j: te.sum(
+        te.if_then_else(A[i, k] > 1, A[i, k], 0.0)
+        * te.if_then_else(N[i, k] // D[i, k] > 0, B[k, j], 0.0), axis=k), name="Y")
+    why = []
+    assert C.match(Y.op, why=why) is None and "select condition" in why[0]
+    kernel = codegen.build([Y], [A, B, N, D], parallel=False)
+    (Ys,) = simplify.simplify([Y])
+    for at in ((0, 0), (3, 2)):  # A there is 0 (c1 fails), 11 (c1 holds)
+        feed = [np.arange(12.0).reshape(4, 3), np.ones((3, 5)), np.full((4, 3), 6, np.int64),
+                np.full((4, 3), 2, np.int64)]
+        feed[3][at] = 0
+        try:
+            want = te.evaluate(Ys, dict(zip([A, B, N, D], feed)))
+        except te.TexprError:
+            with pytest.raises(te.TexprError, match="division by zero"):
+                kernel(*feed)
+            assert at == (3, 2)
+        else:
+            np.testing.assert_array_equal(kernel(*feed)[0], want)
+            assert at == (0, 0)
+
+
+#: conjuncts of a random where (:func:`test_gemm_conditions_refuse_where_the_evaluator_does`):
+#: affine masks of either operand or the output, data conditions of either operand,
+#: integer arithmetic on data that can raise (a divisor of 0, INT_MIN // -1, a
+#: product or sum leaving int64 or int32)
+_CONJUNCTS = [
+    lambda i, j, k, t: k <= i,
+    lambda i, j, k, t: j < 3,
+    lambda i, j, k, t: i + k < 4,
+    lambda i, j, k, t: j + k > 1,
+    lambda i, j, k, t: (i + k) % 2 == 0,
+    lambda i, j, k, t: t["A"][i, k] > 0.5,
+    lambda i, j, k, t: t["B"][k, j] < 1.0,
+    lambda i, j, k, t: t["D"][i, k] != 0,
+    lambda i, j, k, t: t["N"][i, k] // t["D"][i, k] > 0,
+    lambda i, j, k, t: t["N"][i, k] % t["D"][i, k] == 1,
+    lambda i, j, k, t: te.cast(t["N"][i, k] * 3, "float64") > 0.0,
+    lambda i, j, k, t: t["N"][i, k] // -1 < 5,
+    lambda i, j, k, t: t["M"][k, j] * 2 > 0,
+    lambda i, j, k, t: t["M"][k, j] + t["M"][k, j] != 3,
+    lambda i, j, k, t: te.if_then_else(t["D"][i, k] != 0, t["N"][i, k] // t["D"][i, k],
+                                       te.const(1, "int64")) > 0,
+]
+
+
+def test_gemm_conditions_refuse_where_the_evaluator_does():
+    """Random wheres of 1-3 conjuncts (:data:`_CONJUNCTS`) on a GEMM stage built with
+    ``blas(True)``, on integer data at the limits: where the GEMM path runs the
+    stage, it raises exactly where te.evaluate of the same stage does, and gives
+    its values elsewhere (integer-valued operands: the sums are exact). Stages it
+    does not take must say why (ScheduleError). No numba compile: seconds. (At
+    2026-12-03: 215 of 300 stages taken, 264 of their 645 runs raised; before
+    the fix, the first stage whose division was evaluated out of order failed.)"""
+    rng = random.Random(20261203)
+    nrng = np.random.default_rng(20261203)
+    lo64, hi64, lo32, hi32 = -2**63, 2**63 - 1, -2**31, 2**31 - 1
+    taken = raised = 0
+    for case in range(300):
+        t = {"A": te.placeholder((4, 3), "A", "float64"),
+             "B": te.placeholder((3, 5), "B", "float64"),
+             "N": te.placeholder((4, 3), "N", "int64"),
+             "D": te.placeholder((4, 3), "D", "int64"),
+             "M": te.placeholder((3, 5), "M", "int32")}
+        picks = [rng.randrange(len(_CONJUNCTS)) for _ in range(rng.randint(1, 3))]
+        k = te.reduce_axis(3, "k")
+        Y = te.compute((4, 5), lambda i, j: te.sum(
+            t["A"][i, k] * t["B"][k, j], axis=k,
+            where=te.all(*[_CONJUNCTS[c](i, j, k, t) for c in picks]) if len(picks) > 1
+            else _CONJUNCTS[picks[0]](i, j, k, t)), name="Y")
+        s = create_schedule([Y])
+        s[Y].blas(True)
+        names = ["A", "B", "N", "D", "M"]
+        try:
+            kernel = codegen.build([Y], [t[n] for n in names], s, parallel=False)
+        except ScheduleError as exc:
+            assert "not a contraction" in str(exc)
+            continue
+        taken += 1
+        for _ in range(3):
+            feed = {t["A"]: nrng.integers(-2, 3, (4, 3)).astype(np.float64),
+                    t["B"]: nrng.integers(-2, 3, (3, 5)).astype(np.float64),
+                    t["N"]: nrng.choice(np.array([lo64, hi64, 2**62, 0, 1, -1, 6, -6]), (4, 3)),
+                    t["D"]: nrng.choice(np.array([0, 1, 1, 2, 2, -1, -3]), (4, 3)),
+                    t["M"]: nrng.choice(np.array([lo32, hi32, 2**30, 0, 1, -1, 5],
+                                                 dtype=np.int32), (3, 5))}
+            args = [feed[t[n]] for n in names]
+            try:
+                want = te.evaluate(Y, feed)
+            except te.TexprError as exc:
+                assert re.search("wrap around|division by zero", str(exc)), exc
+                with pytest.raises(te.TexprError, match="wrap around|division by zero"):
+                    kernel(*args)
+                raised += 1
+                continue
+            np.testing.assert_array_equal(kernel(*args)[0], want,
+                                          err_msg=f"case {case}: conjuncts {picks}")
+    assert taken >= 100 and raised >= 30, (taken, raised)
 
 
 def test_an_overflowing_gemm_gives_inf_without_numpy_warnings(monkeypatch):

@@ -172,3 +172,30 @@ def test_gradients_through_a_max_pool_pack_the_pooled_head():
     loss.backward()
     for g, tt in zip(got[1:], [tx] + tw):
         np.testing.assert_allclose(g, tt.grad.numpy(), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("cond, value", [
+    (lambda n: n * 3 > 0, 2**62),          # 3 * 2**62 leaves int64 ("would wrap around")
+    (lambda n: n // -1 > 0, -2**63),       # INT_MIN // -1
+    (lambda n: n % 7 == 1, 2**40),         # a loaded int64 outside the checked +-2**31
+], ids=["product", "floordiv", "range-check"])
+def test_a_condition_that_can_refuse_is_not_packed(cond, value):
+    """A packed stage covers its key tensor's whole index space, also the points
+    the contraction never reads (here columns 32-39 of X): a condition there that
+    can raise must not be packed, or the kernel refuses a valid program (an
+    attack, 2026-12-03: the packed stage raised at column 35)."""
+    X = te.placeholder((64, 40), "X", "float64")
+    W = te.placeholder((32, 64), "W", "float64")
+    N = te.placeholder((64, 40), "N", "int64")
+    k = te.reduce_axis(32, "k")
+    Y = te.compute((64, 64), lambda i, j: te.sum((X[i, k] + 1.0) * W[k, j], axis=k,
+                                                 where=cond(N[i, k])), name="Y")
+    outs, packed = pack_operands(simplify.simplify([Y]))
+    assert packed == []
+    rng = np.random.default_rng(0)
+    feed = {X: rng.standard_normal((64, 40)), W: rng.standard_normal((32, 64)),
+            N: rng.integers(-5, 6, (64, 40))}
+    feed[N][0, 35] = value
+    kernel = codegen.build([Y], [X, W, N])
+    np.testing.assert_allclose(kernel(feed[X], feed[W], feed[N])[0], te.evaluate(Y, feed),
+                               rtol=1e-12, atol=1e-12)
