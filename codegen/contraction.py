@@ -254,8 +254,13 @@ def _analyze(inst):
         dom = dom.intersect(s)
     refusing = [c for c in data if may_refuse(c)]
     if dom.is_empty():
-        if refusing:  # te.evaluate evaluates them where the conjuncts before them hold
+        # te.evaluate evaluates a data condition where the conjuncts before it hold,
+        # the domain's later ones aside: one that may raise, or read outside its
+        # tensor, is the loop nest's to evaluate (or to refuse at build time)
+        if refusing:
             raise _NoMatch("an empty domain behind a condition that may raise", "other")
+        for c in data:
+            _tree(c, axes, space, box, clip=inst.packed)
         return None
     inb = []
     for t, args in inst.loads:

@@ -50,7 +50,7 @@ from texpr.errors import TexprError
 from texpr.expr import Load, Reduce
 from texpr.printer import expr_str
 from texpr.simplify.graph import rebuild
-from texpr.simplify.isl_bridge import VarSpace, box_set, to_pwaff
+from texpr.simplify.isl_bridge import VarSpace, box_set, isl, to_pwaff, to_set
 from texpr.simplify.materialize import is_cheap
 from texpr.tensor import ComputeOp, topo_order
 from texpr.visitor import free_vars, post_order, substitute
@@ -109,6 +109,11 @@ def _packed(op, shared):
     items = [f for f in facs if not isinstance(f, E.Const)]
     data = [c for c in conj if _loads(c)]
     plain = [c for c in conj if not _loads(c)]
+    if any(not _quasi_affine(c, op, red) for c in plain):
+        # (`i * k > 20`: the GEMM path applies a condition isl cannot read as one of
+        # the stage's data conditions, which on a stage with packed operands it
+        # applies only where an operand is not finite: no packed stage holds it)
+        return None
     if not data and all(isinstance(f, Load) for f in items):
         return None  # nothing computed: the GEMM path decides on the stage as it is
     try:
@@ -178,6 +183,15 @@ def _packed(op, shared):
     except Exception:  # noqa: BLE001
         return None
     return new
+
+
+def _quasi_affine(c, op, red):
+    """Whether isl reads the condition ``c`` (over the stage's axes) exactly."""
+    space = VarSpace(list(op.axis) + list(red.axes))
+    try:
+        return to_set(c, space)[1] is None
+    except (isl.Error, TexprError):
+        return False
 
 
 def _same_load(a, b):

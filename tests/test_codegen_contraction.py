@@ -773,6 +773,36 @@ def test_a_condition_that_may_raise_out_of_order_keeps_the_loop_nest(where, reas
         codegen.build([Y], ins, s, parallel=False)
 
 
+@pytest.mark.parametrize("where, shape", [
+    # the whole domain empty (i + k > 100) behind a read of N at k + 1 = 3
+    (lambda i, k, N: te.all(N[i, k + 1] > 0.0, i + k > 100), 3),
+    # residue classes: the classes of odd i are empty; te.evaluate reads N[1, 4]
+    (lambda i, k, N: te.all((i + k) % 2 == 0, N[i, k + 1] > 0.0, i % 2 == 0), 4),
+], ids=["empty", "empty-classes"])
+def test_a_data_condition_read_outside_its_tensor_in_an_empty_domain(where, shape):
+    """te.evaluate's `&&` evaluates a data condition where the conjuncts before it
+    hold, also where later ones empty the domain: a read there outside the tensor
+    is an OutOfBoundsError. The GEMM path dropped the empty pieces without looking
+    at their conditions: zeros, or values for the non-empty classes (an attack,
+    2026-12-03). Now such a stage keeps its loop nest, whose build refuses it."""
+    A = te.placeholder((4, shape), "A", "float64")
+    B = te.placeholder((shape, 5), "B", "float64")
+    N = te.placeholder((4, shape), "N", "float64")
+    k = te.reduce_axis(shape, "k")
+    Y = te.compute((4, 5), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k,
+                                               where=where(i, k, N)), name="Y")
+    feed = {A: np.ones((4, shape)), B: np.ones((shape, 5)), N: np.ones((4, shape))}
+    with pytest.raises(te.OutOfBoundsError):
+        te.evaluate(Y, feed)
+    s = create_schedule([Y])
+    s[Y].blas(True)
+    with pytest.raises(ScheduleError, match="outside its shape"):
+        codegen.build([Y], [A, B, N], s, parallel=False)
+    s = create_schedule([Y])
+    with pytest.raises(te.OutOfBoundsError):
+        codegen.build([Y], [A, B, N], s, parallel=False)
+
+
 def test_a_select_condition_that_may_raise_keeps_the_loop_nest():
     """``select(c1, A, 0) * select(c2, B, 0)``: te.evaluate evaluates ``c2`` whatever
     ``c1`` is, so a ``c2`` that may raise is not evaluated behind ``c1`` on the GEMM

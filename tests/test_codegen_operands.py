@@ -199,3 +199,39 @@ def test_a_condition_that_can_refuse_is_not_packed(cond, value):
     kernel = codegen.build([Y], [X, W, N])
     np.testing.assert_allclose(kernel(feed[X], feed[W], feed[N])[0], te.evaluate(Y, feed),
                                rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("cond", [
+    lambda i, k: i * k > 20,
+    lambda i, k: (i * i + k) % 7 < 3,
+    lambda i, k: (i * k) // (k - 3) > 0,   # a divisor of 0 at k = 3: both raise
+], ids=["product", "square-mod", "refusing"])
+def test_a_condition_isl_cannot_read_keeps_the_stage_unpacked(cond):
+    """A condition that reads no tensor but is not quasi-affine (``i * k > 20``) is
+    one of the GEMM path's data conditions, which a stage with packed operands
+    applies only where an operand is not finite, while the packing put it in no
+    packed stage: the kernel dropped it (a difference of 68 on integer data)
+    or missed its division by zero (an attack, 2026-12-03). Such a stage is not
+    packed; the kernel equals te.evaluate of the simplified graph."""
+    n = 64
+    X = te.placeholder((n, n), "X", "float64")
+    b = te.placeholder((n,), "b", "float64")
+    W = te.placeholder((n, n), "W", "float64")
+    k = te.reduce_axis(n, "k")
+    Y = te.compute((n, n), lambda i, j: te.sum((X[i, k] + b[k]) * W[k, j], axis=k,
+                                               where=te.all(X[i, k] > 0.0, cond(i, k))),
+                   name="Y")
+    outs, packed = pack_operands(simplify.simplify([Y]))
+    assert packed == []
+    rng = np.random.default_rng(0)
+    feed = {X: rng.integers(-3, 4, (n, n)).astype(float),
+            b: rng.integers(-2, 3, n).astype(float), W: rng.integers(-3, 4, (n, n)).astype(float)}
+    kernel = codegen.build([Y], [X, b, W])
+    try:
+        want = te.evaluate(simplify.simplify([Y])[0], feed)
+    except te.TexprError:
+        with pytest.raises(te.TexprError, match="division by zero"):
+            kernel(feed[X], feed[b], feed[W])
+        return
+    np.testing.assert_array_equal(kernel(feed[X], feed[b], feed[W])[0], want)
+    assert np.any(want != 0)
