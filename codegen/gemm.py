@@ -528,7 +528,7 @@ def _operand(view, arrays, piece_axes, dtype, real=None, padded=None, workspace=
             lo, ext, _ = piece_axes[q]
             grid[q] = (lo + np.arange(ext, dtype=np.int64)).reshape(
                 [ext if i == d else 1 for i in range(len(shape))])
-        ok = np.ones(shape, dtype=bool) if ok is None else ok.copy()
+        ok = np.ones(shape, dtype=bool) if ok is None else np.broadcast_to(ok, shape).copy()
         # in order, each where the ones before it hold: te.evaluate's `&&`, so a
         # condition that can raise (a divisor of 0) is evaluated where the evaluator
         # evaluates it (codegen.contraction matches such a stage only where the
