@@ -89,7 +89,13 @@ def int_arith_on_data(e):
     loaded value or a float converted to an integer: in a condition or an index
     a kernel range-checks such a value at run time (``DATA_INDEX_LIMIT``) or
     refuses the arithmetic at build time (int32), so a stage computing ``e`` at
-    points its consumer never reads may refuse where the consumer would not."""
+    points its consumer never reads may refuse where the consumer would not.
+
+    Args:
+        e: an Expr (or a list of them).
+    Returns:
+        bool.
+    """
     from texpr.visitor import post_order
     data = set()  # ids of the nodes with a loaded or converted value under them
     for n in post_order(e if isinstance(e, list) else [e]):

@@ -40,7 +40,10 @@ no division, no intrinsic), it can raise nothing (no integer arithmetic that
 may leave its dtype or divide by zero, none over loaded integers: the packed
 stage computes points the original never reads, and must not refuse at
 them), every load in it stays provably inside its tensor over the key's whole
-index space (isl), and its key's indices are distinct. Packed stages of equal
+index space (isl), and its key's indices are distinct; a stage with a condition
+that reads no tensor yet is not quasi-affine (``i * k > 20``) is not rewritten
+(it would join no group, and the GEMM path applies such a condition as a data
+condition, which on a packed stage it leaves to the packed operands). Packed stages of equal
 definition are shared (a relu read by the next convolution and by its weight
 gradient is packed once).
 """

@@ -737,8 +737,8 @@ def test_a_condition_that_may_raise_is_evaluated_where_the_evaluator_evaluates_i
     np.testing.assert_array_equal(kernel(*[feed[t] for t in ins])[0], want)
     assert np.any(want != 0)
     bad = {t: v.copy() for t, v in feed.items()}
-    bad[ins[3]][3, 0] = 0  # k = 0 <= i = 3: evaluated, nothing tests it first
-    bad[ins[2]][3, 0] = 1  # (the guard's `D != 0` case raises nowhere: see below)
+    bad[ins[3]][3, 0] = 0  # k = 0 <= i = 3: the triangle lets it through, the guard not
+    bad[ins[2]][3, 0] = 1
     try:
         te.evaluate(Y, bad)
         raised = None
