@@ -57,10 +57,13 @@ REGRESSIONS = (20261140, 20261160, 20261180, 20261210, 20261230, 20261280,
 #: and a gradient scatter whose condition loaded an argmin at j0 = 2 of its 2
 #: columns before the test j0 <= 1 that guards it (OutOfBoundsError at build time
 #: and in te.evaluate, for a valid gradient); and a GEMM operand whose affine mask
-#: and data condition met as a broadcast mask (a raw numpy ValueError)
+#: and data condition met as a broadcast mask (a raw numpy ValueError); and a
+#: program refused twice, te.evaluate first by its integer arithmetic's wrap and
+#: the build by a load it proves out of range (the harness took it for a finding)
 LONG_RUN_REGRESSIONS = (7000003194, 7000003318, 7000002969, 7000031103, 7000200107,
                         7000020211, 7000500074, 7000500215, 7000600314,
-                        7000802849, 7000802803, 7009700500, 7013101768)
+                        7000802849, 7000802803, 7009700500, 7013101768,
+                        7013001999)
 #: checked by long runs only (each builds for minutes): 7007100027, a chain of
 #: selects lifted into a gradient scatter's where test, a 260 KB line before
 #: codegen's shared bindings (its parallel build spent minutes in numba's parfor
