@@ -285,3 +285,83 @@ def test_symbolic_zero_products_is_an_oracle_switch_restored_on_exit():
         np.testing.assert_array_equal(te.evaluate(Y, feed), [np.inf, 0.0, 0.0, 4.0])
         np.testing.assert_array_equal(te.evaluate(N, feed), [0, 0, 0, 0])
     np.testing.assert_array_equal(te.evaluate(Y, feed), [np.inf, np.nan, np.nan, 4.0])
+
+
+def _select_chain(depth, gathered=True):
+    """``Y[i] = select(0 <= I[i] < 64, chain(X[I[i]]), 0)``, each level of the chain
+    ``select(v > 0.1, tanh(v) * v, v * 0.5 - 0.1)``: its gradient is a DAG whose
+    shared nodes are reached under many masks. Returns (graph, feed)."""
+    X = te.placeholder((64,), "X", "float64")
+    I = te.placeholder((64,), "I", "int64")
+
+    def chain(v):
+        for _ in range(depth):
+            v = te.select(v > 0.1, te.tanh(v) * v, v * 0.5 - 0.1)
+        return v
+    Y = te.compute((64,), lambda i: te.select(te.all(I[i] >= 0, I[i] < 64),
+                                              chain(X[I[i]]), 0.0), name="Y")
+    k = te.reduce_axis(64, "k")
+    L = te.compute((), lambda: te.sum(Y[k] * Y[k], axis=k), name="L")
+    feed = {X: RNG.standard_normal(64), I: RNG.integers(-3, 67, 64)}
+    return [Y, L] + list(te.differentiate(L, [X], simplify=False)), feed, (X, I)
+
+
+def test_a_select_chain_is_evaluated_once_per_node_not_once_per_path(monkeypatch):
+    # a node shared by both branches of a select was evaluated again under every
+    # mask it was reached with: 16x per level of the chain's gradient (19 s at
+    # depth 5). Now the work grows linearly with the depth: counted, not timed
+    import importlib
+    ev = importlib.import_module("texpr.evaluate")
+    calls = [0]
+    inner = ev._StageEval._eval
+
+    def counted(self, e, mask):
+        calls[0] += 1
+        return inner(self, e, mask)
+    monkeypatch.setattr(ev._StageEval, "_eval", counted)
+    counts = {}
+    for depth in (4, 8):
+        graph, feed, _ = _select_chain(depth)
+        calls[0] = 0
+        te.evaluate(graph, feed)
+        counts[depth] = calls[0]
+    assert counts[8] < 2.5 * counts[4], counts
+
+
+def test_a_select_chain_gradient_equals_finite_differences():
+    graph, feed, (X, _) = _select_chain(6)
+    dx = te.evaluate(graph[2], feed)
+    x, eps = feed[X], 1e-6
+    for j in (0, 5, 17, 40):
+        up, dn = x.copy(), x.copy()
+        up[j] += eps
+        dn[j] -= eps
+        fd = (te.evaluate(graph[1], {**feed, X: up}) - te.evaluate(graph[1], {**feed, X: dn}))
+        np.testing.assert_allclose(dx[j], fd / (2 * eps), rtol=1e-5, atol=1e-7)
+
+
+def test_a_shared_load_raises_where_a_later_mask_reaches_outside_the_tensor():
+    # X[I[i]] is shared: first reached where I[i] is in range (no error), then by
+    # a second select whose condition also lets an out-of-range I[i] through.
+    # The second reach is not within the first's points: it is evaluated there
+    # and raises, naming the point
+    X = te.placeholder((4,), "X")
+    I = te.placeholder((3,), "I", "int64")
+
+    def body(i):
+        g = X[I[i]]
+        inside = te.all(I[i] >= 0, I[i] < 4)
+        return te.select(inside, g, 0.0) + te.select(I[i] != 0, g * 2.0, 1.0)
+    Y = te.compute((3,), body, name="Y")
+    x = np.array([1.0, 2.0, 3.0, 4.0], "float32")
+    np.testing.assert_array_equal(te.evaluate(Y, {X: x, I: np.array([1, 0, 3])}),
+                                  [2 + 4, 1 + 1, 4 + 8])
+    with pytest.raises(te.OutOfBoundsError, match=r"X.*index \(7,\).*i=2"):
+        te.evaluate(Y, {X: x, I: np.array([1, 0, 7])})
+    # reached the other way round: the wider mask first, then the narrower one
+    Z = te.compute((3,), lambda i: te.select(I[i] != 0, X[I[i]] * 2.0, 1.0)
+                   + te.select(te.all(I[i] >= 0, I[i] < 4), X[I[i]], 0.0), name="Z")
+    np.testing.assert_array_equal(te.evaluate(Z, {X: x, I: np.array([1, 0, 3])}),
+                                  [4 + 2, 1 + 1, 8 + 4])
+    with pytest.raises(te.OutOfBoundsError, match=r"X.*index \(-5,\).*i=0"):
+        te.evaluate(Z, {X: x, I: np.array([-5, 0, 3])})

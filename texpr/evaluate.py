@@ -134,15 +134,24 @@ class _StageEval:
         self.memo = {}
 
     def __call__(self, e, mask=None):
-        key = (id(e), id(mask))
-        hit = self.memo.get(key)
+        # one value per node, with the points it covers (None: all): a node
+        # reached again under a mask within them is not evaluated again, else
+        # it is evaluated once more over both masks. Keyed by the mask's
+        # identity, a select chain behind a gather evaluated its shared nodes
+        # once per path (16x per level of a chain's gradient: 19 s at depth 5)
+        hit = self.memo.get(id(e))
         if hit is not None:
-            return hit[0]
+            out, covered = hit
+            if covered is None or covered is mask or (
+                    mask is not None and not np.any(mask & ~covered)):
+                return out
+            if mask is not None:
+                mask = mask | covered
         out = self._eval(e, mask)
         want = np.dtype(e.dtype)
         if out.dtype != want:
             out = out.astype(want)
-        self.memo[key] = (out, mask)  # keep mask alive so its id is not reused
+        self.memo[id(e)] = (out, mask)  # (the node outlives the evaluation: its id is not reused)
         return out
 
     def _eval(self, e, mask):
