@@ -655,3 +655,32 @@ def test_step_gemm_keeps_the_loop_nest_where_products_overflow(dtype, scale):
     # moderate values still take the GEMM and agree
     x[0, :, :2], w[:, 0], w[:, 1] = 1.5, 2.0, -0.5
     np.testing.assert_allclose(kernel(x, w)[0], te.evaluate(s, {X: x, W: w}), rtol=1e-6)
+
+
+def test_a_body_stage_or_state_is_no_input_of_a_derivative():
+    # the update, a body stage and the state placeholder have no value outside the
+    # scan: differentiate and jvp w.r.t. one of them returned zeros (L depends on
+    # the update at every step t >= 1), a silent wrong value; now they refuse
+    T = 3
+    X = te.placeholder((T, 2), name="X", dtype="float64")
+    S = te.placeholder((T, 2), name="S", dtype="float64")
+    init = te.compute((1, 2), lambda _, i: X[0, i], name="init")
+    B = te.compute((T, 2), lambda t, i: te.sin(S[t - 1, i]), name="B")
+    upd = te.compute((T, 2), lambda t, i: B[t, i] * X[t, i], name="upd")
+    s = te.scan(init, upd, S, name="sc")
+    r0, r1 = te.reduce_axis(T, "r0"), te.reduce_axis(2, "r1")
+    L = te.compute((), lambda: te.sum(s[r0, r1], axis=[r0, r1]), name="L")
+    V = te.placeholder((T, 2), name="V", dtype="float64")
+    for t in (upd, B, S):
+        for simp in (True, False):
+            with pytest.raises(te.ScanBodyInputError, match=rf"input {t.name} is part of scan sc"):
+                te.differentiate(L, [X, t], simplify=simp)
+        with pytest.raises(te.NotDifferentiableError, match=rf"input {t.name} is part of scan sc"):
+            te.jvp(L, [t], [V])
+    # the scan's output and its inputs stay fine, against finite differences
+    x = RNG.standard_normal((T, 2))
+    (dx,) = te.differentiate(L, [X]).result
+    num = numeric_gradient(L, X, {X: x})
+    np.testing.assert_allclose(te.evaluate(dx, {X: x}), num, rtol=1e-6, atol=1e-8)
+    (ds,) = te.differentiate(L, [s]).result
+    np.testing.assert_array_equal(te.evaluate(ds, {X: x}), np.ones((T, 2)))

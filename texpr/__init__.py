@@ -19,9 +19,9 @@ import importlib as _importlib
 
 from . import dtypes
 from .errors import (AxisError, ConcretizationError, DTypeError, FeedError,
-                     NotDifferentiableError, OutOfBoundsError, ScanDependenceError, ScanError,
-                     ScanInitError, ScanShapeError, ScheduleError, ShapeError, TexprError,
-                     TexprWarning)
+                     NotDifferentiableError, OutOfBoundsError, ScanBodyInputError,
+                     ScanDependenceError, ScanError, ScanInitError, ScanShapeError,
+                     ScheduleError, ShapeError, TexprError, TexprWarning)
 from .evaluate import evaluate
 from .expr import (Expr, IterVar, Var, all_of as all, any_of as any, cast, const, floordiv,
                    floormod, logical_and, logical_not, logical_or, select)

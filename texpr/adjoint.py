@@ -54,7 +54,7 @@ from . import dtypes as dt
 from .errors import NotDifferentiableError, ShapeError, TexprError
 from .expr import all_of, const, iter_var, select
 from .jacobian import check_head, contribution
-from .scan import ScanOp
+from .scan import ScanOp, check_not_in_a_body
 from .tensor import ComputeOp, PlaceholderOp, Tensor, as_tensor_list, topo_order
 
 
@@ -233,6 +233,7 @@ def accumulate(output, inputs=None, head=None, manual=None):
             raise NotDifferentiableError(
                 f"differentiate: input {t.name} has dtype {t.dtype}; integer and bool tensors "
                 "(indices, masks, labels) have no gradient")
+    check_not_in_a_body(inputs, ops, "differentiate")
     if head is None:
         head = identity_head(output)
     elif not isinstance(head, Tensor):

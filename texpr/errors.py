@@ -69,3 +69,9 @@ class ScanDependenceError(ScanError):
 class ScanInitError(ScanError):
     """A scan's body reads its state at ``t - k`` where ``t - k`` can be negative:
     ``k`` is larger than the init's leading extent and no guard ``t >= k`` protects it."""
+
+
+class ScanBodyInputError(ScanError, NotDifferentiableError):
+    """A stage of a scan's body (its update among them) or its state placeholder was
+    given to ``te.differentiate`` or ``te.jvp`` as an input: it has no value of its
+    own outside the scan, so no derivative either."""

@@ -27,7 +27,7 @@ from .errors import NotDifferentiableError, ShapeError, TexprError
 from .expr import Load, Reduce, const, iter_var
 from .jacobian import REDUCTION_RULES, _Context, _reduce_copy
 from .rules import jvp
-from .scan import ScanOp
+from .scan import ScanOp, check_not_in_a_body
 from .tensor import ComputeOp, PlaceholderOp, ScatterAddOp, as_tensor_list, topo_order
 from .visitor import post_order, substitute
 
@@ -55,7 +55,7 @@ def _scan_tangents(op, tan, cache):
     """The tangents of a scan's states: one scan over the states and their tangents
     together (``dS[t]`` reads ``dS[t - k]`` where ``S[t]`` reads ``S[t - k]``, and the
     forward values of the same step), ``{id(state output): tangent}``."""
-    from .scan import ScanOp
+    from .scan import ScanOp, check_not_in_a_body
 
     states = op.state_placeholder
     dstates = [PlaceholderOp(f"t_{s.name}", tuple(s.shape), s.dtype).output(0) for s in states]
@@ -157,6 +157,7 @@ def tangents(outputs, inputs, tangent_tensors):
                 raise NotDifferentiableError(
                     f"jvp: {what} {t.name} has dtype {t.dtype}; only float tensors have "
                     "tangents")
+    check_not_in_a_body(ins, topo_order(outs), "jvp")
     tan = {}
     for x, dx in zip(ins, tans):
         if tuple(dx.shape) != tuple(x.shape):

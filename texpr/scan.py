@@ -34,7 +34,8 @@ optimizing compiler for deep learning", OSDI 2018, section 4 and the
 """
 
 from . import dtypes as dt
-from .errors import ScanDependenceError, ScanError, ScanInitError, ScanShapeError
+from .errors import (ScanBodyInputError, ScanDependenceError, ScanError, ScanInitError,
+                     ScanShapeError)
 from .expr import (GE, GT, LE, LT, EQ, Add, And, Cast, Const, Load, Mul, Reduce, Select, Sub)
 from .tensor import ComputeOp, Operation, PlaceholderOp, Tensor, as_tensor_list, check_name, \
     topo_order
@@ -410,3 +411,24 @@ def scan(init, update, state_placeholder, inputs=None, name="scan", tag="", attr
                 raise ScanError(f"scan {name}: inputs lists {t.name}, which depends on the "
                                 "state; inputs are the tensors the body reads besides it")
     return op.output(0) if single else list(op.outputs)
+
+
+def check_not_in_a_body(inputs, ops, what):
+    """Raise :class:`ScanBodyInputError` if a tensor of ``inputs`` is a body stage or
+    a state placeholder of a scan among ``ops`` (a graph's operations): such a
+    tensor has no value outside its scan, and a derivative w.r.t. it would be
+    zero however the output depends on the scan (``what``: the caller, for the
+    message)."""
+    owner = {}
+    for op in ops:
+        if isinstance(op, ScanOp):
+            for t in [b.output(i) for b in op.body_ops for i in range(b.num_outputs)] + list(
+                    op.state_placeholder):
+                owner.setdefault(id(t), op)
+    for t in inputs:
+        op = owner.get(id(t))
+        if op is not None:
+            raise ScanBodyInputError(
+                f"{what}: input {t.name} is part of scan {op.name}'s body (a body stage, its "
+                "update or its state placeholder); it has no value outside the scan. Differentiate w.r.t. the scan's "
+                f"output {op.output(0).name} or a tensor its body reads (an input of the scan)")
