@@ -684,3 +684,48 @@ def test_a_body_stage_or_state_is_no_input_of_a_derivative():
     np.testing.assert_allclose(te.evaluate(dx, {X: x}), num, rtol=1e-6, atol=1e-8)
     (ds,) = te.differentiate(L, [s]).result
     np.testing.assert_array_equal(te.evaluate(ds, {X: x}), np.ones((T, 2)))
+
+
+_LSE = te.comm_reducer(lambda a, b: te.log(te.exp(a) + te.exp(b)),
+                       lambda dt: te.const(-np.inf, dt), name="lse")
+
+
+@pytest.mark.parametrize("label,body,init_len", [
+    # a reduction over the state whose summand reads an input at step t: the reverse
+    # scan's argmax / before / after stages read X[T] at tau = 0 (OutOfBoundsError
+    # from a load texpr generated itself; attack helper-18)
+    ("max", lambda S, X, t, i, k: te.max(S[t - 1, k] * X[t, i], axis=k), 1),
+    ("max_reversed_time", lambda S, X, t, i, k: te.max(S[t - 1, k] * X[3 - t, i], axis=k), 1),
+    ("max_where", lambda S, X, t, i, k: te.max(S[t - 1, k] * X[t, i], axis=k, where=k < t), 1),
+    ("min", lambda S, X, t, i, k: te.min(S[t - 1, k] + X[t, k], axis=k), 1),
+    ("prod", lambda S, X, t, i, k: te.prod(S[t - 1, k] * 0.5 + X[t, i], axis=k), 1),
+    ("custom", lambda S, X, t, i, k: _LSE(S[t - 1, k] * X[t, i], axis=k), 1),
+    ("max_lag2", lambda S, X, t, i, k: te.max(S[t - 2, k] * X[t, i], axis=k), 2),
+    # the state read at a data index and at its own: the lag's adjoint is a scatter
+    # with an init, whose sum ended below an add ("a reduction below the top")
+    ("gather_plus_direct", lambda S, X, t, i, k: S[t - 1, k * 0 + (i + 1) % 3]
+     + S[t - 1, i] * X[t, i], 1),
+])
+def test_scan_gradients_through_step_reductions_and_state_gathers(label, body, init_len):
+    T = 4
+    X = te.placeholder((T, 3), name="X", dtype="float64")
+    S = te.placeholder((T, 3), name="S", dtype="float64")
+    I = te.placeholder((T, 3), name="I", dtype="int64")
+    k = te.reduce_axis(3, "k")
+    init = te.compute((init_len, 3), lambda a, i: X[a, i] * 0.5, name="init")
+    if label == "gather_plus_direct":
+        upd = te.compute((T, 3), lambda t, i: S[t - 1, I[t, i]] + S[t - 1, i] * X[t, i],
+                         name="upd")
+    else:
+        upd = te.compute((T, 3), lambda t, i: body(S, X, t, i, k), name="upd")
+    s = te.scan(init, upd, S, name="sc")
+    r, q = te.reduce_axis(T, "r"), te.reduce_axis(3, "q")
+    W = te.placeholder((T, 3), name="W", dtype="float64")
+    L = te.compute((), lambda: te.sum(s[r, q] * W[r, q], axis=[r, q]), name="L")
+    rng = np.random.default_rng(5)
+    feed = {X: rng.uniform(0.3, 1.2, (T, 3)), W: rng.standard_normal((T, 3)),
+            I: rng.integers(0, 3, (T, 3))}
+    num = numeric_gradient(L, X, feed)
+    for simp in (False, True):
+        (dx,) = te.differentiate(L, [X], simplify=simp).result
+        np.testing.assert_allclose(te.evaluate(dx, feed), num, rtol=1e-5, atol=1e-7)

@@ -327,7 +327,7 @@ class _ScanAdjoint:
 
         body = tuple(_remap_loads(substitute(e, mapping), remap) for e in sop.body)
         conds = []
-        if k > 1:
+        if k >= 1:  # at tau < k the step T - 1 - tau + k is past the last one
             conds.append(tau >= k)
         if T - 1 - L + k < T - 1:
             conds.append(tau <= T - 1 - L + k)
@@ -356,6 +356,13 @@ def _as_gather(sop):
     value = substitute(sop.value, m)
     term = select(hit, value, const(0, value.dtype))
     body = te_sum(term, axis=list(q)) if q else term
+    if q and (sop.init is not None or body.dtype != sop.dtypes[0]):
+        # a reduction stays at the top of its stage: the sum is a stage of its own,
+        # which the init is added to (an init under the sum's + was refused as "a
+        # reduction below the top of a body" by the evaluator and codegen)
+        summed = ComputeOp(f"{sop.name}_sum", j, (body,), tag="adjoint_contribution")
+        j = _axes(sop.shape, "j")
+        body = summed.output(0)[j]
     body = _cast(body, sop.dtypes[0])
     if sop.init is not None:
         body = sop.init[j] + body
