@@ -345,7 +345,17 @@ def _compile(fn, sig, source):
     from numba.core.compiler_lock import global_compiler_lock
 
     with global_compiler_lock:
-        with _unit_flags(fn, source):
+        try:
+            with _unit_flags(fn, source):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    _reset_block_labels()
+                    fn.compile(sig)
+        except RuntimeError:
+            # LLVM rejected its own output under _unit_flags' passes ("Instruction
+            # does not dominate all uses!" after the SLP vectoriser, fuzz seed
+            # 7015000583 on 778bd5e): compiled again with numba's own settings,
+            # which verify; a second failure is numba's and raises
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 _reset_block_labels()
