@@ -70,3 +70,26 @@ def test_adjoints_agree_raw_simplified_and_torch_on_nan_patterns(fn):
         # checked only on finite rows (torch's log_softmax is NaN there too)
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"simplify={simp}")
         np.testing.assert_allclose(got[rows], want[rows], rtol=1e-12, atol=1e-12)
+
+
+def test_non_finite_rows_follow_the_documented_rules():
+    # the docstrings of relu, softmax, log_softmax and cross_entropy state where
+    # texpr differs from torch on NaN / +inf inputs and on an empty batch
+    inf, nan = np.inf, np.nan
+    X = te.placeholder((3,), "X")
+    np.testing.assert_array_equal(te.evaluate(te.nn.relu(X), {X: np.array([nan, -1, 2], "f4")}),
+                                  [0, 0, 2])
+    Z = te.placeholder((2, 3), "Z")
+    Y = te.placeholder((2,), "labels", "int64")
+    z = np.array([[inf, 0, 1], [inf, inf, 0]], "f4")
+    sm, lsm, ce = te.evaluate([te.nn.softmax(Z), te.nn.log_softmax(Z),
+                               te.nn.cross_entropy(Z, Y, reduction="none")],
+                              {Z: z, Y: np.array([1, 0])})
+    np.testing.assert_array_equal(sm, [[nan, 0, 0], [nan, nan, 0]])
+    np.testing.assert_array_equal(lsm, [[nan, -inf, -inf], [nan, nan, -inf]])
+    np.testing.assert_array_equal(ce, [inf, nan])
+    Z0 = te.placeholder((0, 3), "Z0")
+    Y0 = te.placeholder((0,), "labels0", "int64")
+    got = te.evaluate(te.nn.cross_entropy(Z0, Y0), {Z0: np.zeros((0, 3), "f4"),
+                                                    Y0: np.zeros(0, "int64")})
+    assert got == 0.0

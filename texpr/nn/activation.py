@@ -21,7 +21,8 @@ def _elementwise(x, op, name, f):
 
 def relu(x, name="relu"):
     """``max(x, 0)``, as ``torch.nn.functional.relu``; written ``select(x > 0, x, 0)`` so
-    the derivative at 0 is 0 (as torch).
+    the derivative at 0 is 0 (as torch). NaN maps to 0 (``NaN > 0`` is false), where
+    torch returns NaN.
 
     Args: x: any float tensor. Returns: same shape. Raises: DTypeError for int input.
     """

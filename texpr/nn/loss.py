@@ -51,7 +51,8 @@ def _drop(i, axis):
 def softmax(x, axis=-1, name="softmax"):
     """``exp(x - m) / sum_axis exp(x - m)``, as ``torch.softmax`` (``m`` the max along axis).
 
-    Three stages: ``{name}_max``, ``{name}_sum``, ``{name}``.
+    Three stages: ``{name}_max``, ``{name}_sum``, ``{name}``. A row holding ``+inf``
+    gives NaN at its ``+inf`` entries and 0 at the others (torch: NaN across the row).
 
     Args:
         x: float tensor. axis: the normalised axis (default last).
@@ -68,7 +69,8 @@ def softmax(x, axis=-1, name="softmax"):
 def log_softmax(x, axis=-1, name="log_softmax"):
     """``x - m - log(sum_axis exp(x - m))``, as ``torch.log_softmax``.
 
-    Three stages: ``{name}_max``, ``{name}_sum``, ``{name}``.
+    Three stages: ``{name}_max``, ``{name}_sum``, ``{name}``. A row holding ``+inf``
+    gives NaN at its ``+inf`` entries and ``-inf`` at the others (torch: NaN across the row).
 
     Args/Returns/Raises: as :func:`softmax`.
     """
@@ -117,6 +119,10 @@ def cross_entropy(logits, labels, reduction="mean", name="cross_entropy"):
     row's max (never as the difference of two large numbers), then the mean
     (default), the sum, or nothing (``reduction="none"``) over the batch. Stages:
     ``{name}_lse_max``, ``{name}_lse_sum``, ``{name}``.
+
+    Non-finite rows differ from torch, which gives NaN for each: a row with ``+inf``
+    logits has loss ``inf`` when its label's logit is finite and NaN when it is ``+inf``.
+    The mean over an empty batch (N = 0) is 0 (torch: NaN).
 
     Args:
         logits: float ``(N, C)``. labels: int ``(N,)`` with values in ``[0, C)`` (an
