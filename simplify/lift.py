@@ -18,6 +18,7 @@ import numpy as np
 
 from texpr import expr as E
 from texpr.tensor import ComputeOp
+from texpr.visitor import post_order
 
 from .domain import domain_count, solve
 from .graph import fresh_stage, is_sum_stage, rebuild
@@ -45,6 +46,13 @@ def lift_conditions(tensors):
             return None
         rest = [(tuple(c for c in cs if id(c) not in common_ids), v) for cs, v in terms]
         source = rebuild_sum(rest, red.dtype)
+        if len(post_order(source)) > 2 * len(post_order(red.source[0])):
+            # the terms repeat what the summand shares (a chain of selects, split at
+            # every level): the summand as written is exact too, its conditions
+            # being true wherever the lifted ones hold
+            source = red.source[0]
+            if {id(c) for c in common} <= {id(c) for c in conjuncts(red.where)}:
+                return None
         where = all_expr(conj(conjuncts(red.where) + tuple(common)))
         if where is red.where and source is red.source[0]:
             return None
