@@ -129,6 +129,16 @@ def _scatter(op, where, source, init=None, name=None):
         # under the box: the bounds of the scatter's own axes are its loop bounds,
         # those of the fixed dimensions become explicit index checks below
         affine = set_to_expr(dom.set, dom.space, context=box_set(dom.space))
+        # the affine conditions on the scatter's own axes alone: ``affine`` with the
+        # fixed dimensions eliminated (there is some output index). Substituted, the
+        # fixed dimensions are loads, so ``affine`` guards nothing; this does (long
+        # run seed 7016100758: ``j1 == 2 && r_k0 % 3 == 0 || ...`` with j1 fixed by
+        # an argmin let r_k0 = 1 read the argmin at index 2 of its 2)
+        own = dom.set
+        for a in axis:
+            if id(a) in fixed:
+                own = own.eliminate(isl.dim_type.set, dom.space.pos[id(a)][1], 1)
+        own = set_to_expr(own, dom.space, context=box_set(dom.space))
     except isl.Error:
         return None
     mapping = {a: fixed[id(a)] for a in axis if id(a) in fixed}
@@ -158,7 +168,7 @@ def _scatter(op, where, source, init=None, name=None):
     # first: they guard the loads of the rest, the fixed indices' included (long
     # run seed 7009700500: an argmin read at j0 = 2 of its 2 columns, before the
     # test j0 <= 1, raised OutOfBoundsError in a valid gradient)
-    axis_only, data_conds = [], []
+    axis_only, data_conds = list(conjuncts(substitute(own, new_vars))), []
     for c in cond_parts:
         for x in conjuncts(substitute(c, new_vars)):
             has_load = any(isinstance(n, Load) for n in post_order(x))

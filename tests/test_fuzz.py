@@ -62,11 +62,13 @@ REGRESSIONS = (20261140, 20261160, 20261180, 20261210, 20261230, 20261280,
 #: the build by a load it proves out of range (the harness took it for a finding);
 #: and a small gradient unit that LLVM's SLP vectoriser, as codegen sets it, turned
 #: into invalid IR ("Instruction does not dominate all uses!"; now compiled again
-#: with numba's own settings)
+#: with numba's own settings); and a gradient scatter whose output index, fixed by
+#: an argmin, tied the reduction axis in the conditions that guarded the argmin's
+#: load (r_k0 = 1 read it at index 2 of its 2; tests/test_scatter_guards.py)
 LONG_RUN_REGRESSIONS = (7000003194, 7000003318, 7000002969, 7000031103, 7000200107,
                         7000020211, 7000500074, 7000500215, 7000600314,
                         7000802849, 7000802803, 7009700500, 7013101768,
-                        7013001999, 7015000583)
+                        7013001999, 7015000583, 7016100758)
 #: checked by long runs only (each builds for minutes): 7007100027, a chain of
 #: selects lifted into a gradient scatter's where test, a 260 KB line before
 #: codegen's shared bindings (its parallel build spent minutes in numba's parfor
