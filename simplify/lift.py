@@ -41,12 +41,26 @@ def lift_conditions(tensors):
         if not terms:
             return _zero_stage(op)
         common_ids = set.intersection(*({id(c) for c in cs} for cs, _v in terms))
+        # a condition that loads is lifted only if the summand evaluated it
+        # everywhere: else the where= would read where no branch reached (attack
+        # helper-20: k == I[int(X[j])] inside both branches of X[j] > 2, read at X = 7)
+        by_id = {id(c): c for cs, _v in terms for c in cs}
+        reached = None
+        if any(_loads(c) for c in by_id.values()):
+            reached = _evaluated_everywhere(red.source[0])
+            common_ids = {i for i in common_ids if not _loads(by_id[i]) or id(
+                by_id[i].a if isinstance(by_id[i], E.Not) else by_id[i]) in reached}
         common = [c for c in terms[0][0] if id(c) in common_ids]
         if not common:  # nothing to lift: keep the summand as it was written
             return None
         rest = [(tuple(c for c in cs if id(c) not in common_ids), v) for cs, v in terms]
         source = rebuild_sum(rest, red.dtype)
-        if len(post_order(source)) > 2 * len(post_order(red.source[0])):
+        # (a term's own condition that loads would be tested before the branches that
+        # guarded it: the summand as written is kept then)
+        unsafe = reached is not None and any(
+            _loads(c) and id(c.a if isinstance(c, E.Not) else c) not in reached
+            for cs, _v in rest for c in cs)
+        if unsafe or len(post_order(source)) > 2 * len(post_order(red.source[0])):
             # the terms repeat what the summand shares (a chain of selects, split at
             # every level): the summand as written is exact too, its conditions
             # being true wherever the lifted ones hold
@@ -60,6 +74,33 @@ def lift_conditions(tensors):
         return ComputeOp(op.name, op.axis, (body,), op.tag, op.attrs).output(0)
 
     return rebuild(tensors, fn)
+
+
+def _loads(c):
+    """Whether ``c`` loads at a data-dependent index (``I[int(X[j])]``, ``X[I[i]]``):
+    such a load may leave its tensor wherever the conditions that guarded it fail."""
+    c = c.a if isinstance(c, E.Not) else c
+    return any(isinstance(n, E.Load) and any(
+        isinstance(m, (E.Load, E.Cast)) for ix in n.args for m in post_order(ix))
+        for n in post_order(c))
+
+
+def _evaluated_everywhere(e):
+    """The ids of the nodes of ``e`` evaluated wherever ``e`` is: not those inside a
+    select's branches or behind a short-circuit (``&&``'s, ``||``'s second operand)."""
+    out, stack = set(), [e]
+    while stack:
+        x = stack.pop()
+        if id(x) in out:
+            continue
+        out.add(id(x))
+        if isinstance(x, E.Select):
+            stack.append(x.cond)
+        elif isinstance(x, (E.And, E.Or)):
+            stack.append(x.a)
+        else:
+            stack.extend(x.args)
+    return out
 
 
 def _part_cost(axis, raxes, where):

@@ -124,7 +124,9 @@ def _scatter(op, where, source, init=None, name=None):
     fixed_ids = set(fixed)
     if any(_mentions(v, fixed_ids) for v in fixed.values()):
         return None
-    rest = [c for c in conjuncts(dom.residual) if all(c is not u for u in used)]
+    resid = list(conjuncts(dom.residual))
+    first = min(k for k, c in enumerate(resid) if any(c is u for u in used))
+    unused = [(k < first, c) for k, c in enumerate(resid) if all(c is not u for u in used)]
     try:
         # under the box: the bounds of the scatter's own axes are its loop bounds,
         # those of the fixed dimensions become explicit index checks below
@@ -142,7 +144,7 @@ def _scatter(op, where, source, init=None, name=None):
     except isl.Error:
         return None
     mapping = {a: fixed[id(a)] for a in axis if id(a) in fixed}
-    cond_parts = [substitute(affine, mapping)] + [substitute(c, mapping) for c in rest]
+    affine_parts = conjuncts(substitute(affine, mapping))
     value = substitute(source, mapping)
     # the scatter's domain: the reduction axes and the output dimensions not fixed
     free_axes = [a for a in axis if id(a) not in fixed]
@@ -164,16 +166,33 @@ def _scatter(op, where, source, init=None, name=None):
         if id(a) in fixed:
             bounds.extend(n < _EMPTY_ARGMAX for n in _argmax_loads(ix))
             ranges += [ix >= a.dom[0], ix < a.dom[1]]
-    # conditions on the scatter's own axes alone (no load: they cannot fail) come
-    # first: they guard the loads of the rest, the fixed indices' included (long
-    # run seed 7009700500: an argmin read at j0 = 2 of its 2 columns, before the
-    # test j0 <= 1, raised OutOfBoundsError in a valid gradient)
-    axis_only, data_conds = list(conjuncts(substitute(own, new_vars))), []
-    for c in cond_parts:
-        for x in conjuncts(substitute(c, new_vars)):
-            has_load = any(isinstance(n, Load) for n in post_order(x))
-            (data_conds if has_load else axis_only).append(x)
-    where = all_expr(axis_only + bounds + ranges + data_conds)
+    # The order of the tests is the order in which the sum evaluated them, so that
+    # each load is reached only where the sum reached it. First the conditions on
+    # the scatter's own axes alone (no load: they cannot fail; long run seed
+    # 7009700500: an argmin read at j0 = 2 of its 2 columns, before the test
+    # j0 <= 1). Then the data conditions the sum tested before the equality that
+    # fixes an index, unless they read through that index (a guard of the index's
+    # own loads: J[r] < 4 before I[J[r]], or r < 2 || V[r] > 5 before A[r]; attack
+    # helper-20), then the index's tests, then everything that reads through it.
+    fixed_text = {str(ix) for a, ix in zip(axis, indices) if id(a) in fixed}
+
+    def reads_index(x):
+        return any(str(n) in fixed_text for n in post_order(x) if isinstance(n, Load))
+
+    def has_load(x):
+        return any(isinstance(n, Load) for n in post_order(x))
+
+    axis_only, early, late = list(conjuncts(substitute(own, new_vars))), [], []
+    for x in affine_parts:
+        x = substitute(x, new_vars)
+        (late if has_load(x) else axis_only).append(x)
+    for before, c in unused:
+        for x in conjuncts(substitute(substitute(c, mapping), new_vars)):
+            if not has_load(x):
+                axis_only.append(x)
+            else:
+                (early if before and not reads_index(x) else late).append(x)
+    where = all_expr(axis_only + early + bounds + ranges + late)
     if any(id(v) in spatial_ids and id(v) in fixed_ids
            for v in free_vars([value, where] + indices)):
         return None

@@ -54,3 +54,43 @@ def test_a_scatter_with_a_free_output_axis_keeps_the_guard_per_axis():
     for iv in ([3, 1], [0, 2], [1, 0]):
         feed = {i: np.array(iv), v: vv}
         np.testing.assert_array_equal(kernel(np.array(iv), vv)[0], te.evaluate(s, feed))
+
+
+def test_the_guards_of_a_nested_gather_come_before_its_range_test():
+    # attack helper-20 (the same on 509b385): dW[k] = sum_i C[i] where J[i] is in
+    # range and k == I[J[i]]; the scatter tested I[J[r]] >= 0 before J[r] < 4
+    F_ = F
+    j = te.placeholder((4,), "J", "int64")
+    i = te.placeholder((4,), "I", "int64")
+    w = te.placeholder((3,), "W", F_)
+    c = te.placeholder((4,), "C", F_)
+    k = te.reduce_axis(3, "k")
+    y = te.compute((4,), lambda n: te.sum(w[k], axis=k, where=te.all(
+        j[n] >= 0, j[n] < 4, k == i[j[n]])), name="Y")
+    r = te.reduce_axis(4, "r")
+    loss = te.compute((), lambda: te.sum(c[r] * y[r], axis=r), name="L")
+    feed = {j: np.array([1, 9, -1, 3]), i: np.array([1, 2, 0, 2]),
+            w: np.array([1.0, 2.0, 3.0]), c: np.array([1.0, 2.0, 3.0, 4.0])}
+    raw = te.evaluate(list(te.differentiate(loss, [w], simplify=False)), feed)
+    np.testing.assert_array_equal(raw[0], [0, 0, 5])
+    (g,) = te.differentiate(loss, [w])
+    np.testing.assert_array_equal(te.evaluate(g, feed), raw[0])
+    kernel = codegen.build([loss, g], [j, i, w, c])
+    got = kernel(*(feed[t] for t in (j, i, w, c)))
+    np.testing.assert_array_equal(got[1], raw[0])
+
+
+def test_a_data_guard_of_the_index_load_comes_before_its_range_test():
+    # attack helper-20: a segment sum whose index load A[r] is guarded by
+    # r < 2 || V[r] > 5 (A has 2 entries, r runs to 4)
+    a = te.placeholder((2,), "A", "int64")
+    v = te.placeholder((4,), "V", F)
+    r = te.reduce_axis(4, "r")
+    s = te.compute((3,), lambda j: te.sum(v[r] * v[r], axis=r, where=te.all(
+        te.any(r < 2, v[r] > 5.0), j == a[r])), name="S")
+    (s2,) = simplify.simplify([s])
+    assert type(s2.op).__name__ == "ScatterAddOp"
+    for av, vv in (([0, 2], [1.0, 2.0, 3.0, 4.0]), ([2, 2], [3.0, -1.0, 0.5, 5.0])):
+        feed = {a: np.array(av), v: np.array(vv)}
+        want = te.evaluate(s, feed)
+        np.testing.assert_array_equal(te.evaluate(s2, feed), want)
