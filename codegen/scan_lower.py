@@ -280,6 +280,7 @@ def lower_scan(sl, depth):
             w(depth + 1, "else:")
             sub.run(depth + 2)
         sl.uses_prange |= sub.uses_prange
+        sl.split_guard |= sub.split_guard
 
 
 def _lower_init_in_place(sl, depth, a, out, init):

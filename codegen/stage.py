@@ -508,6 +508,9 @@ class _StageLowering:
         self.inlined, self.errors, self.parallel_on, self.w = inlined, errors, parallel_on, w
         self.names = {}
         self.uses_prange = False
+        # a where= written as a chain of flag blocks binding values one block reads
+        # from another (_guard): numba's parfor pass miscompiles such a body
+        self.split_guard = False
         # chunked lowering (codegen.chunks): the parallel loop over ``chunk_axis``
         # runs the part ``part[0] <= value < part[1]`` of its range only
         self.chunking = False  # lower parallel loops as chunks (set by the unit)
@@ -864,8 +867,10 @@ class _StageLowering:
             if j:
                 w(depth, f"if {flag}:")
                 d += 1
-            bound += self._bind_shared(em, d, [c], later=parts[j + 1:] + later)
-            bound += self._bind_branches(em, d, c)
+            new = self._bind_shared(em, d, [c], later=parts[j + 1:] + later)
+            new += self._bind_branches(em, d, c)
+            self.split_guard |= bool(new) and j + 1 < len(parts)
+            bound += new
             w(d, f"{flag} = {em(c)}")
         w(depth, f"if {flag}:")
         return depth + 1, bound

@@ -240,6 +240,16 @@ def test_fuzz_long_run():
     assert not findings, f"TEXPR_FUZZ_SEED={first}: " + _report(findings)
 
 
+def test_fuzz_a_parallel_stage_whose_where_is_a_chain_of_flag_blocks():
+    # the long run on 2b0e500 (the same on 509b385): a gradient stage's where=,
+    # written as flag blocks that bind a value in one block and read it in the next,
+    # gave wrong sums as a prange loop nest (numba's parfor pass took the value for
+    # one carried across iterations) and right ones as its serial twin; such a
+    # stage now runs serially
+    findings = fuzz.check_programs([7017100416], batch=1, modes=("parallel",))
+    assert not findings, _report(findings)
+
+
 def test_fuzz_a_factored_sum_near_the_largest_float64():
     # X near the largest float64: d_X = sum(P * a + P * b) with P = 0 (tanh saturated)
     # became P * (a + b) with a + b = -inf, NaN where the raw gradient gives 0: the
