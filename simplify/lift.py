@@ -23,7 +23,8 @@ from texpr.visitor import post_order
 from .domain import domain_count, solve
 from .graph import fresh_stage, is_sum_stage, rebuild
 from .isl_bridge import DomainError
-from .terms import all_expr, conj, conjuncts, group_terms, guarded_terms, rebuild_sum
+from .terms import (all_expr, conj, conjuncts, evaluated_everywhere, group_terms,
+                    guarded_terms, loads_at_data_index, rebuild_sum)
 
 
 def _zero_stage(op):
@@ -46,9 +47,9 @@ def lift_conditions(tensors):
         # helper-20: k == I[int(X[j])] inside both branches of X[j] > 2, read at X = 7)
         by_id = {id(c): c for cs, _v in terms for c in cs}
         reached = None
-        if any(_loads(c) for c in by_id.values()):
-            reached = _evaluated_everywhere(red.source[0])
-            common_ids = {i for i in common_ids if not _loads(by_id[i]) or id(
+        if any(loads_at_data_index(c) for c in by_id.values()):
+            reached = evaluated_everywhere(red.source[0])
+            common_ids = {i for i in common_ids if not loads_at_data_index(by_id[i]) or id(
                 by_id[i].a if isinstance(by_id[i], E.Not) else by_id[i]) in reached}
         common = [c for c in terms[0][0] if id(c) in common_ids]
         if not common:  # nothing to lift: keep the summand as it was written
@@ -58,7 +59,7 @@ def lift_conditions(tensors):
         # (a term's own condition that loads would be tested before the branches that
         # guarded it: the summand as written is kept then)
         unsafe = reached is not None and any(
-            _loads(c) and id(c.a if isinstance(c, E.Not) else c) not in reached
+            loads_at_data_index(c) and id(c.a if isinstance(c, E.Not) else c) not in reached
             for cs, _v in rest for c in cs)
         if unsafe or len(post_order(source)) > 2 * len(post_order(red.source[0])):
             # the terms repeat what the summand shares (a chain of selects, split at
@@ -74,33 +75,6 @@ def lift_conditions(tensors):
         return ComputeOp(op.name, op.axis, (body,), op.tag, op.attrs).output(0)
 
     return rebuild(tensors, fn)
-
-
-def _loads(c):
-    """Whether ``c`` loads at a data-dependent index (``I[int(X[j])]``, ``X[I[i]]``):
-    such a load may leave its tensor wherever the conditions that guarded it fail."""
-    c = c.a if isinstance(c, E.Not) else c
-    return any(isinstance(n, E.Load) and any(
-        isinstance(m, (E.Load, E.Cast)) for ix in n.args for m in post_order(ix))
-        for n in post_order(c))
-
-
-def _evaluated_everywhere(e):
-    """The ids of the nodes of ``e`` evaluated wherever ``e`` is: not those inside a
-    select's branches or behind a short-circuit (``&&``'s, ``||``'s second operand)."""
-    out, stack = set(), [e]
-    while stack:
-        x = stack.pop()
-        if id(x) in out:
-            continue
-        out.add(id(x))
-        if isinstance(x, E.Select):
-            stack.append(x.cond)
-        elif isinstance(x, (E.And, E.Or)):
-            stack.append(x.a)
-        else:
-            stack.extend(x.args)
-    return out
 
 
 def _part_cost(axis, raxes, where):

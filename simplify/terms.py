@@ -17,6 +17,7 @@ term (IEEE: NaN for a non-finite ``w``), never an empty sum.
 
 from texpr import dtypes as dt
 from texpr import expr as E
+from texpr.visitor import post_order
 
 #: give up splitting a product when it would have more terms than this
 MAX_TERMS = 64
@@ -83,6 +84,33 @@ def _value_condition(c):
     return isinstance(c, _COMPARISONS) and dt.is_float(c.a.dtype)
 
 
+def loads_at_data_index(c):
+    """Whether ``c`` loads at a data-dependent index (``I[int(X[j])]``, ``X[I[i]]``):
+    such a load may leave its tensor wherever the conditions that guarded it fail."""
+    c = c.a if isinstance(c, E.Not) else c
+    return any(isinstance(n, E.Load) and any(
+        isinstance(m, (E.Load, E.Cast)) for ix in n.args for m in post_order(ix))
+        for n in post_order(c))
+
+
+def evaluated_everywhere(e):
+    """The ids of the nodes of ``e`` evaluated wherever ``e`` is: not those inside a
+    select's branches or behind a short-circuit (``&&``'s, ``||``'s second operand)."""
+    out, stack = set(), [e]
+    while stack:
+        x = stack.pop()
+        if id(x) in out:
+            continue
+        out.add(id(x))
+        if isinstance(x, E.Select):
+            stack.append(x.cond)
+        elif isinstance(x, (E.And, E.Or)):
+            stack.append(x.a)
+        else:
+            stack.extend(x.args)
+    return out
+
+
 def _compact(x, terms):
     """``terms`` of ``x``, or ``[(common, x)]`` when value conditions are all that tell them apart.
 
@@ -99,7 +127,15 @@ def _compact(x, terms):
     rest = [c for cs, _v in terms for c in cs if id(c) not in common]
     if not rest or not all(_value_condition(c) for c in rest):
         return terms
-    return [(tuple(c for c in terms[0][0] if id(c) in common), x)]
+    keep = [c for c in terms[0][0] if id(c) in common]
+    if any(loads_at_data_index(c) for c in keep):
+        # a condition ``x`` tests only inside a branch, loading at a data index, is not
+        # put in front of ``x``: it may read outside its tensor where the branch's own
+        # conditions fail (attack helper-20's k == I[int(X[j])])
+        reached = evaluated_everywhere(x)
+        keep = [c for c in keep if not loads_at_data_index(c)
+                or id(c.a if isinstance(c, E.Not) else c) in reached]
+    return [(tuple(keep), x)]
 
 
 def guarded_terms(e):

@@ -59,3 +59,26 @@ def test_a_gather_index_in_range_only_where_a_value_guard_holds():
     feed = {x: np.array([[1.0, -2.0], [0.5, 3.0], [2.0, 1.5]]),
             i: np.array([2, 17, 0, -4]), m: np.array([0.5, -1.0, 2.0, 0.0])}
     _check(loss, [x], feed)
+
+
+def test_a_compacted_term_keeps_a_branch_only_gather_condition_inside():
+    # simplify.terms._compact: terms told apart by value conditions become one term
+    # whose conditions are those they share, except a condition loading at a data
+    # index that the expression tests only inside its branches
+    from texpr import expr as E
+    from texpr.simplify.terms import guarded_terms
+
+    x = te.placeholder((4,), "X", F)
+    i = te.placeholder((4,), "I", "int64")
+    w = te.placeholder((4,), "W", F)
+    n, k = E.var("n"), E.var("k")
+    v = x[n]
+    g = te.if_then_else(i[te.cast(v, "int64")] == k, w[k], 0.0)
+    body = te.if_then_else(v > 2.0, g * 2.0, te.if_then_else(v >= 0.0, g * 3.0, 0.0))
+    terms = guarded_terms(body)
+    assert len(terms) == 1
+    assert not any("I[" in str(c) for c in terms[0][0]), terms[0][0]
+    # an index condition the expression always tests is still a condition of the term
+    h = te.if_then_else(k <= n, body, 0.0)
+    (cs, _v), = guarded_terms(h)
+    assert any(str(c) == str(k <= n) for c in cs)
