@@ -23,8 +23,8 @@ from texpr.visitor import post_order
 from .domain import domain_count, solve
 from .graph import fresh_stage, is_sum_stage, rebuild
 from .isl_bridge import DomainError
-from .terms import (all_expr, conj, conjuncts, evaluated_everywhere, group_terms,
-                    guarded_terms, loads_at_data_index, rebuild_sum)
+from .terms import (all_expr, conj, conjuncts, group_terms, guarded_terms, hoistable,
+                    rebuild_sum)
 
 
 def _zero_stage(op):
@@ -45,22 +45,16 @@ def lift_conditions(tensors):
         # a condition that loads is lifted only if the summand evaluated it
         # everywhere: else the where= would read where no branch reached (attack
         # helper-20: k == I[int(X[j])] inside both branches of X[j] > 2, read at X = 7)
-        by_id = {id(c): c for cs, _v in terms for c in cs}
-        reached = None
-        if any(loads_at_data_index(c) for c in by_id.values()):
-            reached = evaluated_everywhere(red.source[0])
-            common_ids = {i for i in common_ids if not loads_at_data_index(by_id[i]) or id(
-                by_id[i].a if isinstance(by_id[i], E.Not) else by_id[i]) in reached}
-        common = [c for c in terms[0][0] if id(c) in common_ids]
+        common = hoistable([c for c in terms[0][0] if id(c) in common_ids], red.source[0])
+        common_ids = {id(c) for c in common}
         if not common:  # nothing to lift: keep the summand as it was written
             return None
         rest = [(tuple(c for c in cs if id(c) not in common_ids), v) for cs, v in terms]
         source = rebuild_sum(rest, red.dtype)
         # (a term's own condition that loads would be tested before the branches that
         # guarded it: the summand as written is kept then)
-        unsafe = reached is not None and any(
-            loads_at_data_index(c) and id(c.a if isinstance(c, E.Not) else c) not in reached
-            for cs, _v in rest for c in cs)
+        unsafe = any(len(hoistable(common + list(cs), red.source[0])) < len(common) + len(cs)
+                     for cs, _v in rest)
         if unsafe or len(post_order(source)) > 2 * len(post_order(red.source[0])):
             # the terms repeat what the summand shares (a chain of selects, split at
             # every level): the summand as written is exact too, its conditions

@@ -171,14 +171,10 @@ def _scatter(op, where, source, init=None, name=None):
     # the scatter's own axes alone (no load: they cannot fail; long run seed
     # 7009700500: an argmin read at j0 = 2 of its 2 columns, before the test
     # j0 <= 1). Then the data conditions the sum tested before the equality that
-    # fixes an index, unless they read through that index (a guard of the index's
-    # own loads: J[r] < 4 before I[J[r]], or r < 2 || V[r] > 5 before A[r]; attack
-    # helper-20), then the index's tests, then everything that reads through it.
-    fixed_text = {str(ix) for a, ix in zip(axis, indices) if id(a) in fixed}
-
-    def reads_index(x):
-        return any(str(n) in fixed_text for n in post_order(x) if isinstance(n, Load))
-
+    # fixes an index, unless they mention a fixed output axis (the guards of the
+    # index's own loads: J[r] < 4 before I[J[r]], r < 2 || V[r] > 5 before A[r],
+    # I[r] < 3 before J[I[r]]; attack helpers 20 and 22), then the index's tests,
+    # then everything that reads through it.
     def has_load(x):
         return any(isinstance(n, Load) for n in post_order(x))
 
@@ -187,11 +183,14 @@ def _scatter(op, where, source, init=None, name=None):
         x = substitute(x, new_vars)
         (late if has_load(x) else axis_only).append(x)
     for before, c in unused:
+        # (one that mentions a fixed output axis reads through its index once
+        # substituted: ``M[j] > 0`` with ``j = int(X[r])`` needs the range tests first)
+        on_fixed = any(id(v) in fixed for v in free_vars([c]))
         for x in conjuncts(substitute(substitute(c, mapping), new_vars)):
             if not has_load(x):
                 axis_only.append(x)
             else:
-                (early if before and not reads_index(x) else late).append(x)
+                (early if before and not on_fixed else late).append(x)
     where = all_expr(axis_only + early + bounds + ranges + late)
     if any(id(v) in spatial_ids and id(v) in fixed_ids
            for v in free_vars([value, where] + indices)):

@@ -84,18 +84,18 @@ def _value_condition(c):
     return isinstance(c, _COMPARISONS) and dt.is_float(c.a.dtype)
 
 
-def loads_at_data_index(c):
-    """Whether ``c`` loads at a data-dependent index (``I[int(X[j])]``, ``X[I[i]]``):
-    such a load may leave its tensor wherever the conditions that guarded it fail."""
-    c = c.a if isinstance(c, E.Not) else c
-    return any(isinstance(n, E.Load) and any(
-        isinstance(m, (E.Load, E.Cast)) for ix in n.args for m in post_order(ix))
-        for n in post_order(c))
+def _loads(c):
+    """Whether ``c`` reads a tensor (a load may leave its tensor, at a data index or
+    an affine one, wherever the conditions that guarded it fail)."""
+    return any(isinstance(n, E.Load) for n in post_order(c))
 
 
-def evaluated_everywhere(e):
-    """The ids of the nodes of ``e`` evaluated wherever ``e`` is: not those inside a
-    select's branches or behind a short-circuit (``&&``'s, ``||``'s second operand)."""
+def evaluated_everywhere(e, given=()):
+    """The ids of the nodes of ``e`` evaluated wherever ``e`` is and the conditions
+    ``given`` (ids) hold: not those inside a select's branch whose condition is not
+    given (the true branch needs the condition, the false one its negation), nor
+    behind a short-circuit (``&&``'s, ``||``'s second operand)."""
+    given = set(given)
     out, stack = set(), [e]
     while stack:
         x = stack.pop()
@@ -104,10 +104,46 @@ def evaluated_everywhere(e):
         out.add(id(x))
         if isinstance(x, E.Select):
             stack.append(x.cond)
-        elif isinstance(x, (E.And, E.Or)):
+            if id(x.cond) in given:
+                stack.append(x.true_value)
+            if ("not", id(x.cond)) in given:
+                stack.append(x.false_value)
+        elif isinstance(x, E.And):
+            stack.append(x.a)
+            if _holds(x.a, given):
+                stack.append(x.b)
+        elif isinstance(x, E.Or):
             stack.append(x.a)
         else:
             stack.extend(x.args)
+    return out
+
+
+def _holds(c, given):
+    """Whether ``c`` holds wherever the conditions ``given`` (ids) do, as written:
+    ``c`` given, or a conjunction of given conditions."""
+    if isinstance(c, E.And):
+        return _holds(c.a, given) and _holds(c.b, given)
+    return id(c) in given
+
+
+def hoistable(conds, e):
+    """The conditions of ``conds`` (in order) that may be tested in front of ``e``, in
+    order: each that loads is reached in ``e`` wherever the ones accepted before
+    it hold (a load in a select's branch may read outside its tensor where the
+    branch's conditions fail: attack helpers 20 and 22). Load-free conditions
+    always are."""
+    if not any(_loads(c) for c in conds):
+        return list(conds)
+    out, given = [], set()
+    reached = evaluated_everywhere(e, given)
+    for c in conds:
+        base = c.a if isinstance(c, E.Not) else c
+        if _loads(c) and id(base) not in reached:
+            continue
+        out.append(c)
+        given.add(("not", id(c.a)) if isinstance(c, E.Not) else id(c))
+        reached = evaluated_everywhere(e, given)
     return out
 
 
@@ -127,15 +163,8 @@ def _compact(x, terms):
     rest = [c for cs, _v in terms for c in cs if id(c) not in common]
     if not rest or not all(_value_condition(c) for c in rest):
         return terms
-    keep = [c for c in terms[0][0] if id(c) in common]
-    if any(loads_at_data_index(c) for c in keep):
-        # a condition ``x`` tests only inside a branch, loading at a data index, is not
-        # put in front of ``x``: it may read outside its tensor where the branch's own
-        # conditions fail (attack helper-20's k == I[int(X[j])])
-        reached = evaluated_everywhere(x)
-        keep = [c for c in keep if not loads_at_data_index(c)
-                or id(c.a if isinstance(c, E.Not) else c) in reached]
-    return [(tuple(keep), x)]
+    # (a condition that loads, tested by ``x`` only inside a branch, stays inside)
+    return [(tuple(hoistable([c for c in terms[0][0] if id(c) in common], x)), x)]
 
 
 def guarded_terms(e):

@@ -82,3 +82,43 @@ def test_a_compacted_term_keeps_a_branch_only_gather_condition_inside():
     h = te.if_then_else(k <= n, body, 0.0)
     (cs, _v), = guarded_terms(h)
     assert any(str(c) == str(k <= n) for c in cs)
+
+
+def test_a_condition_inside_a_branch_lifts_after_the_branch_condition():
+    # attack helper-22: select(j0 == j0, select(j0 == I[X[n]], ...)) -- the gather
+    # equality is reached wherever the outer condition, lifted first, holds; it is
+    # lifted and solved (a scatter, 64 points), not kept in a 6,400-point sum
+    from texpr import simplify
+
+    i = te.placeholder((64,), "I", "int64")
+    x = te.placeholder((64,), "X", "int64")
+    w = te.placeholder((100,), "W", F)
+    k = te.reduce_axis(100, "k")
+    e = te.compute((64,), lambda n: te.sum(te.if_then_else(k == i[x[n]], w[k], 0.0), axis=k),
+                   name="E")
+    r = te.reduce_axis(64, "r")
+    loss = te.compute((), lambda: te.sum(e[r] * e[r], axis=r), name="L")
+    assert simplify.iteration_count(list(te.differentiate(loss, [w]))) == 64
+
+
+def test_a_load_at_an_affine_index_in_both_guarded_branches():
+    # attack helper-22 (the same on 509b385): X[n + k - 1] > 0 in both branches, one
+    # guarded by n + k - 1 >= 0, the other by n + k - 1 < 4: lifting it read X[-1]
+    x = te.placeholder((4,), "X", F)
+    m = te.placeholder((4,), "M", F)
+    w = te.placeholder((4,), "W", F)
+    k = te.reduce_axis(3, "k")
+
+    def body(n):
+        i = n + k - 1
+        g = te.if_then_else(x[i] > 0.0, w[n] * x[i], 0.0)
+        return te.if_then_else(m[n] > 0.0, te.if_then_else(i >= 0, g * 2.0, 0.0),
+                               te.if_then_else(i < 4, g * 3.0, 0.0))
+
+    y = te.compute((4,), lambda n: te.sum(body(n), axis=k), name="Y")
+    r = te.reduce_axis(4, "r")
+    loss = te.compute((), lambda: te.sum(y[r] * y[r], axis=r), name="L")
+    feed = {x: np.array([0.5, 3.5, -7.0, 3.0]), m: np.array([1.0, -1.0, 2.0, -3.0]),
+            w: np.array([1.0, 2.0, 3.0, 4.0])}
+    (g,) = _check(loss, [w], feed)
+    np.testing.assert_array_equal(g, [128, 576, 1014, 648])

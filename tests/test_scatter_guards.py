@@ -94,3 +94,49 @@ def test_a_data_guard_of_the_index_load_comes_before_its_range_test():
         feed = {a: np.array(av), v: np.array(vv)}
         want = te.evaluate(s, feed)
         np.testing.assert_array_equal(te.evaluate(s2, feed), want)
+
+
+def test_a_guard_mentioning_the_fixed_axis_waits_for_the_range_test():
+    # attack helper-22 (new in 49cbe82): k < 3 && M[k] > 0 && k == int(X[n]); with k
+    # fixed by the cast, M[k] reads through the index: after its range test
+    x = te.placeholder((4,), "X", F)
+    m = te.placeholder((3,), "M", F)
+    w = te.placeholder((5,), "W", F)
+    c = te.placeholder((4,), "C", F)
+    k = te.reduce_axis(5, "k")
+    y = te.compute((4,), lambda n: te.sum(w[k], axis=k, where=te.all(
+        k < 3, m[k] > 0.0, k == te.cast(x[n], "int64"))), name="Y")
+    r = te.reduce_axis(4, "r")
+    loss = te.compute((), lambda: te.sum(c[r] * y[r] * y[r], axis=r), name="L")
+    feed = {x: np.array([0.5, 4.2, 2.0, 1.0]), m: np.array([1.0, -1.0, 2.0]),
+            w: np.arange(1.0, 6.0), c: np.array([1.0, 2.0, 3.0, 4.0])}
+    raw = te.evaluate(list(te.differentiate(loss, [w], simplify=False)), feed)
+    np.testing.assert_array_equal(raw[0], [2, 0, 18, 0, 0])
+    np.testing.assert_array_equal(te.evaluate(list(te.differentiate(loss, [w])), feed)[0], raw[0])
+
+
+def test_guards_of_two_fixed_indices_and_of_a_disjunction_come_first():
+    # attack helper-22 (the same on 509b385): I[r] < 3 guards J[I[r]], and
+    # (n < 2 && A[n] >= 0) || n >= 5 guards A[n]; both were tested after the ranges
+    i = te.placeholder((4,), "I", "int64")
+    jj = te.placeholder((3,), "J", "int64")
+    v = te.placeholder((4,), "V", F)
+    r = te.reduce_axis(4, "r")
+    s = te.compute((2, 5), lambda j2, j1: te.sum(v[r], axis=r, where=te.all(
+        i[r] >= 0, i[r] < 3, j1 == i[r], j2 == jj[i[r]])), name="S")
+    (s2,) = simplify.simplify([s])
+    feed = {i: np.array([0, 4, 2, -1]), jj: np.array([1, 0, 1]), v: np.array([1.0, 2.0, 3.0, 4.0])}
+    np.testing.assert_array_equal(te.evaluate(s2, feed), [[0, 0, 0, 0, 0], [1, 0, 3, 0, 0]])
+    a = te.placeholder((2,), "A", "int64")
+    w = te.placeholder((3,), "W", F)
+    c = te.placeholder((4,), "C", F)
+    k = te.reduce_axis(3, "k")
+    y = te.compute((4,), lambda n: te.sum(w[k], axis=k, where=te.all(
+        te.any(te.all(n < 2, a[n] >= 0), n >= 5), k == a[n])), name="Y")
+    r2 = te.reduce_axis(4, "r2")
+    loss = te.compute((), lambda: te.sum(c[r2] * y[r2] * y[r2], axis=r2), name="L")
+    feed = {a: np.array([0, 2]), w: np.array([1.0, 2.0, 3.0]), c: np.array([1.0, 2.0, 3.0, 4.0])}
+    (g,) = te.differentiate(loss, [w])
+    np.testing.assert_array_equal(te.evaluate(g, feed), [2, 0, 12])
+    kernel = codegen.build([g], [a, w, c])
+    np.testing.assert_array_equal(kernel(feed[a], feed[w], feed[c])[0], [2, 0, 12])
