@@ -250,6 +250,14 @@ def test_fuzz_a_parallel_stage_whose_where_is_a_chain_of_flag_blocks():
     assert not findings, _report(findings)
 
 
+def test_fuzz_an_int64_limit_program_refused_by_its_rewritten_gradient():
+    # the long run on 766b0da (the same on 509b385): the forward raises
+    # OutOfBoundsError, the simplified gradient's te.evaluate refuses its int64
+    # arithmetic first; the harness let that TexprError escape and the run died
+    findings = fuzz.check_programs([7019000429], batch=1)
+    assert not findings, _report(findings)
+
+
 def test_fuzz_a_factored_sum_near_the_largest_float64():
     # X near the largest float64: d_X = sum(P * a + P * b) with P = 0 (tanh saturated)
     # became P * (a + b) with a + b = -inf, NaN where the raw gradient gives 0: the
