@@ -42,9 +42,9 @@ def lift_conditions(tensors):
         if not terms:
             return _zero_stage(op)
         common_ids = set.intersection(*({id(c) for c in cs} for cs, _v in terms))
-        # a condition that loads is lifted only if the summand evaluated it
-        # everywhere: else the where= would read where no branch reached (attack
-        # helper-20: k == I[int(X[j])] inside both branches of X[j] > 2, read at X = 7)
+        # a condition that loads is lifted only where the summand reaches it given
+        # the ones lifted before it: else the where= would read where no branch did
+        # (attack helper-20: k == I[int(X[j])] inside both branches of X[j] > 2)
         common = hoistable([c for c in terms[0][0] if id(c) in common_ids], red.source[0])
         common_ids = {id(c) for c in common}
         if not common:  # nothing to lift: keep the summand as it was written

@@ -135,15 +135,17 @@ def hoistable(conds, e):
     always are."""
     if not any(_loads(c) for c in conds):
         return list(conds)
-    out, given = [], set()
-    reached = evaluated_everywhere(e, given)
+    out, given, reached = [], set(), None
     for c in conds:
         base = c.a if isinstance(c, E.Not) else c
-        if _loads(c) and id(base) not in reached:
-            continue
+        if _loads(c):
+            if reached is None:  # (walked again only once ``given`` has grown)
+                reached = evaluated_everywhere(e, given)
+            if id(base) not in reached:
+                continue
         out.append(c)
         given.add(("not", id(c.a)) if isinstance(c, E.Not) else id(c))
-        reached = evaluated_everywhere(e, given)
+        reached = None
     return out
 
 
