@@ -74,7 +74,7 @@ LONG_RUN_REGRESSIONS = (7000003194, 7000003318, 7000002969, 7000031103, 70002001
                         7000020211, 7000500074, 7000500215, 7000600314,
                         7000802849, 7000802803, 7009700500, 7013101768,
                         7013001999, 7015000583, 7016100758,
-                        7019000429, 7020000198)
+                        7019000429, 7020000198, 7019000666)
 #: checked by long runs only (each builds for minutes): 7007100027, a chain of
 #: selects lifted into a gradient scatter's where test, a 260 KB line before
 #: codegen's shared bindings (its parallel build spent minutes in numba's parfor
