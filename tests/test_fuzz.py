@@ -69,12 +69,14 @@ REGRESSIONS = (20261140, 20261160, 20261180, 20261210, 20261230, 20261280,
 #: gradient te.evaluate refuses for integer wrap first (the harness let that escape);
 #: and X near the largest float64 where d_X = sum(P * a + P * b), P = 0, became
 #: P * (a + b) with a + b = -inf: NaN where the raw gradient is 0, the documented
-#: reassociation (docs/conventions.md), not a finding
+#: reassociation (docs/conventions.md), not a finding; and an int64-limit program
+#: te.evaluate refuses for an int32 product while the simplifier refuses its forward
+#: for folding `3 * -2**62` (two refusals; the harness crashed on the second)
 LONG_RUN_REGRESSIONS = (7000003194, 7000003318, 7000002969, 7000031103, 7000200107,
                         7000020211, 7000500074, 7000500215, 7000600314,
                         7000802849, 7000802803, 7009700500, 7013101768,
                         7013001999, 7015000583, 7016100758,
-                        7019000429, 7020000198, 7019000666)
+                        7019000429, 7020000198, 7019000666, 7022002120)
 #: checked by long runs only (each builds for minutes): 7007100027, a chain of
 #: selects lifted into a gradient scatter's where test, a 260 KB line before
 #: codegen's shared bindings (its parallel build spent minutes in numba's parfor
@@ -217,6 +219,23 @@ def test_fuzz_regression_seeds():
     findings += fuzz.check_programs(REFERENCE_REGRESSIONS, compile_every=0, reshape=False)
     findings += fuzz.check_programs(REFERENCE_REGRESSIONS_NOW, compile_every=0)
     assert not findings, _report(findings)
+
+
+def test_a_check_that_raises_is_a_finding_not_the_end_of_the_run(monkeypatch):
+    # a harness gap (seed 7022002120 crashed _check_kernel_int_error and took the
+    # rest of its chunk of 100 with it) is reported for its program, and the run
+    # goes on to the next one
+    seen = []
+
+    def broken(q, findings):
+        seen.append(q.p.seed)
+        if len(seen) == 1:
+            raise KeyError("planted")
+    monkeypatch.setattr(fuzz, "_check_reference", broken)
+    findings = fuzz.check_programs([7000000001, 7000000002], compile_every=0, fd=False)
+    assert seen == [7000000001, 7000000002]
+    assert [(f.seed, f.kind) for f in findings] == [(7000000001, "check-error")]
+    assert "KeyError: 'planted'" in findings[0].message
 
 
 def test_fuzz_tie_order_of_a_residue_class_reduction():
