@@ -67,13 +67,11 @@ rejects still gives a :class:`CompileError` naming its stage.
 import atexit
 import concurrent.futures as _futures
 import contextlib
-import glob
 import hashlib
 import multiprocessing
 import os
 import re
 import sys
-import tempfile
 import time
 import types as _pytypes
 import warnings
@@ -93,6 +91,7 @@ from texpr import cache as _cache  # noqa: E402
 from texpr.errors import TexprError, TexprWarning  # noqa: E402
 
 from . import runtime as _runtime  # noqa: E402
+from . import unit_files as _files  # noqa: E402
 
 __all__ = ["CompileError", "CacheWarning", "cache_dir", "compile_source", "compile_units",
            "clear_memory_cache", "stats", "estimate_seconds", "split_units"]
@@ -210,18 +209,19 @@ def _runtime_module(d):
 def _record_all(d, modname):
     """Record the checksums of numba's files of the unit ``modname`` in ``d`` and
     of the disk helper module (whose machine code new units link in)."""
-    _record_numba_files(d, modname)
+    _files.record_files(d, modname)
     mod = _RUNTIMES.get("disk")
     if mod is not None and mod.__file__:
-        _record_numba_files(os.path.dirname(mod.__file__), _runtime.MODULE)
+        _files.record_files(os.path.dirname(mod.__file__), _runtime.MODULE)
 
 
-def _runtime_numba_files():
-    """numba's cache files of the disk helper module loaded in this process."""
+def _remove_runtime_numba_files():
+    """Remove numba's cache files of the disk helper module loaded in this
+    process; whether there were any."""
     mod = _RUNTIMES.get("disk")
     if mod is None or not mod.__file__:
-        return []
-    return _numba_files(os.path.dirname(mod.__file__), _runtime.MODULE)
+        return False
+    return _files.remove_numba_files(os.path.dirname(mod.__file__), _runtime.MODULE)
 
 
 def _load(source, modname, path, entry="kernel"):
@@ -379,95 +379,17 @@ def _check_one_signature():
                                  "please report the program")
 
 
-def _numba_files(d, modname):
-    return glob.glob(os.path.join(glob.escape(os.path.join(d, "__pycache__")),
-                                  glob.escape(modname) + ".*"))
-
-
-def _sums_path(d, modname):
-    # beside numba's files (their glob finds it: removed with them)
-    return os.path.join(d, "__pycache__", modname + ".sha256")
-
-
-def _numba_sums(d, modname):
-    """``{file name: sha256}`` of the numba cache files (``.nbi``, ``.nbc``) of
-    ``modname`` in ``d``. Raises OSError."""
-    out = {}
-    for path in sorted(_numba_files(d, modname)):
-        if path.endswith((".nbi", ".nbc")):
-            with open(path, "rb") as f:
-                out[os.path.basename(path)] = hashlib.sha256(f.read()).hexdigest()
-    return out
-
-
-def _numba_files_state(d, modname):
-    """``"ok"`` when numba's cache files of ``modname`` in ``d`` are the ones
-    recorded when they were written (:func:`_record_numba_files`), or there are
-    none; ``"unrecorded"`` when they have no record (written by an older texpr,
-    or by a process that stopped before recording); ``"damaged"`` when they
-    differ from the record. Machine code that still loads after damage (a
-    flipped bit) would otherwise run as it is."""
-    try:
-        sums = _numba_sums(d, modname)
-        if not sums:
-            return "ok"
-        with open(_sums_path(d, modname), "rb") as f:
-            recorded = f.read().decode("ascii").split("\n")
-    except FileNotFoundError:
-        return "unrecorded"
-    except (OSError, UnicodeDecodeError):
-        return "damaged"
-    return "ok" if recorded == [f"{h} {name}" for name, h in sums.items()] else "damaged"
-
-
-def _numba_files_intact(d, modname):
-    return _numba_files_state(d, modname) == "ok"
-
-
-def _record_numba_files(d, modname):
-    """Record the sha256 of numba's cache files of ``modname`` in ``d`` (after a
-    compile or a verified load; atomic). Never raises: an unrecorded file is
-    only rebuilt by the next process."""
-    try:
-        sums = _numba_sums(d, modname)
-        if not sums:
-            return
-        data = "\n".join(f"{h} {name}" for name, h in sums.items()).encode("ascii")
-        path = _sums_path(d, modname)
-        try:
-            with open(path, "rb") as f:
-                if f.read() == data:
-                    return  # a verified load: the record stands
-        except OSError:
-            pass
-        _write_atomic(path, data)
-    except OSError:
-        pass
-
-
 def _discard_unverified(d, modname, path):
     """Remove numba's cache files of ``modname`` when they are not the recorded
     ones (one :class:`CacheWarning`); the unit is then compiled afresh."""
-    state = _numba_files_state(d, modname)
+    state = _files.files_state(d, modname)
     if state == "damaged":
         _warn_once(("sums", d, modname),
                    f"texpr: numba's cache files of {path} do not match the checksums "
                    "recorded when they were written (damaged or replaced): they were "
                    "removed and the kernel recompiled")
     if state != "ok":
-        _cache.remove_files(_numba_files(d, modname))
-
-
-def _write_atomic(path, data):
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path),
-                               prefix=os.path.basename(path) + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        _cache.remove_files([tmp])
-        raise
+        _files.remove_numba_files(d, modname)
 
 
 def _module_file(d, modname, data):
@@ -489,10 +411,10 @@ def _module_file(d, modname, data):
                    f"texpr: the cached kernel module {path} does not hold the text its name "
                    f"is the checksum of ({len(old)} bytes instead of {len(data)}; truncated or "
                    "overwritten): it was discarded with its numba cache files and rebuilt")
-        _cache.remove_files(_numba_files(d, modname) + [path] * (not old))
+        _files.remove_numba_files(d, modname, [path] * (not old))
         old = None
     if old is None:
-        _write_atomic(path, data)
+        _files.write_atomic(path, data)
     return path
 
 
@@ -511,7 +433,7 @@ def _on_disk(d, key, source, sig, entry):
     # the load fail: remove them (the unit's, and the helper module's, whose machine
     # code numba loads while it types the unit) and compile again (numba writes
     # them afresh)
-    if _cache.remove_files(_numba_files(d, modname) + _runtime_numba_files()):
+    if _files.remove_numba_files(d, modname) | _remove_runtime_numba_files():
         try:
             path = _module_file(d, modname, data)
             fn = _compile(_load(source, modname, path, entry), sig, source)
@@ -788,8 +710,8 @@ def _disk_ready(d, key, data):
                 return False
     except OSError:
         return False
-    return any(p.endswith(".nbi") for p in _numba_files(d, modname)) \
-        and _numba_files_intact(d, modname)
+    return any(p.endswith(".nbi") for p in _files.numba_files(d, modname)) \
+        and _files.files_state(d, modname) == "ok"
 
 
 #: estimated seconds of a fresh worker before its first unit: ``spawn`` of a new
