@@ -9,6 +9,7 @@ producers, and lets the pass replace any stage.
 """
 
 from texpr import expr as E
+from texpr.errors import DTypeError
 from texpr.expr import Load, Reduce, iter_var
 from texpr.scan import ScanOp
 from texpr.tensor import ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, topo_order
@@ -92,6 +93,18 @@ def _remapped(op, tmap):
     return op
 
 
+def _naming_stage(exc, op, fn):
+    """``exc`` (a DTypeError a rewrite of ``op`` met: integer constants folded
+    outside their dtype, e.g. an int64-limit coefficient times a solved index)
+    with the stage and the pass in its message, when it does not name a stage."""
+    msg = str(exc)
+    if msg.startswith("stage "):
+        return exc
+    rewrite = getattr(fn, "__qualname__", "").split(".")[0] or "a rewrite"
+    return type(exc)(f"stage {op.name}: {msg} (met by the simplifier's {rewrite} "
+                     "while rewriting the stage)")
+
+
 def rebuild(outputs, fn):
     """Rewrite a graph stage by stage, producers first.
 
@@ -110,7 +123,10 @@ def rebuild(outputs, fn):
         if isinstance(op, PlaceholderOp):
             continue
         new_op = _remapped(op, tmap)
-        res = fn(new_op, op, tmap)
+        try:
+            res = fn(new_op, op, tmap)
+        except DTypeError as exc:
+            raise _naming_stage(exc, op, fn) from None
         if res is None:
             new_outs = new_op.outputs
         else:

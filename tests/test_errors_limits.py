@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import texpr as te
-from texpr import codegen
+from texpr import codegen, simplify
 from texpr.visitor import MAX_DEPTH, depth
 
 F = "float32"
@@ -248,3 +248,29 @@ def test_a_0d_array_is_a_constant():
     x = te.placeholder((2,), "X", "float64")
     y = te.compute((2,), lambda i: x[i] * te.const(np.array(3.0)), name="Y")
     np.testing.assert_array_equal(te.evaluate(y, {x: np.array([1.0, 2.0])}), [3.0, 6.0])
+
+
+_BIG = -(2**62)
+
+
+@pytest.mark.parametrize("make", [
+    # a reduction axis fixed by its where (solve_equalities puts k = 0 into the index)
+    lambda X: (lambda k: te.compute(
+        (2,), lambda i: te.sum(X[te.max(te.min((k + 3) * _BIG, 3), 0)], axis=k,
+                               where=k == 0), name="W1"))(te.reduce_axis((0, 4), "k")),
+    # an axis of one point (the fuzzer's seed 7022002120 had this form)
+    lambda X: (lambda k: te.compute(
+        (1,), lambda i: te.sum(X[te.max(te.min((2 * k + 3) * _BIG, 3), 0)], axis=k),
+        name="W1"))(te.reduce_axis((0, 1), "k")),
+])
+def test_the_simplifier_refusing_a_wrapping_constant_names_the_stage(make):
+    # te.evaluate refuses the same program for the same arithmetic; the
+    # simplifier's refusal says which stage and which rewrite met it
+    X = te.placeholder((4,), "X", F)
+    Y = make(X)
+    with pytest.raises(te.TexprError, match="wrap around"):
+        te.evaluate(Y, {X: np.arange(4.0, dtype=F)})
+    with pytest.raises(te.DTypeError,
+                       match=r"^stage W1: the integer arithmetic `3 \* -4611686018427387904`"
+                             r".*wrap around.*solve_equalities"):
+        simplify.simplify([Y])
