@@ -295,31 +295,35 @@ class _BoundsChecker:
         hit = self._value_ranges.get(id(e))
         if hit is not None:
             return hit[1]
+        r = self._value_range_now(e)
+        self._value_ranges[id(e)] = (e, r)
+        return r
+
+    def _value_range_now(self, e):
         full = _INT_RANGE.get(e.dtype)
-        r = full
         if full is None:
-            pass
-        elif isinstance(e, E.Const):
-            r = (int(e.value), int(e.value))
-        elif isinstance(e, E.IterVar):
-            r = (e.dom[0], e.dom[1] - 1)
-        elif isinstance(e, E.Var):
-            r = self.var_ranges.get(id(e), full)
-        elif isinstance(e, E.Cast) and e.value.dtype == "bool":
-            r = (0, 1)
-        elif isinstance(e, E.Cast) and _INT_RANGE.get(e.value.dtype) is not None:
+            return None
+        if isinstance(e, E.Const):
+            return (int(e.value), int(e.value))
+        if isinstance(e, E.IterVar):
+            return (e.dom[0], e.dom[1] - 1)
+        if isinstance(e, E.Var):
+            return self.var_ranges.get(id(e), full)
+        if isinstance(e, E.Cast) and e.value.dtype == "bool":
+            return (0, 1)
+        if isinstance(e, E.Cast) and _INT_RANGE.get(e.value.dtype) is not None:
             inner = self.value_range(e.value)
-            r = inner if full[0] <= inner[0] and inner[1] <= full[1] else full
-        elif isinstance(e, E.Select):
+            return inner if full[0] <= inner[0] and inner[1] <= full[1] else full
+        if isinstance(e, E.Select):
             a, b = self.value_range(e.true_value), self.value_range(e.false_value)
-            r = (min(a[0], b[0]), max(a[1], b[1]))
-        elif isinstance(e, _INDEX_ARITH):
+            return (min(a[0], b[0]), max(a[1], b[1]))
+        if isinstance(e, _INDEX_ARITH):
             r = _interval(e, self.value_range(e.a), self.value_range(e.b))
             if not (full[0] <= r[0] and r[1] <= full[1]):
                 self.arith.add(id(e))  # checked at run time: never outside the dtype
                 r = (max(r[0], full[0]), min(r[1], full[1]))
-        self._value_ranges[id(e)] = (e, r)
-        return r
+            return r
+        return full
 
     def value_arith(self, exprs):
         """Range the integer value arithmetic of ``exprs`` (values whose operands may

@@ -23,8 +23,10 @@ backward are compiled once with ``codegen.build`` and reused for every
 mini-batch (parallel kernels by default: their convolutions and dense layers
 run as GEMMs on numpy's BLAS and compile nothing, so the first build is the
 shorter -- 3.6 s against 5.9 s for ``--serial`` on 2 quiet cores, 2026-12-01 --
-and a training step the faster, 3.3 ms against 4.0 ms). A partial last batch is padded and masked out of the loss (a
-per-sample weight), so every sample is used and no second kernel is built.
+while a training step takes about as long on these small layers: 3.45 ms
+against 3.32 ms, README.md's last section). A partial last batch is padded and
+masked out of the loss (a per-sample weight), so every sample is used and no
+second kernel is built.
 
 Run ``python -m texpr.examples.digits --help`` for the flags.
 """
@@ -272,7 +274,8 @@ def parse_args(argv=None):
     p.set_defaults(parallel=True)
     p.add_argument("--serial", dest="parallel", action="store_false",
                    help="compile serial kernels only (every stage a loop nest, no GEMMs): a "
-                        "longer first build and a slower step; the default builds parallel ones")
+                        "longer first build, a step of about the same time on this model's "
+                        "small layers; the default builds parallel ones")
     p.add_argument("--parallel", dest="parallel", action="store_true",
                    help="parallel kernels (the default; kept for older command lines)")
     p.add_argument("--limit", type=int, default=int(os.environ.get("TEXPR_DIGITS_LIMIT", 0)),
