@@ -117,6 +117,21 @@ def _narrow(path, s):
     return path if s.plain_is_universe() else path.intersect(s)
 
 
+_NOT_A_LEAF = object()
+
+
+def _leaf_range(e, full, var_ranges):
+    """``(lo, hi)`` of a constant, an axis or a bound variable (``var_ranges``:
+    id -> range; else ``full``, its dtype's); ``_NOT_A_LEAF`` for anything else."""
+    if isinstance(e, E.Const):
+        return (int(e.value), int(e.value))
+    if isinstance(e, E.IterVar):
+        return (e.dom[0], e.dom[1] - 1)
+    if isinstance(e, E.Var):
+        return var_ranges.get(id(e), full)
+    return _NOT_A_LEAF
+
+
 class _BoundsChecker:
     """Finds the loads of a statement that need a run-time bounds check, and
     proves its integer index arithmetic exact.
@@ -167,12 +182,9 @@ class _BoundsChecker:
         full = _INT_RANGE.get(d)
         if full is None:
             return None
-        if isinstance(e, E.Const):
-            return (int(e.value), int(e.value))
-        if isinstance(e, E.IterVar):
-            return (e.dom[0], e.dom[1] - 1)
-        if isinstance(e, E.Var):
-            return self.var_ranges.get(id(e), full)
+        r = _leaf_range(e, full, self.var_ranges)
+        if r is not _NOT_A_LEAF:
+            return r
         if isinstance(e, (E.Load, E.Cast)):
             if isinstance(e, E.Load):
                 for a in e.args:
@@ -303,12 +315,9 @@ class _BoundsChecker:
         full = _INT_RANGE.get(e.dtype)
         if full is None:
             return None
-        if isinstance(e, E.Const):
-            return (int(e.value), int(e.value))
-        if isinstance(e, E.IterVar):
-            return (e.dom[0], e.dom[1] - 1)
-        if isinstance(e, E.Var):
-            return self.var_ranges.get(id(e), full)
+        r = _leaf_range(e, full, self.var_ranges)
+        if r is not _NOT_A_LEAF:
+            return r
         if isinstance(e, E.Cast) and e.value.dtype == "bool":
             return (0, 1)
         if isinstance(e, E.Cast) and _INT_RANGE.get(e.value.dtype) is not None:
