@@ -314,24 +314,34 @@ def _unit_flags(fn, source):
     from numba.core.cpu import CPUTargetOptions
 
     from .vectorize import invariant_comparison_loop, loop_vectorize_pays
-    never = invariant_comparison_loop(source)
-    loops = loop_vectorize_pays(source) and not never
     slp, lv = numba.config.SLP_VECTORIZE, numba.config.LOOP_VECTORIZE
-    numba.config.SLP_VECTORIZE, numba.config.LOOP_VECTORIZE = 1, int(loops)
     unit = "\ndef unit(" in source
     cg = _jit_codegen() if unit and not _PARTIAL_SUM.search(source) else None
-    if cg is not None:
-        cheap = cg._opt_level, cg._loopvect
-        cg._opt_level, cg._loopvect = 3, not never
+    cheap = (cg._opt_level, cg._loopvect) if cg is not None else None
+
+    def settle():
+        # the text's analyses (Python AST walks, 5-10 ms a unit) and the settings
+        # they give: run when numba compiles, not for a unit its cache loads
+        never = invariant_comparison_loop(source)
+        loops = loop_vectorize_pays(source) and not never
+        numba.config.SLP_VECTORIZE, numba.config.LOOP_VECTORIZE = 1, int(loops)
+        if cg is not None:
+            cg._opt_level, cg._loopvect = 3, not never
+
     finalize = CPUTargetOptions.finalize
     if unit:
         mine = fn.targetoptions  # the dict numba's compiler of fn parses: fn alone
 
         def noalias(self, flags, options):
+            # numba parses a function's options when it compiles it (never when
+            # it loads it from its cache), before typing and LLVM
             finalize(self, flags, options)
             if options is mine:
+                settle()
                 flags.noalias = True
         CPUTargetOptions.finalize = noalias
+    else:
+        settle()
     try:
         yield
     finally:

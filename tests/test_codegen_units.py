@@ -386,6 +386,40 @@ def test_unit_flags_apply_to_the_unit_alone_and_are_restored(fresh, monkeypatch)
     assert attrs and not any("noalias" in a for a in attrs), attrs
 
 
+def test_the_vectoriser_settings_are_decided_when_numba_compiles_only(fresh, monkeypatch):
+    """The unit text's analyses (codegen.vectorize) run when numba compiles a
+    unit, before LLVM's pass managers are made (the SLP vectoriser is on there),
+    and not at all for units loaded from the disk cache (they cost 5-10 ms a
+    unit of a warm build); the loaded kernel's values are the compiled one's."""
+    import numba
+    from numba.core.codegen import CPUCodegen
+
+    from texpr.codegen import vectorize
+
+    monkeypatch.setenv("TEXPR_COMPILE_WORKERS", "0")
+    analysed, seen = [], []
+    real_inv = vectorize.invariant_comparison_loop
+    monkeypatch.setattr(vectorize, "invariant_comparison_loop",
+                        lambda src: analysed.append(src) or real_inv(src))
+    real_mpm = CPUCodegen._module_pass_manager
+
+    def recording(self, **kw):
+        seen.append(numba.config.SLP_VECTORIZE)
+        return real_mpm(self, **kw)
+    monkeypatch.setattr(CPUCodegen, "_module_pass_manager", recording)
+    ins, outs = _two_unit_graph()
+    compiled = codegen.build(outs, ins)
+    assert compiled.units_compiled >= 1 and len(analysed) == compiled.units_compiled
+    assert 1 in seen  # the units' own LLVM rounds ran with the SLP vectoriser on
+    got = compiled(*_feed())
+    codegen.clear_memory_cache()
+    before = len(analysed)
+    loaded = codegen.build(outs, ins)
+    assert loaded.from_disk_cache and len(analysed) == before
+    for a, b in zip(got, loaded(*_feed())):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_a_unit_compiled_here_runs_as_fast_as_loaded(fresh, monkeypatch):
     """The process that compiles a parallel unit runs the same code as one that
     loads it (numba's first module round at -O3, see compile._unit_flags): the
