@@ -121,7 +121,10 @@ def cache_dir():
 
 
 def clear_memory_cache():
-    """Forget the kernels compiled in this process (the disk cache stays)."""
+    """Forget the kernels compiled in this process (the disk cache stays): the
+    next build of each loads or compiles it again. It returns no memory: numba
+    keeps every function's machine code for the life of the process (about
+    1.9 MB a unit; docs/cache.md, "Memory in the process")."""
     _MEMORY.clear()
 
 
