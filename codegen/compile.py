@@ -204,7 +204,11 @@ def _runtime_module(d):
         mod = _pytypes.ModuleType(name)
         mod.__file__ = path
         sys.modules[name] = mod
-        exec(compile(text, path or f"<texpr helpers {name}>", "exec"), mod.__dict__)
+        # (disk: numba's cache is attached by pin_in_tree, in d's __pycache__)
+        exec(compile(text.replace("cache=True", "cache=False"),
+                     path or f"<texpr helpers {name}>", "exec"), mod.__dict__)
+        if path is not None:
+            _files.pin_in_tree(mod.__dict__, d)
         _RUNTIMES[kind] = mod
     return mod
 
@@ -245,12 +249,17 @@ def _load(source, modname, path, entry="kernel"):
     # mismatch", which the cache's fallback then blamed on the cache directory
     with global_compiler_lock:
         _runtime_module(None if path is None else os.path.dirname(path))
-        code = compile(source, path or f"<texpr kernel {modname}>", "exec")
+        # numba's disk cache is attached by pin_in_tree (in the __pycache__ beside
+        # the module's file), not by cache=True (which follows NUMBA_CACHE_DIR)
+        code = compile(source.replace("cache=True", "cache=False"),
+                       path or f"<texpr kernel {modname}>", "exec")
         mod = _pytypes.ModuleType(modname)
         mod.__file__ = path
         # numba's cached code names its module: it must be importable by that name
         sys.modules[modname] = mod
         exec(code, mod.__dict__)
+        if path is not None:
+            _files.pin_in_tree(mod.__dict__, os.path.dirname(path))
     return mod.__dict__[entry]
 
 

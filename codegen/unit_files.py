@@ -16,19 +16,28 @@ the directory's modification time is the one it had when the listing was taken,
 and only if that time was :data:`LISTING_MARGIN_S` older than the listing (a
 file written within the file system's timestamp granularity after a listing
 could otherwise leave the time unchanged). Anything but an intact verdict is
-taken again from a fresh listing, and files are removed from a fresh one.
+taken again from a fresh listing, and so is a verdict that there are no files;
+files are removed from a fresh listing.
+
+numba keeps a unit's cache files in ``d/__pycache__`` only: :func:`pin_in_tree`
+points the unit's functions there whatever numba's own settings say
+(``NUMBA_CACHE_DIR`` would move them where no checksum covers them).
 """
 
 import hashlib
 import os
+import stat
 import tempfile
 import threading
 import time
 
+from numba.core.caching import CompileResultCacheImpl, FunctionCache, InTreeCacheLocator
+from numba.core.dispatcher import Dispatcher
+
 from texpr import cache as _cache
 
 __all__ = ["numba_files", "files_state", "record_files", "remove_numba_files",
-           "write_atomic", "LISTING_MARGIN_S"]
+           "write_atomic", "pin_in_tree", "LISTING_MARGIN_S", "MAX_FILE_BYTES"]
 
 #: seconds a ``__pycache__``'s modification time must precede a listing of it
 #: for the listing to be reused (file systems with timestamps coarser than this
@@ -83,6 +92,33 @@ def remove_numba_files(d, modname, extra=()):
     return _cache.remove_files(numba_files(d, modname, fresh=True) + list(extra))
 
 
+#: the largest cache file read for its checksum (numba's files of a unit are a
+#: few MB at most): a larger one is damage, not something to read into memory
+MAX_FILE_BYTES = 1 << 30
+
+
+def _read_regular(path):
+    """The bytes of ``path``, which must be a regular file of at most
+    :data:`MAX_FILE_BYTES` (a FIFO, a device such as ``/dev/zero`` behind a
+    symlink, or a directory in its place is damage: reading it would block or
+    never end). Raises FileNotFoundError when it is missing, OSError otherwise."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_FILE_BYTES:
+            raise OSError(f"{path}: not a regular file of at most {MAX_FILE_BYTES} bytes")
+        parts, left = [], MAX_FILE_BYTES + 1
+        while left > 0:
+            b = os.read(fd, min(left, max(st.st_size, 1 << 16)))
+            if not b:
+                break
+            parts.append(b)
+            left -= len(b)
+        return b"".join(parts)
+    finally:
+        os.close(fd)
+
+
 def _sums_path(d, modname):
     # beside numba's files (listed with them: removed with them)
     return os.path.join(d, "__pycache__", modname + ".sha256")
@@ -94,8 +130,7 @@ def _numba_sums(d, modname, fresh):
     out = {}
     for path in sorted(numba_files(d, modname, fresh)):
         if path.endswith((".nbi", ".nbc")):
-            with open(path, "rb") as f:
-                out[os.path.basename(path)] = hashlib.sha256(f.read()).hexdigest()
+            out[os.path.basename(path)] = hashlib.sha256(_read_regular(path)).hexdigest()
     return out
 
 
@@ -104,8 +139,7 @@ def _state(d, modname, fresh):
         sums = _numba_sums(d, modname, fresh)
         if not sums:
             return "ok"
-        with open(_sums_path(d, modname), "rb") as f:
-            recorded = f.read()
+        recorded = _read_regular(_sums_path(d, modname))
     except FileNotFoundError:
         return "unrecorded"
     except OSError:
@@ -121,6 +155,11 @@ def files_state(d, modname):
     from the record. Machine code that still loads after damage (a flipped bit)
     would otherwise run as it is. A verdict other than ``"ok"`` is always from
     a fresh listing. Never raises."""
+    if not numba_files(d, modname):
+        # no files to verify: only a listing taken now may say so (files that
+        # appeared since the shared one, its directory time unchanged, would
+        # otherwise be loaded unverified and then recorded as they are)
+        return _state(d, modname, fresh=True)
     state = _state(d, modname, fresh=False)
     return state if state == "ok" else _state(d, modname, fresh=True)
 
@@ -131,8 +170,7 @@ def _record_text(sums):
 
 def _recorded(path):
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        return _read_regular(path)
     except OSError:
         return None
 
@@ -167,3 +205,35 @@ def write_atomic(path, data):
     except BaseException:
         _cache.remove_files([tmp])
         raise
+
+
+class _InTreeCacheImpl(CompileResultCacheImpl):
+    # numba's cache of a compiled function, in the __pycache__ beside its file only
+    _locator_classes = [InTreeCacheLocator]
+
+
+class _InTreeFunctionCache(FunctionCache):
+    _impl_class = _InTreeCacheImpl
+
+
+def pin_in_tree(namespace, d):
+    """Give every numba function defined in ``namespace`` (the dict of a module
+    executed from its file in ``d`` with ``cache=False``: a unit's, or the
+    helper module's) numba's disk cache in ``d/__pycache__``, where
+    :func:`files_state` checks it. numba's own ``cache=True`` follows
+    ``NUMBA_CACHE_DIR``, or a user-wide directory when ``__pycache__`` cannot be
+    written: files there loaded unverified (a replaced unit ran with wrong
+    values and no warning). Call it before the functions compile or load.
+    Raises RuntimeError when numba cannot cache there
+    (``NUMBA_CACHE_LOCATOR_CLASSES`` set, an unwritable directory): the caller
+    then compiles in memory."""
+    want = os.path.realpath(os.path.join(d, "__pycache__"))
+    for name, v in list(namespace.items()):
+        if isinstance(v, Dispatcher) and v.py_func.__globals__ is namespace:
+            # (its own functions, not the helpers it imports)
+            cache = _InTreeFunctionCache(v.py_func)
+            if os.path.realpath(cache._cache_path) != want:
+                raise RuntimeError(f"numba would keep the machine code of {name} in "
+                                   f"{cache._cache_path}, not in {want}")
+            v._cache = cache
+

@@ -180,3 +180,84 @@ def test_a_warm_build_lists_the_cache_once_per_directory_state(tmp_path, monkeyp
     want = te.evaluate([L, dW], {X: x, W: w})
     for g, e in zip(got, want):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+
+
+def _state_within(d, m, seconds=20):
+    """files_state(d, m), in a thread that must finish in ``seconds`` (a read that
+    blocks would hang the test run otherwise)."""
+    import threading
+    out = []
+    t = threading.Thread(target=lambda: out.append(unit_files.files_state(d, m)), daemon=True)
+    t.start()
+    t.join(seconds)
+    assert out, "files_state did not return"
+    return out[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_fifo_or_a_device_in_place_of_a_cache_file_is_damage(tmp_path, scans):
+    # the attack of helper-24: a FIFO named like a machine-code file hung the build
+    # in open(); a checksum record linked to /dev/zero read until memory ran out
+    d, pc = _cache_dir(tmp_path)
+    _unit_with_record(d, pc, "texpr_k_a")
+    os.mkfifo(os.path.join(pc, "texpr_k_a.unit-36.py311.2.nbc"))
+    assert _state_within(d, "texpr_k_a") == "damaged"
+    _unit_with_record(d, pc, "texpr_k_b")
+    os.remove(os.path.join(pc, "texpr_k_b.sha256"))
+    os.symlink("/dev/zero", os.path.join(pc, "texpr_k_b.sha256"))
+    assert _state_within(d, "texpr_k_b") == "damaged"
+    # removal and a new record replace them
+    assert unit_files.remove_numba_files(d, "texpr_k_a")
+    assert not [n for n in os.listdir(pc) if n.startswith("texpr_k_a.")]
+
+
+def test_no_files_in_a_shared_listing_is_checked_again(tmp_path, scans):
+    # the shared listing was taken while the unit had no files; files appear with
+    # no record and the directory's time is set back: they are unrecorded (rebuilt),
+    # never "ok" (loaded unverified, then recorded as they are)
+    d, pc = _cache_dir(tmp_path)
+    _age(pc)
+    old = os.stat(pc).st_mtime_ns
+    assert unit_files.numba_files(d, "texpr_k_a") == []
+    _write(os.path.join(pc, "texpr_k_a.unit-36.py311.nbi"), b"index")
+    _write(os.path.join(pc, "texpr_k_a.unit-36.py311.1.nbc"), b"someone else's code")
+    os.utime(pc, ns=(old, old))
+    assert unit_files.files_state(d, "texpr_k_a") == "unrecorded"
+
+
+def test_numba_cache_dir_does_not_move_a_units_files(tmp_path, monkeypatch):
+    # with NUMBA_CACHE_DIR set numba kept the units' machine code there, where no
+    # checksum covered it: a replaced unit ran with wrong values and no warning
+    # (helper-24). The units' files stay in texpr's __pycache__, checksummed
+    import numba
+    import warnings
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TEXPR_CACHE_DIR", str(cache))
+    monkeypatch.setenv("TEXPR_COMPILE_WORKERS", "0")
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path / "numba"))
+    X = te.placeholder((4, 3), name="X")
+    Y = te.compute((4,), lambda i: X[i, 0] * 7.0 + X[i, 2], name="Y")
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    codegen.clear_memory_cache()
+    try:
+        first = codegen.build([Y], [X], parallel=False)(x)[0]
+        pc = cache / "__pycache__"
+        nbc = sorted(p for p in os.listdir(pc) if p.startswith("texpr_k_")
+                     and not p.startswith("texpr_k_rt") and p.endswith(".nbc"))
+        assert nbc and any(p.endswith(".sha256") for p in os.listdir(pc))
+        assert not [f for _, _, fs in os.walk(tmp_path / "numba") for f in fs]
+        with open(pc / nbc[0], "r+b") as f:  # damage after the record
+            data = bytearray(f.read())
+            data[len(data) // 2] ^= 0xFF
+            f.seek(0)
+            f.write(data)
+        codegen.clear_memory_cache()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            again = codegen.build([Y], [X], parallel=False)(x)[0]
+        assert [w for w in caught if issubclass(w.category, codegen.CacheWarning)]
+        np.testing.assert_array_equal(again, first)
+        np.testing.assert_array_equal(first, x[:, 0] * 7 + x[:, 2])
+    finally:
+        codegen.clear_memory_cache()
