@@ -204,11 +204,13 @@ def _runtime_module(d):
         mod = _pytypes.ModuleType(name)
         mod.__file__ = path
         sys.modules[name] = mod
-        # (disk: numba's cache is attached by pin_in_tree, in d's __pycache__)
-        exec(compile(text.replace("cache=True", "cache=False"),
-                     path or f"<texpr helpers {name}>", "exec"), mod.__dict__)
-        if path is not None:
-            _files.pin_in_tree(mod.__dict__, d)
+        code = compile(text, path or f"<texpr helpers {name}>", "exec")
+        if path is None:
+            exec(code, mod.__dict__)
+        else:
+            with _files.in_tree_caches():
+                exec(code, mod.__dict__)
+            _files.check_in_tree(mod.__dict__, d)
         _RUNTIMES[kind] = mod
     return mod
 
@@ -249,17 +251,17 @@ def _load(source, modname, path, entry="kernel"):
     # mismatch", which the cache's fallback then blamed on the cache directory
     with global_compiler_lock:
         _runtime_module(None if path is None else os.path.dirname(path))
-        # numba's disk cache is attached by pin_in_tree (in the __pycache__ beside
-        # the module's file), not by cache=True (which follows NUMBA_CACHE_DIR)
-        code = compile(source.replace("cache=True", "cache=False"),
-                       path or f"<texpr kernel {modname}>", "exec")
+        code = compile(source, path or f"<texpr kernel {modname}>", "exec")
         mod = _pytypes.ModuleType(modname)
         mod.__file__ = path
         # numba's cached code names its module: it must be importable by that name
         sys.modules[modname] = mod
-        exec(code, mod.__dict__)
-        if path is not None:
-            _files.pin_in_tree(mod.__dict__, os.path.dirname(path))
+        if path is None:
+            exec(code, mod.__dict__)
+        else:
+            with _files.in_tree_caches():  # (a cfunc compiles or loads right here)
+                exec(code, mod.__dict__)
+            _files.check_in_tree(mod.__dict__, os.path.dirname(path))
     return mod.__dict__[entry]
 
 

@@ -19,11 +19,12 @@ could otherwise leave the time unchanged). Anything but an intact verdict is
 taken again from a fresh listing, and so is a verdict that there are no files;
 files are removed from a fresh listing.
 
-numba keeps a unit's cache files in ``d/__pycache__`` only: :func:`pin_in_tree`
+numba keeps a unit's cache files in ``d/__pycache__`` only: :func:`in_tree_caches`
 points the unit's functions there whatever numba's own settings say
 (``NUMBA_CACHE_DIR`` would move them where no checksum covers them).
 """
 
+import contextlib
 import hashlib
 import os
 import stat
@@ -32,12 +33,14 @@ import threading
 import time
 
 from numba.core.caching import CompileResultCacheImpl, FunctionCache, InTreeCacheLocator
+from numba.core.ccallback import CFunc
 from numba.core.dispatcher import Dispatcher
 
 from texpr import cache as _cache
 
 __all__ = ["numba_files", "files_state", "record_files", "remove_numba_files",
-           "write_atomic", "pin_in_tree", "LISTING_MARGIN_S", "MAX_FILE_BYTES"]
+           "write_atomic", "in_tree_caches", "check_in_tree", "LISTING_MARGIN_S",
+           "MAX_FILE_BYTES"]
 
 #: seconds a ``__pycache__``'s modification time must precede a listing of it
 #: for the listing to be reused (file systems with timestamps coarser than this
@@ -207,33 +210,45 @@ def write_atomic(path, data):
         raise
 
 
-class _InTreeCacheImpl(CompileResultCacheImpl):
-    # numba's cache of a compiled function, in the __pycache__ beside its file only
-    _locator_classes = [InTreeCacheLocator]
+_UNSET = object()
 
 
-class _InTreeFunctionCache(FunctionCache):
-    _impl_class = _InTreeCacheImpl
+@contextlib.contextmanager
+def in_tree_caches():
+    """While inside, the numba caches made (``njit(cache=True)`` and
+    ``cfunc(cache=True)`` create theirs when they decorate; a ``cfunc``
+    compiles or loads right then) are in the ``__pycache__`` beside their
+    function's file, whatever ``NUMBA_CACHE_DIR`` says: numba's choice would
+    put them where no checksum covers them (a replaced unit ran with wrong
+    values and no warning). Use it around executing a unit's or the helper
+    module's text, under numba's compiler lock; then :func:`check_in_tree`."""
+    saved = CompileResultCacheImpl.__dict__.get("_locator_classes", _UNSET)
+    CompileResultCacheImpl._locator_classes = [InTreeCacheLocator]
+    try:
+        yield
+    finally:
+        if saved is _UNSET:
+            del CompileResultCacheImpl._locator_classes
+        else:
+            CompileResultCacheImpl._locator_classes = saved
 
 
-def pin_in_tree(namespace, d):
-    """Give every numba function defined in ``namespace`` (the dict of a module
-    executed from its file in ``d`` with ``cache=False``: a unit's, or the
-    helper module's) numba's disk cache in ``d/__pycache__``, where
-    :func:`files_state` checks it. numba's own ``cache=True`` follows
-    ``NUMBA_CACHE_DIR``, or a user-wide directory when ``__pycache__`` cannot be
-    written: files there loaded unverified (a replaced unit ran with wrong
-    values and no warning). Call it before the functions compile or load.
-    Raises RuntimeError when numba cannot cache there
-    (``NUMBA_CACHE_LOCATOR_CLASSES`` set, an unwritable directory): the caller
-    then compiles in memory."""
+def check_in_tree(namespace, d):
+    """Raise RuntimeError unless every numba function and C callback defined in
+    ``namespace`` (a module executed from its file in ``d`` inside
+    :func:`in_tree_caches`) caches in ``d/__pycache__`` or not at all
+    (``NUMBA_CACHE_LOCATOR_CLASSES`` overrides the locators): the caller then
+    compiles in memory."""
     want = os.path.realpath(os.path.join(d, "__pycache__"))
     for name, v in list(namespace.items()):
-        if isinstance(v, Dispatcher) and v.py_func.__globals__ is namespace:
-            # (its own functions, not the helpers it imports)
-            cache = _InTreeFunctionCache(v.py_func)
-            if os.path.realpath(cache._cache_path) != want:
-                raise RuntimeError(f"numba would keep the machine code of {name} in "
-                                   f"{cache._cache_path}, not in {want}")
-            v._cache = cache
-
+        if isinstance(v, Dispatcher):
+            fn = v.py_func
+        elif isinstance(v, CFunc):
+            fn = v._pyfunc
+        else:
+            continue
+        cache = getattr(v, "_cache", None)
+        if fn.__globals__ is namespace and isinstance(cache, FunctionCache) \
+                and os.path.realpath(cache._cache_path) != want:
+            raise RuntimeError(f"numba would keep the machine code of {name} in "
+                               f"{cache._cache_path}, not in {want}")

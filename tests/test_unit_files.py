@@ -261,3 +261,44 @@ def test_numba_cache_dir_does_not_move_a_units_files(tmp_path, monkeypatch):
         np.testing.assert_array_equal(first, x[:, 0] * 7 + x[:, 2])
     finally:
         codegen.clear_memory_cache()
+
+
+def test_a_c_callback_unit_loads_from_the_disk_cache(tmp_path, monkeypatch):
+    # a chunked unit's trampoline (a cfunc, compiled or loaded while its module
+    # runs) is cached beside its module like every unit, and loads from there in
+    # a later build (helper-25: with cache=False in the executed text it was
+    # compiled again in every process, 0.24-0.29 s against 0.01 s)
+    from texpr.codegen import chunks
+
+    monkeypatch.setenv("TEXPR_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TEXPR_COMPILE_WORKERS", "0")
+    src = chunks._trampoline_source(3)
+    codegen.clear_memory_cache()
+    try:
+        first = codegen_compile.compile_source(src, [("int64", 1)], "trampoline", entry="body")
+        assert not first.from_disk_cache
+        names = os.listdir(tmp_path / "cache" / "__pycache__")
+        mod = os.path.basename(first.path)[:-3]
+        assert any(n.startswith(mod + ".") and n.endswith(".nbc") for n in names)
+        assert unit_files.files_state(str(tmp_path / "cache"), mod) == "ok"
+        codegen.clear_memory_cache()
+        again = codegen_compile.compile_source(src, [("int64", 1)], "trampoline", entry="body")
+        assert again.from_disk_cache and dict(again.fn.stats.cache_hits)
+    finally:
+        codegen.clear_memory_cache()
+
+
+def test_a_relative_cache_dir_stays_the_one_it_was_at_a_chdir(tmp_path, monkeypatch):
+    # modules loaded from a relative TEXPR_CACHE_DIR kept pointing at the working
+    # directory's copy after a chdir (helper-25: a damaged helper there was read
+    # without a check); the directory is absolute from the start
+    from texpr import cache as texpr_cache
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    monkeypatch.setenv("TEXPR_CACHE_DIR", "kc")
+    assert texpr_cache.cache_dir() == str(tmp_path / "a" / "kc")
+    monkeypatch.chdir(tmp_path / "b")
+    assert texpr_cache.cache_dir() == str(tmp_path / "b" / "kc")
+    assert os.path.isabs(codegen_compile.cache_dir())

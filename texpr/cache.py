@@ -51,13 +51,16 @@ _SUFFIXES = {"": 1, "B": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024
 
 def cache_dir(create=True):
     """The cache directory (``$TEXPR_CACHE_DIR``, else ``$XDG_CACHE_HOME/texpr``,
-    else ``~/.cache/texpr``); created when ``create``.
+    else ``~/.cache/texpr``), as an absolute path (a relative one is taken from
+    the working directory now: modules loaded from it keep pointing at it after
+    a ``chdir``); created when ``create``.
 
     Raises OSError when it cannot be created (e.g. the path is a file)."""
     d = os.environ.get("TEXPR_CACHE_DIR")
     if not d:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         d = os.path.join(base, "texpr")
+    d = os.path.abspath(d)
     if create:
         os.makedirs(d, exist_ok=True)
     return d
