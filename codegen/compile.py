@@ -215,13 +215,51 @@ def _runtime_module(d):
     return mod
 
 
-def _record_all(d, modname):
-    """Record the checksums of numba's files of the unit ``modname`` in ``d`` and
-    of the disk helper module (whose machine code new units link in)."""
+def _record_all(d, modname, fn=None):
+    """Record the checksums of numba's files of the unit ``modname`` in ``d`` and,
+    when numba compiled it (``fn``, its dispatcher: a cache miss; None: assume
+    so), of the disk helper module, whose machine code the compile linked in and
+    may have added to (a unit loaded from the cache reads no helper file)."""
     _files.record_files(d, modname)
+    stats = getattr(fn, "stats", None)
+    if stats is not None and not any(stats.cache_misses.values()):
+        return
     mod = _RUNTIMES.get("disk")
     if mod is not None and mod.__file__:
         _files.record_files(os.path.dirname(mod.__file__), _runtime.MODULE)
+
+
+#: how many times a helper machine-code file that differs from its record is read
+#: again (20 ms apart) before it counts as replaced
+HELPER_RECHECKS = 3
+
+
+def _verify_helper_machine_code(d, modname):
+    """Before the unit ``modname`` of ``d`` compiles (it has no numba files yet):
+    the helpers' machine code it will read must be the recorded one. The helper
+    module was checked when this process loaded it; a machine-code file of it
+    replaced since (helper-25: ``_fmax``'s by ``_fmin``'s, then recorded as
+    good after the next compile) is removed with all of the module's numba
+    files (helpers compile again), with one warning."""
+    mod = _RUNTIMES.get("disk")
+    if mod is None or not mod.__file__ or any(
+            p.endswith(".nbi") for p in _files.numba_files(d, modname)):
+        return
+    rd = os.path.dirname(mod.__file__)
+    bad = _files.changed_machine_code(rd, _runtime.MODULE)
+    for _ in range(HELPER_RECHECKS):
+        if not bad:
+            return
+        # another process may be between saving a helper it compiled too (numba
+        # overwrites a file of the same signature) and recording it
+        time.sleep(0.02)
+        bad = sorted(set(bad) & set(_files.changed_machine_code(rd, _runtime.MODULE)))
+    if bad:
+        _warn_once(("helpers", rd),
+                   f"texpr: numba's machine code of the helper module in {rd} changed after "
+                   f"it was recorded ({', '.join(bad[:3])}): it was removed, and the helpers "
+                   "compile again")
+        _files.remove_numba_files(rd, _runtime.MODULE)
 
 
 def _remove_runtime_numba_files():
@@ -448,8 +486,10 @@ def _on_disk(d, key, source, sig, entry):
     try:
         path = _module_file(d, modname, data)
         _discard_unverified(d, modname, path)
-        fn = _compile(_load(source, modname, path, entry), sig, source)
-        _record_all(d, modname)
+        loaded = _load(source, modname, path, entry)
+        _verify_helper_machine_code(d, modname)
+        fn = _compile(loaded, sig, source)
+        _record_all(d, modname, fn)
         return path, fn
     except Exception as exc:  # noqa: BLE001 - numba's cache raises many kinds
         first = exc
@@ -590,8 +630,9 @@ def _worker_compile(d, key, source, arg_specs, entry):
         path = _module_file(d, modname, source.encode("utf-8"))
         try:
             _discard_unverified(d, modname, path)
-            _compile(_load(source, modname, path, entry), sig, source)
-            _record_all(d, modname)
+            loaded = _load(source, modname, path, entry)
+            _verify_helper_machine_code(d, modname)
+            _record_all(d, modname, _compile(loaded, sig, source))
         finally:
             sys.modules.pop(modname, None)  # the worker keeps no module alive
     return time.perf_counter() - t0

@@ -39,7 +39,8 @@ from numba.core.dispatcher import Dispatcher
 from texpr import cache as _cache
 
 __all__ = ["numba_files", "files_state", "record_files", "remove_numba_files",
-           "write_atomic", "in_tree_caches", "check_in_tree", "LISTING_MARGIN_S",
+           "write_atomic", "in_tree_caches", "check_in_tree", "changed_machine_code",
+           "LISTING_MARGIN_S",
            "MAX_FILE_BYTES"]
 
 #: seconds a ``__pycache__``'s modification time must precede a listing of it
@@ -193,6 +194,33 @@ def record_files(d, modname):
             write_atomic(path, _record_text(sums))
     except OSError:
         pass
+
+
+def changed_machine_code(d, modname):
+    """Names of the machine-code files (``.nbc``) of ``modname`` in ``d`` whose
+    content is not the one recorded for them. numba never rewrites such a file
+    in place (a new overload gets a file of its own; its index, the ``.nbi``,
+    changes), so this is damage even while other processes add overloads to
+    the same module (the helper module, which every unit's compile reads).
+    Files with no record are not judged. Never raises."""
+    try:
+        lines = _read_regular(_sums_path(d, modname)).decode("ascii").split("\n")
+    except (OSError, UnicodeDecodeError):
+        return []
+    pc = os.path.join(d, "__pycache__")
+    bad = []
+    for line in lines:
+        h, _, name = line.partition(" ")
+        if not name.endswith(".nbc"):
+            continue
+        try:
+            if hashlib.sha256(_read_regular(os.path.join(pc, name))).hexdigest() != h:
+                bad.append(name)
+        except FileNotFoundError:
+            continue  # removed since (a cache clean): nothing of it loads
+        except OSError:
+            bad.append(name)
+    return bad
 
 
 def write_atomic(path, data):

@@ -153,3 +153,56 @@ def test_a_directory_in_place_of_a_module_file_is_repaired(tmp_path):
     assert r.stdout.strip() == "OK", r.stdout + r.stderr
     assert all(m.is_file() for m in mods)
     assert r.stderr.count("TexprWarning") + r.stderr.count("CacheWarning") <= len(mods)
+
+
+SWAP = textwrap.dedent('''
+    import glob, os, shutil, sys, warnings
+    import numpy as np, texpr as te
+    from texpr import codegen
+    from texpr.codegen import runtime as R
+
+    def build(kind, n):
+        X = te.placeholder((n, 5), "X")
+        k = te.reduce_axis(5, "k")
+        f = te.max if kind == "max" else te.min
+        M = te.compute((n,), lambda i: f(X[i, k], axis=k), name="M")
+        x = np.random.default_rng(n).standard_normal((n, 5)).astype("float32")
+        (m,) = codegen.build([M], [X])(x)
+        return np.array_equal(m, x.max(1) if kind == "max" else x.min(1))
+
+    def helper(name):
+        d = os.environ["TEXPR_CACHE_DIR"]
+        return glob.glob(os.path.join(d, "__pycache__", f"{R.MODULE}.{name}-*.nbc"))[0]
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if sys.argv[1] == "fill":
+            ok = build("max", 6) and build("min", 6)
+        else:
+            ok = build("min", 7)  # this process loads and checks the helper module
+            if sys.argv[1] == "swap":  # then _fmax's machine code becomes _fmin's
+                shutil.copyfile(helper("_fmin_float32"), helper("_fmax_float32"))
+            ok = ok and build("max", 8)  # a new unit: its compile reads _fmax
+    warned = [w for w in caught if issubclass(w.category, codegen.CacheWarning)]
+    print("OK" if ok else "WRONG", len(warned))
+''')
+
+
+def test_a_helper_replaced_while_a_process_runs_is_not_used(tmp_path):
+    # helper-25 on 384f3cf: the helper module was checked once, when the process
+    # loaded it; _fmax's machine code replaced by _fmin's afterwards was linked
+    # into the next unit (its max gave minima) and recorded as good, so every
+    # later process used it too. A unit that compiles first checks the helpers'
+    # recorded machine code: one warning, the helpers compile again
+    d = tmp_path / "cache"
+    p = tmp_path / "swap.py"
+    p.write_text(SWAP)
+
+    def run(arg):
+        r = subprocess.run([sys.executable, str(p), arg], env=_env(d), capture_output=True,
+                           text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return r.stdout.split()[-2:]
+    assert run("fill") == ["OK", "0"]
+    assert run("swap") == ["OK", "1"]
+    assert run("after") == ["OK", "0"]  # a later process: nothing bad was recorded
