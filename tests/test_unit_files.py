@@ -116,16 +116,24 @@ def test_a_stale_listing_never_gives_a_damaged_verdict(tmp_path, scans):
     assert unit_files.files_state(d, "texpr_k_a") == "ok"
 
 
-def test_a_record_is_written_from_a_listing_taken_after_the_compile(tmp_path, scans):
-    # the shared listing predates numba's files (same directory time): the record
-    # still names every file, so the next process finds the unit intact
+def _files_behind_a_stale_listing(tmp_path, code):
+    """A cache whose shared listing (taken while unit texpr_k_a had no files)
+    still stands after its files were written: the directory's time set back,
+    as a file system with coarse timestamps could leave it. (d, __pycache__)."""
     d, pc = _cache_dir(tmp_path)
     _age(pc)
     old = os.stat(pc).st_mtime_ns
     assert unit_files.numba_files(d, "texpr_k_a") == []
     _write(os.path.join(pc, "texpr_k_a.unit-36.py311.nbi"), b"index")
-    _write(os.path.join(pc, "texpr_k_a.unit-36.py311.1.nbc"), b"code")
+    _write(os.path.join(pc, "texpr_k_a.unit-36.py311.1.nbc"), code)
     os.utime(pc, ns=(old, old))
+    return d, pc
+
+
+def test_a_record_is_written_from_a_listing_taken_after_the_compile(tmp_path, scans):
+    # the shared listing predates numba's files (same directory time): the record
+    # still names every file, so the next process finds the unit intact
+    d, pc = _files_behind_a_stale_listing(tmp_path, b"code")
     unit_files.record_files(d, "texpr_k_a")
     unit_files._LISTINGS.clear()
     assert unit_files.files_state(d, "texpr_k_a") == "ok"
@@ -215,13 +223,7 @@ def test_no_files_in_a_shared_listing_is_checked_again(tmp_path, scans):
     # the shared listing was taken while the unit had no files; files appear with
     # no record and the directory's time is set back: they are unrecorded (rebuilt),
     # never "ok" (loaded unverified, then recorded as they are)
-    d, pc = _cache_dir(tmp_path)
-    _age(pc)
-    old = os.stat(pc).st_mtime_ns
-    assert unit_files.numba_files(d, "texpr_k_a") == []
-    _write(os.path.join(pc, "texpr_k_a.unit-36.py311.nbi"), b"index")
-    _write(os.path.join(pc, "texpr_k_a.unit-36.py311.1.nbc"), b"someone else's code")
-    os.utime(pc, ns=(old, old))
+    d, _pc = _files_behind_a_stale_listing(tmp_path, b"someone else's code")
     assert unit_files.files_state(d, "texpr_k_a") == "unrecorded"
 
 
