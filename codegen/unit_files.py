@@ -21,7 +21,11 @@ files are removed from a fresh listing.
 
 numba keeps a unit's cache files in ``d/__pycache__`` only: :func:`in_tree_caches`
 points the unit's functions there whatever numba's own settings say
-(``NUMBA_CACHE_DIR`` would move them where no checksum covers them).
+(``NUMBA_CACHE_DIR`` would move them where no checksum covers them), and
+:func:`check_in_tree` refuses a module whose functions would cache elsewhere.
+Only regular files are read (a FIFO in a file's place blocked the build).
+:func:`changed_machine_code` judges the shared helper module between the
+compiles of one process, while other processes add to it.
 """
 
 import contextlib
