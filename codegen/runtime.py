@@ -4,7 +4,8 @@ One job: the text of that module and its name. Units call a few small numba
 functions -- NaN-propagating ``_fmax_<dtype>``/``_fmin_<dtype>``,
 ``_fill_<dtype>``/``_copy_<dtype>``/``_copy_n_<dtype>`` and the checks
 ``_ck``/``_rk``/``_nz``/``_fail`` and ``_iadd``/``_isub``/``_imul``/``_ifloordiv``
--- each compiled for one signature only (see
+-- each compiled for one signature only, and the intrinsic ``_radd`` (a float add
+LLVM may reassociate, :data:`REASSOC_HELPER`) (see
 :data:`_PER_DTYPE`; :func:`codegen.compile._compile` checks it). They are
 defined once, in a module of their own that :mod:`codegen.compile` writes
 to the cache directory and loads before any unit (``texpr_k_rt<hash>.py``, its
@@ -36,7 +37,7 @@ import textwrap
 
 from texpr.dtypes import DTYPES, FLOATS
 
-__all__ = ["SOURCE", "NAMES", "MODULE", "IMPORT_LINE", "GEMM_GUARD"]
+__all__ = ["SOURCE", "NAMES", "MODULE", "IMPORT_LINE", "GEMM_GUARD", "REASSOC_HELPER"]
 
 #: the value helpers, one function per dtype (``_fmax_float32``, ``_fill_int64``,
 #: ...): each is compiled for one signature only. numba's disk cache of a
@@ -207,9 +208,32 @@ def _ifloordiv(a, b, narrow, err, code):
     return r
 '''
 
+#: ``_radd(acc, v)``: ``acc + v`` (``v`` cast to ``acc``'s float type) as one LLVM
+#: ``fadd`` carrying the ``reassoc`` flag and no other: the innermost loop of a float
+#: sum written once with it (:meth:`codegen.stage._StageLowering._emit_reassociated_sum`)
+#: is a reduction LLVM's loop vectoriser may split into partial sums in vector
+#: registers, which it never does to a plain ``+=`` (IEEE order). Only the order of
+#: the sum's terms changes, which the evaluator does not fix either; NaN, infinities
+#: and signed zeros keep IEEE semantics (no ``nnan``/``ninf``/``nsz``), and no
+#: product is fused into it (no ``contract``). An intrinsic has no machine code of its
+#: own: LLVM sees the instruction in the unit.
+REASSOC_HELPER = '''
+@intrinsic
+def _radd(typingctx, a, b):
+    if not (isinstance(a, types.Float) and isinstance(b, types.Float)):
+        return None
+
+    def lower(context, builder, sig, args):
+        v = context.cast(builder, args[1], sig.args[1], sig.args[0])
+        return builder.fadd(args[0], v, flags=("reassoc",))
+    return a(a, b), lower
+'''
+
 #: the helper module's text (numba's ``cache=True`` on every function)
-SOURCE = ("import math\n\nimport numpy as np\nfrom numba import njit\n\n\n"
-          + _VALUE_HELPERS.strip() + "\n\n\n" + CHECK_HELPERS.strip() + "\n")
+SOURCE = ("import math\n\nimport numpy as np\nfrom numba import njit\n"
+          "from numba.core import types\nfrom numba.extending import intrinsic\n\n\n"
+          + _VALUE_HELPERS.strip() + "\n\n\n" + CHECK_HELPERS.strip() + "\n\n\n"
+          + REASSOC_HELPER.strip() + "\n")
 
 #: the helpers it defines, in the order they appear
 NAMES = tuple(line[4:line.index("(")] for line in SOURCE.splitlines()

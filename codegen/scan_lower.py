@@ -105,6 +105,11 @@ class _SubWriter:
     def comment(self, depth, canonical, readable):
         self.w.comment(depth, f"{canonical} {self.tag}", readable)
 
+    @property
+    def lines(self):
+        """The unit's lines (a lowering may take back what it just wrote)."""
+        return self.w.lines
+
 
 def _step_ops(op):
     """``[(body op, step op)]`` and the step variable: each body stage without its

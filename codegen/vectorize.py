@@ -34,7 +34,7 @@ import ast
 
 from .source import parse_module
 
-__all__ = ["loop_vectorize_pays", "invariant_comparison_loop"]
+__all__ = ["loop_vectorize_pays", "invariant_comparison_loop", "unit_stride_loop"]
 
 _BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
            ast.Mult: lambda a, b: a * b, ast.FloorDiv: lambda a, b: a // b,
@@ -144,6 +144,25 @@ def loop_vectorize_pays(source):
                                                                       for s in strides):
             return True
     return False
+
+
+def unit_stride_loop(text):
+    """Whether ``text``, one ``for`` loop (a generated loop and its body, dedented),
+    holds no inner loop and walks memory as :func:`loop_vectorize_pays` asks of a
+    unit's loops: every subscript moves by -1, 0 or +1 per iteration, one of them
+    by one. False for a text that does not parse."""
+    try:
+        tree = parse_module(text)
+    except (SyntaxError, ValueError, RecursionError):
+        return False
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.For):
+        return False
+    loop = tree.body[0]
+    if any(isinstance(n, (ast.For, ast.While)) for s in loop.body for n in ast.walk(s)):
+        return False
+    strides = _strides(loop)
+    return bool(strides) and all(s in (-1, 0, 1) for s in strides) \
+        and any(s in (-1, 1) for s in strides)
 
 
 def _names(node):
