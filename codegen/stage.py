@@ -1411,7 +1411,8 @@ class _StageLowering:
         run-time check (a test or a call that may set the error flag). Otherwise
         nothing is written and the caller unrolls. Measured 2026-12-04 (2 quiet
         cores, serial numba compile in one process): layernorm's value and
-        gradient 1.97 s of numba unrolled, ... (see the commit)."""
+        gradient 1.97 s of numba unrolled, 1.00-1.06 s written once (its units'
+        text 20.9 -> 8.5 KB), and its kernel 0.21-0.22 -> 0.084-0.092 ms."""
         combine, acc, dtype, u_n = self.unroll
         lane_loop = node.body if isinstance(node.body, LA.For) else None
         stmt = lane_loop.body if lane_loop is not None else node.body
