@@ -162,6 +162,12 @@ MAX_RESIDUE_SPLITS = 2
 #: once with ``_radd`` accumulators instead of ``UNROLL`` copies
 #: (:meth:`_StageLowering._emit_reassociated_sum`)
 REASSOCIATE = True
+#: ... where its loop runs at least this many times: the vectorised loop takes
+#: vector width x interleave (8 x 4 float32 lanes with AVX2) terms a trip, and a
+#: shorter loop runs mostly in its scalar remainder, one dependency chain.
+#: Depthwise conv's dW (a 28-value innermost loop): 0.72 ms unrolled, 1.57 ms
+#: written once (bench_variants, 2026-12-04)
+REASSOCIATE_MIN_TRIPS = 128
 #: a statement that branches, and the run-time checks (calls that may set the
 #: error flag), which keep a sum's loop unrolled by copies
 _BRANCH = re.compile(r"\s*(if|elif|else|while|for)\b")
@@ -537,6 +543,7 @@ class _StageLowering:
         self._chunk_vars = []  # [(loop var, d)] of the chunked loops around
         self.unroll = None
         self.reassociate = False  # sums written as _radd (_emit_reassociated_sum)
+        self.unroll_extent = None  # the extent of the unrolled sum's reduction axis
         self.jam_dim = None
         self.lanes = None  # (loop dimension, count) of an unrolled reduction loop
         self.residues = []  # [(e, m)]: split the domains on the residues of e % m
@@ -637,6 +644,7 @@ class _StageLowering:
             sum_ok = sum_ok and self._box_points(full) >= UNROLL_MIN_POINTS
             if sum_ok and rd_order and rd_order[-1].extent >= 2 * u_n:
                 self.unroll = (combine, acc[0], comb.dtypes[0], u_n)
+                self.unroll_extent = rd_order[-1].extent
             jam = None
             if sum_ok and not self.stage.ordered and rd_order:
                 # moving another spatial axis innermost pays where the reduction
@@ -1405,7 +1413,9 @@ class _StageLowering:
         reassociate, :data:`codegen.runtime.REASSOC_HELPER`): LLVM's loop
         vectoriser keeps the partial sums in vector registers, so the copies of
         :meth:`_emit_unrolled_sum` are not needed. Written, and True, only where
-        the vectoriser will take the loop: every subscript moves by -1, 0 or +1
+        the vectoriser will take the loop and gain: at least
+        :data:`REASSOCIATE_MIN_TRIPS` trips (the constant trip count, else the
+        reduction axis's extent), every subscript moves by -1, 0 or +1
         per iteration (:func:`codegen.vectorize.unit_stride_loop`, the rule that
         turns the vectoriser on for the unit) and the body has no branch and no
         run-time check (a test or a call that may set the error flag). Otherwise
@@ -1413,6 +1423,10 @@ class _StageLowering:
         cores, serial numba compile in one process): layernorm's value and
         gradient 1.97 s of numba unrolled, 1.00-1.06 s written once (its units'
         text 20.9 -> 8.5 KB), and its kernel 0.21-0.22 -> 0.084-0.092 ms."""
+        from texpr.simplify.sympy_bridge import constant_difference
+        trips = constant_difference(node.hi, node.lo)
+        if (trips if trips is not None else self.unroll_extent or 0) < REASSOCIATE_MIN_TRIPS:
+            return False
         combine, acc, dtype, u_n = self.unroll
         lane_loop = node.body if isinstance(node.body, LA.For) else None
         stmt = lane_loop.body if lane_loop is not None else node.body

@@ -197,10 +197,9 @@ def test_default_schedule_inlines_elementwise_and_materialises_reductions(reduct
     assert "mm" in kernel.stages and "biased" not in kernel.stages and "relu" in kernel.stages
     assert "amax" in kernel.stages
     assert "prange(" not in kernel.source  # small stages: waking threads costs more
-    # blocked: 4 columns, each its own accumulator; the loop's loads are unit stride,
-    # so it is written once with _radd (LLVM's vectoriser keeps the partial sums)
-    assert "acc" in kernel.source and "_l3 = _radd(" in kernel.source
-    assert "_l3_p0" not in kernel.source
+    # blocked: 4 columns x 2 partial sums (float64: JAM_UNROLL // 2); the loop is too
+    # short for _radd (REASSOCIATE_MIN_TRIPS)
+    assert "_l3_p1" in kernel.source and "_l3_p2" not in kernel.source
     # the triangular cumsum gets an exact bound, not a test
     src = kernel.source
     block = src[src.index("stage cumsum"):src.index("stage rowmax")]
@@ -212,34 +211,43 @@ def test_a_unit_stride_sum_is_written_once_and_a_strided_one_unrolled():
     """Row sums read X at unit stride: their loop is written once, accumulated with
     _radd (a reassociable add: LLVM's loop vectoriser splits it into partial sums).
     Sums of a row's even columns read X at stride 2: unrolled into UNROLL partial
-    sums by copies. Both equal the evaluator's, and non-finite terms keep IEEE sums
-    (an inf and a -inf give NaN, a NaN stays NaN, one inf stays inf)."""
+    sums by copies. A register-blocked sum (L1 distances of X's rows to V's, 4
+    rows of V at a time) gets one _radd accumulator per blocked row. All equal the evaluator's, and non-finite terms keep
+    IEEE sums (an inf and a -inf give NaN, a NaN stays NaN, one inf stays inf)."""
     n, m = 70, 600
     X = te.placeholder((n, m), "X", "float32")
     k, r = te.reduce_axis(m, "k"), te.reduce_axis(m // 2, "r")
     rows = te.compute((n,), lambda i: te.sum(X[i, k] * 0.5, axis=k), name="rows")
     cols = te.compute((n,), lambda i: te.sum(X[i, 2 * r] * 0.5, axis=r), name="evens")
+    V = te.placeholder((8, m), "V", "float32")
+    k2 = te.reduce_axis(m, "k2")
+    blocked = te.compute((n, 8), lambda i, j: te.sum(te.abs(X[i, k2] - V[j, k2]), axis=k2),
+                         name="blocked")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(stage_knobs, "UNROLL_MIN_POINTS", 0)
         mp.setenv("TEXPR_SYMBOLIC_CACHE", "0")
-        kernel = codegen.build([rows, cols], [X])
+        kernel = codegen.build([rows, cols, blocked], [X, V])
     src = kernel.source
     row_unit = src[src.index("stage rows"):src.index("return 0", src.index("stage rows"))]
     col_unit = src[src.index("stage evens"):src.index("return 0", src.index("stage evens"))]
     assert "= _radd(acc" in row_unit and "_p1" not in row_unit
     assert "_radd" not in col_unit and "acc0_0_p7 +=" in col_unit
+    assert "acc0_0_l3 = _radd(acc0_0_l3, " in src and "_l3_p0" not in src
     rng = np.random.default_rng(3)
     x = rng.standard_normal((n, m)).astype("float32")
-    x[1, 7], x[2, 3], x[2, 9], x[3, 5] = np.inf, np.inf, -np.inf, np.nan
-    got_rows, got_cols = kernel(x)
+    v = rng.standard_normal((8, m)).astype("float32")
+    got_rows, got_cols, got_blocked = kernel(x, v)
     want = x.astype("float64") * 0.5
     np.testing.assert_allclose(got_rows, want.sum(1), rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(got_cols, want[:, ::2].sum(1), rtol=1e-5, atol=1e-4)
+    l1 = np.abs(x.astype("float64")[:, None, :] - v.astype("float64")[None]).sum(-1)
+    np.testing.assert_allclose(got_blocked, l1, rtol=1e-5, atol=1e-4)
+    x[1, 7], x[2, 3], x[2, 9], x[3, 5] = np.inf, np.inf, -np.inf, np.nan
     x[4, 10], x[5, 12], x[5, 14], x[6, 16] = np.inf, np.inf, -np.inf, np.nan
-    got_rows, got_cols = kernel(x)
+    got_rows, got_cols, _ = kernel(x, v)
     assert got_rows[1] == np.inf and np.isnan(got_rows[2]) and np.isnan(got_rows[3])
     assert got_cols[4] == np.inf and np.isnan(got_cols[5]) and np.isnan(got_cols[6])
-    _check(kernel, [rows, cols], {X: x}, [X], rtol=1e-5, atol=1e-4)
+    _check(kernel, [rows, cols, blocked], {X: x, V: v}, [X, V], rtol=1e-5, atol=1e-4)
 
 
 # ---- gathers and scatters -----------------------------------------------------------------
