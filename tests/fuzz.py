@@ -866,10 +866,33 @@ def every_subexpression_hoisted():
     return _patched(cse, MIN_NODES=2, SPLIT_NODES=4)
 
 
+def sums_unrolled():
+    """Builds inside run every float sum whose innermost loop has 4 or more values
+    (float64: 2) on the unrolled paths of large stages (fuzzed stages have a few
+    points, far below ``stage.UNROLL_MIN_POINTS``): 2 partial sums by copies
+    (float64: 1), or, for a loop LLVM's vectoriser takes, written once with
+    ``_radd`` (``REASSOCIATE_MIN_TRIPS`` lowered to 2), with the symbolic cache off."""
+    from texpr.codegen import stage
+
+    return _patched(stage, UNROLL_MIN_POINTS=0, UNROLL=2, JAM_UNROLL=2,
+                    REASSOCIATE_MIN_TRIPS=2)
+
+
+@contextlib.contextmanager
+def hoisted_and_unrolled():
+    """:func:`every_subexpression_hoisted` and :func:`sums_unrolled` together."""
+    with every_subexpression_hoisted(), sums_unrolled():
+        yield
+
+
 #: BLAS units built by the fuzzer's kernels so far (to know the path is exercised),
 #: and those also run with their GEMMs split (:func:`split_gemms`)
 BLAS_UNITS = [0]
 SPLIT_BLAS_UNITS = [0]
+#: sum loops written once with ``_radd``, and sums unrolled into partial sums by
+#: copies, in the fuzzer's kernels so far (:func:`sums_unrolled`)
+REASSOCIATED_SUMS = [0]
+UNROLLED_SUMS = [0]
 #: packed-operand stages (:mod:`codegen.operands`) in the fuzzer's kernels so far
 PACKED_STAGES = [0]
 #: GEMMs run in chunks of their packing copies (:func:`split_gemms`) so far
@@ -931,10 +954,10 @@ def chunks_on_python_threads():
 
 #: how a batch's kernel is built: the default rules, every contraction on BLAS
 #: (then run twice: GEMMs in one call, and split on worker threads), every
-#: repeated subexpression hoisted, stages of a few points as parallel loop
-#: nests (then run twice: parallel, and the serial twins)
+#: repeated subexpression hoisted and float sums unrolled, stages of a few points
+#: as parallel loop nests (then run twice: parallel, and the serial twins)
 _MODES = {"default": contextlib.nullcontext, "blas": every_contraction_on_blas,
-          "cse": every_subexpression_hoisted, "parallel": stages_parallel}
+          "cse": hoisted_and_unrolled, "parallel": stages_parallel}
 
 #: parallel units (prange loops, or chunked: codegen.chunks) built by the fuzzer's
 #: kernels so far, and their serial runs (twins; a chunked unit in one part)
@@ -1104,7 +1127,8 @@ def _check_kernel(qs, findings, mode="default"):
     """One kernel for all ``qs`` (none expecting OOB); on a build error, one per
     program. ``mode`` (a key of :data:`_MODES`): ``"blas"``, every contraction
     stage runs on BLAS (see :func:`every_contraction_on_blas`); ``"cse"``,
-    codegen.cse at its smallest thresholds (:func:`every_subexpression_hoisted`);
+    codegen.cse at its smallest thresholds and float sums unrolled
+    (:func:`hoisted_and_unrolled`);
     ``"parallel"``, stages of a few points as parallel loop nests, run again
     with their serial twins (:func:`stages_parallel`, :func:`serial_twins`);
     ``"default"``, the default rules decide."""
@@ -1118,6 +1142,8 @@ def _check_kernel(qs, findings, mode="default"):
         got = kernel(*arrays)
         n_blas = sum(1 for u in kernel.units if u.kind == "blas")
         BLAS_UNITS[0] += n_blas
+        REASSOCIATED_SUMS[0] += kernel.source.count("= _radd(")
+        UNROLLED_SUMS[0] += len(re.findall(r"\bacc\d+_\d+(?:_l\d+)?_p1 \+=", kernel.source))
         PACKED_STAGES[0] += sum(1 for u in kernel.units
                                 if re.search(r"_packed[0-9]+$", u.stage or ""))
         runs = [(got, "")]

@@ -142,7 +142,8 @@ def _report(findings):
 def test_fuzz_ci_profile():
     seeds = range(CI_SEED, CI_SEED + CI_PROGRAMS)
     runs = (fuzz.NATIVE_RUNS[0], fuzz.TORCH_RUNS[0], fuzz.BLAS_UNITS[0],
-            fuzz.SPLIT_BLAS_UNITS[0], fuzz.PACKED_STAGES[0], fuzz.CHUNKED_RUNS[0])
+            fuzz.SPLIT_BLAS_UNITS[0], fuzz.PACKED_STAGES[0], fuzz.CHUNKED_RUNS[0],
+            fuzz.REASSOCIATED_SUMS[0], fuzz.UNROLLED_SUMS[0])
     findings = fuzz.check_programs(seeds, compile_every=CI_COMPILE_EVERY)
     assert not findings, _report(findings)
     # every path was exercised: the compiled driver, the PyTorch operator, GEMM
@@ -155,6 +156,9 @@ def test_fuzz_ci_profile():
     assert fuzz.PACKED_STAGES[0] > runs[4]
     # GEMMs whose packing copies were made in chunks (the im2col of large inputs)
     assert fuzz.CHUNKED_RUNS[0] > runs[5]
+    # float sums in "cse" mode: loops written once with _radd, and unrolled by copies
+    assert fuzz.REASSOCIATED_SUMS[0] > runs[6]
+    assert fuzz.UNROLLED_SUMS[0] > runs[7]
 
 
 #: the parallel profile: stages of a few points built as parallel loop nests
