@@ -366,6 +366,8 @@ class ExprEmitter:
         d, name = e.dtype, e.name
         if name == "abs":
             return f"abs({self.cast(e.args[0], d)})"
+        if name == "stop_gradient":
+            return self.cast(e.args[0], d)
         if name == "power":
             return f"np.power({self.cast(e.args[0], d)}, {self.cast(e.args[1], d)})"
         x = self.cast(e.args[0], d)

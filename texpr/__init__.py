@@ -27,7 +27,7 @@ from .expr import (Expr, IterVar, Var, all_of as all, any_of as any, cast, const
                    floormod, logical_and, logical_not, logical_or, select)
 from .expr import select as if_then_else
 from .intrinsics import (abs, ceil, cos, erf, exp, floor, log, power, round, rsqrt, sigmoid,
-                         sin, sqrt, tanh, trunc)
+                         sin, sqrt, stop_gradient, tanh, trunc)
 from .printer import expr_str, graph_str, tensor_str
 from .reduction import CommReducer, comm_reducer, max, min, prod, sum
 from .tensor import (ComputeOp, Operation, PlaceholderOp, ScatterAddOp, Tensor, compute,

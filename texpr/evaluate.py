@@ -45,6 +45,7 @@ _UNARY = {
     "rsqrt": lambda x: 1.0 / np.sqrt(x),
     "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
     "erf": lambda x: _erf(x).astype(x.dtype if x.dtype.kind == "f" else np.float64),
+    "stop_gradient": lambda x: x,
 }
 _BINARY = {Add: np.add, Sub: np.subtract, Mul: np.multiply, Min: np.minimum, Max: np.maximum,
            EQ: np.equal, NE: np.not_equal, LT: np.less, LE: np.less_equal, GT: np.greater,
@@ -211,7 +212,7 @@ class _StageEval:
             if e.name == "power":
                 return np.power(args[0].astype(e.dtype), args[1].astype(e.dtype))
             x = args[0]
-            if e.name != "abs":
+            if e.name not in ("abs", "stop_gradient"):
                 x = x.astype(e.dtype, copy=False)
             return _UNARY[e.name](x)
         if cls is Load:

@@ -505,10 +505,10 @@ class Cast(Expr):
 INTRINSICS = {
     "exp": 1, "log": 1, "sqrt": 1, "rsqrt": 1, "tanh": 1, "sigmoid": 1, "abs": 1,
     "power": 2, "floor": 1, "ceil": 1, "round": 1, "trunc": 1, "sin": 1, "cos": 1,
-    "erf": 1,
+    "erf": 1, "stop_gradient": 1,
 }
 #: intrinsics that keep integer dtypes (the rest compute in floating point)
-INT_PRESERVING = ("abs",)
+INT_PRESERVING = ("abs", "stop_gradient")
 
 
 class Call(Expr):

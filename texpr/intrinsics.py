@@ -36,6 +36,17 @@ cos = _unary("cos", "Cosine (radians)")
 erf = _unary("erf", "Gauss error function")
 
 
+def stop_gradient(x):
+    """``x`` itself, whose derivative is taken as 0 (``jax.lax.stop_gradient``,
+    ``torch.Tensor.detach``): differentiation treats the value as a constant, so
+    nothing flows to the tensors ``x`` reads. Keeps ``x``'s dtype, integers
+    included. Use it where a term's gradient is zero in exact arithmetic but not
+    to the symbolic rules, such as the maximum a softmax subtracts for
+    stability (``te.nn``'s softmax family does): the gradient then has no
+    cancelling terms to compute."""
+    return call("stop_gradient", x)
+
+
 def power(x, y):
     """``x ** y`` (numpy's ``power`` in floating point; ``d/dy`` is 0 where ``x == 0``)."""
     return call("power", x, y)

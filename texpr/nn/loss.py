@@ -3,7 +3,10 @@
 
 All softmax-type operators subtract the maximum along the axis before
 exponentiating (stages ``{name}_max`` and ``{name}_sum``), so they are finite
-at large inputs. The shift is ``m`` where ``m`` is finite and 0 where it is
+at large inputs. The shift is under ``te.stop_gradient`` (as in JAX's
+``log_softmax``): the outputs do not depend on it in exact arithmetic, so the
+gradients have no term through the maximum (no argmax stage, no two terms
+that cancel). The shift is ``m`` where ``m`` is finite and 0 where it is
 ``+-inf`` (as torch's logsumexp), so a row of ``-inf`` gives ``logsumexp = -inf``
 instead of ``nan``.
 """
@@ -34,8 +37,10 @@ def _shifted_exp_sum(x, axis, op, name):
                                          axis=rm), name=f"{name}_max", tag=op)
 
     def shift(i):
+        # a constant to differentiation: the outputs do not depend on the shift in
+        # exact arithmetic (its two gradient terms, -1 and the softmax's sum, cancel)
         v = m[i]
-        return select(intr.abs(v) == math.inf, 0, v)
+        return intr.stop_gradient(select(intr.abs(v) == math.inf, 0, v))
 
     rs = reduce_axis(x.shape[axis], "r")
     s = compute(shape, lambda *i: red.sum(

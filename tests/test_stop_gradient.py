@@ -1,0 +1,89 @@
+"""te.stop_gradient: the value of its argument, a constant to differentiation
+(jax.lax.stop_gradient), and the softmax family's max shift held under it."""
+
+import numpy as np
+import pytest
+
+import texpr as te
+from texpr import codegen
+from texpr.errors import DTypeError
+
+
+def test_its_value_is_its_argument_in_every_dtype():
+    X = te.placeholder((5,), "X", "float32")
+    I = te.placeholder((5,), "I", "int64")
+    Y = te.compute((5,), lambda i: te.stop_gradient(X[i]) * 2.0, name="Y")
+    J = te.compute((5,), lambda i: te.stop_gradient(I[i]) + 1, name="J")
+    assert Y.dtype == "float32" and J.dtype == "int64"
+    x = np.array([1.5, -2.0, np.nan, np.inf, 0.0], "float32")
+    ix = np.array([3, -4, 2**40, 0, 7], "int64")
+    y, j = te.evaluate([Y, J], {X: x, I: ix})
+    np.testing.assert_array_equal(y, x * 2)
+    np.testing.assert_array_equal(j, ix + 1)
+    got = codegen.build([Y, J], [X, I])(x, ix)
+    np.testing.assert_array_equal(got[0], y)
+    np.testing.assert_array_equal(got[1], j)
+    with pytest.raises(DTypeError, match="stop_gradient"):
+        te.stop_gradient(X[0] > 0)
+
+
+def test_nothing_flows_through_it():
+    # L = sum(X * stop_gradient(X) + stop_gradient(tanh(W)) * W): dL/dX = X (not 2X),
+    # dL/dW = tanh(W); as jax.grad with lax.stop_gradient
+    n = 6
+    X = te.placeholder((n,), "X", "float64")
+    W = te.placeholder((n,), "W", "float64")
+    k = te.reduce_axis(n, "k")
+    L = te.compute((), lambda: te.sum(X[k] * te.stop_gradient(X[k])
+                                      + te.stop_gradient(te.tanh(W[k])) * W[k], axis=k),
+                   name="L")
+    dX, dW = te.differentiate(L, [X, W]).result
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal(n), rng.standard_normal(n)
+    want = (x, np.tanh(w))
+    got = te.evaluate([dX, dW], {X: x, W: w})
+    kern = codegen.build([L, dX, dW], [X, W])(x, w)
+    for g, c, ref in zip(got, kern[1:], want):
+        np.testing.assert_allclose(g, ref, rtol=1e-12)
+        np.testing.assert_allclose(c, ref, rtol=1e-12)
+    np.testing.assert_allclose(kern[0], (x * x + np.tanh(w) * w).sum(), rtol=1e-12)
+    jax = pytest.importorskip("jax")
+    jnp, lax = jax.numpy, jax.lax
+
+    def f(a, b):
+        return jnp.sum(a * lax.stop_gradient(a) + lax.stop_gradient(jnp.tanh(b)) * b)
+
+    with jax.enable_x64(True):
+        refs = [np.asarray(r) for r in jax.grad(f, argnums=(0, 1))(x, w)]
+    for g, ref in zip(got, refs):
+        assert ref.dtype == np.float64
+        np.testing.assert_allclose(g, ref, rtol=1e-12)
+
+
+def test_log_softmax_gradient_has_no_term_through_its_max():
+    # the shift is a constant to differentiation: no argmax stage, and the gradient
+    # is the exact softmax - onehot form, checked against finite differences
+    n, c = 4, 7
+    Z = te.placeholder((n, c), "Z", "float64")
+    labels = te.placeholder((n,), "labels", "int64")
+    loss = te.nn.cross_entropy(Z, labels, reduction="sum")
+    (dZ,) = te.differentiate(loss, [Z]).result
+    kern = codegen.build([loss, dZ], [Z, labels])
+    assert not any("argmax" in s for s in kern.stages), kern.stages
+    rng = np.random.default_rng(1)
+    z = rng.standard_normal((n, c)) * 3
+    z[2] += 1e3  # a large row: the shift matters for the value, not the gradient
+    lab = np.array([0, 6, 3, 2])
+    val, g = kern(z, lab)
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    want = p.copy()
+    want[np.arange(n), lab] -= 1
+    np.testing.assert_allclose(g, want, rtol=1e-10, atol=1e-12)
+    eps = 1e-6
+    for i, j in [(0, 0), (1, 6), (2, 3), (3, 1)]:
+        zp, zm = z.copy(), z.copy()
+        zp[i, j] += eps
+        zm[i, j] -= eps
+        fd = (float(kern(zp, lab)[0]) - float(kern(zm, lab)[0])) / (2 * eps)
+        assert abs(fd - g[i, j]) < 1e-6
