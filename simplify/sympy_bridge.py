@@ -31,6 +31,12 @@ class _Sympy:
 
 sympy = _Sympy()
 
+
+def _require_sympy():
+    # import SymPy now, outside the callers' handlers: they take SymPy's errors as
+    # "no form" or "unknown", and a broken install must raise instead
+    return sympy.Integer
+
 _INT = ("int32", "int64")
 
 
@@ -166,6 +172,7 @@ def _integer_fraction(arg):
 def canonical_index(e):
     """A canonical (expanded, collected) form of an integer index expression, or
     ``e`` itself when it does not cross the bridge or would not get smaller."""
+    _require_sympy()
     symbols = {}
     try:
         s = to_sympy(e, symbols)
@@ -179,6 +186,7 @@ def canonical_index(e):
 
 def proves_equal(a, b):
     """Whether SymPy proves the integer expressions ``a`` and ``b`` equal everywhere."""
+    _require_sympy()
     symbols = {}
     try:
         sa, sb = to_sympy(a, symbols), to_sympy(b, symbols)
@@ -197,6 +205,7 @@ def constant_difference(a, b):
     if isinstance(a, E.Const) and isinstance(b, E.Const) and a.dtype in _INT \
             and b.dtype in _INT:
         return int(a.value) - int(b.value)  # (no SymPy needed: see _Sympy)
+    _require_sympy()
     symbols = {}
     try:
         sa, sb = to_sympy(a, symbols), to_sympy(b, symbols)

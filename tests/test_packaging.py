@@ -84,3 +84,19 @@ def test_a_cold_build_without_index_arithmetic_never_imports_sympy(tmp_path):
     out = _run(env_code, tmp_path).split()
     assert out[0] == "False"
     assert abs(float(out[1]) - float(out[2])) <= 1e-12 * max(1.0, abs(float(out[2])))
+
+
+def test_a_broken_sympy_raises_where_sympy_is_needed(tmp_path):
+    # SymPy imported lazily: an install where it cannot be imported must fail loudly
+    # where the bridge needs it, not pass as "no canonical form" / "not proved"
+    code = ("import sys; sys.modules['sympy'] = None; "
+            "import texpr as te; from texpr.simplify import sympy_bridge as b; "
+            "i = te.reduce_axis(4, 'i'); e = (i + 2) * 3 - i; out = []\n"
+            "for f, args in ((b.canonical_index, (e,)), (b.proves_equal, (e, e)), "
+            "(b.constant_difference, (e, i))):\n"
+            "    try:\n"
+            "        f(*args); out.append('returned')\n"
+            "    except ImportError:\n"
+            "        out.append('ImportError')\n"
+            "print(b.constant_difference(te.const(7), te.const(3)), *out)")
+    assert _run(code, tmp_path).split() == ["4"] + ["ImportError"] * 3
