@@ -424,6 +424,8 @@ def _tree(e, axes, space, box, clip=False):
             return ("cast", go(x.value), x.dtype)
         if isinstance(x, E.Call) and x.name == "abs":
             return ("abs", go(x.args[0]), x.dtype)
+        if isinstance(x, E.Call) and x.name == "stop_gradient":
+            return go(x.args[0])  # the value of its argument
         if type(x) in _TREE_OPS:
             if isinstance(x, (E.FloorDiv, E.FloorMod)) and dt.is_float(x.dtype):
                 raise _NoMatch("a float floor division in a condition", "other")

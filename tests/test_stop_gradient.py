@@ -25,6 +25,14 @@ def test_its_value_is_its_argument_in_every_dtype():
     np.testing.assert_array_equal(got[1], j)
     with pytest.raises(DTypeError, match="stop_gradient"):
         te.stop_gradient(X[0] > 0)
+    with pytest.raises(DTypeError, match="stop_gradient"):
+        te.stop_gradient(True)
+    # an integer expression or a constant has no derivative: returned as it is, so an
+    # index under it stays affine to the simplifier
+    i = te.reduce_axis(5, "i")
+    assert te.stop_gradient(i + 1) is not None and te.expr_str(te.stop_gradient(i + 1)) == \
+        te.expr_str(i + 1)
+    assert te.expr_str(te.stop_gradient(2.5)) == te.expr_str(te.const(2.5))
 
 
 def test_nothing_flows_through_it():
@@ -87,3 +95,26 @@ def test_log_softmax_gradient_has_no_term_through_its_max():
         zm[i, j] -= eps
         fd = (float(kern(zp, lab)[0]) - float(kern(zm, lab)[0])) / (2 * eps)
         assert abs(fd - g[i, j]) < 1e-6
+
+
+def test_a_gemm_condition_under_it_stays_a_gemm():
+    # a contraction whose where= reads a float under stop_gradient still runs on BLAS
+    # (the condition's evaluator sees the argument), with the loop nest's values
+    A = te.placeholder((6, 5), "A", "float64")
+    B = te.placeholder((5, 4), "B", "float64")
+    M = te.placeholder((5,), "M", "float64")
+    k = te.reduce_axis(5, "k")
+    C = te.compute((6, 4), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k,
+                                               where=te.stop_gradient(M[k]) > 0), name="C")
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((6, 5)), rng.standard_normal((5, 4))
+    m = np.array([1.0, -1.0, 0.5, np.nan, 2.0])
+    with pytest.MonkeyPatch.context() as mp:
+        from texpr.codegen import contraction
+        mp.setattr(contraction, "cost_ok", lambda plan: True)  # small, on BLAS all the same
+        mp.setenv("TEXPR_SYMBOLIC_CACHE", "0")
+        kern = codegen.build([C], [A, B, M])
+    assert [u.kind for u in kern.units] == ["blas"], [u.kind for u in kern.units]
+    want = a[:, m > 0] @ b[m > 0]
+    np.testing.assert_allclose(kern(a, b, m)[0], want, rtol=1e-12)
+    np.testing.assert_allclose(te.evaluate(C, {A: a, B: b, M: m}), want, rtol=1e-12)

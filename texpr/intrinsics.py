@@ -8,7 +8,8 @@ result to use it as an index. Semantics are numpy's; each raises
 ``TexprError`` for a boolean argument.
 """
 
-from .expr import call
+from . import dtypes as dt
+from .expr import Const, as_expr, call
 
 
 def _unary(name, doc):
@@ -43,8 +44,15 @@ def stop_gradient(x):
     included. Use it where a term's gradient is zero in exact arithmetic but not
     to the symbolic rules, such as the maximum a softmax subtracts for
     stability (``te.nn``'s softmax family does): the gradient then has no
-    cancelling terms to compute."""
-    return call("stop_gradient", x)
+    cancelling terms to compute. An integer expression or a constant has no
+    derivative: it comes back as it is (index analysis sees through nothing).
+
+    Raises:
+        DTypeError: a boolean argument."""
+    e = as_expr(x)
+    if (isinstance(e, Const) or dt.is_int(e.dtype)) and not dt.is_bool(e.dtype):
+        return e
+    return call("stop_gradient", e)
 
 
 def power(x, y):
