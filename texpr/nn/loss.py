@@ -6,7 +6,9 @@ exponentiating (stages ``{name}_max`` and ``{name}_sum``), so they are finite
 at large inputs. The shift is under ``te.stop_gradient`` (as in JAX's
 ``log_softmax``): the outputs do not depend on it in exact arithmetic, so the
 gradients have no term through the maximum (no argmax stage, no two terms
-that cancel). The shift is ``m`` where ``m`` is finite and 0 where it is
+that cancel). A row holding ``+inf``: the gradients at its finite entries are
+finite (log_softmax's is the head there, cross_entropy's 0), where torch gives
+NaN across the row. The shift is ``m`` where ``m`` is finite and 0 where it is
 ``+-inf`` (as torch's logsumexp), so a row of ``-inf`` gives ``logsumexp = -inf``
 instead of ``nan``.
 """
