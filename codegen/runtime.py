@@ -37,7 +37,7 @@ import textwrap
 
 from texpr.dtypes import DTYPES, FLOATS
 
-__all__ = ["SOURCE", "NAMES", "MODULE", "IMPORT_LINE", "GEMM_GUARD", "REASSOC_HELPER"]
+__all__ = ["SOURCE", "NAMES", "MODULE", "IMPORT_LINE", "GEMM_GUARD", "REASSOC_HELPER", "CHECK_NAMES"]
 
 #: the value helpers, one function per dtype (``_fmax_float32``, ``_fill_int64``,
 #: ...): each is compiled for one signature only. numba's disk cache of a
@@ -228,6 +228,10 @@ def _radd(typingctx, a, b):
         return builder.fadd(args[0], v, flags=("reassoc",))
     return a(a, b), lower
 '''
+
+#: the run-time checks' names: a call to one may set a unit's error flag
+CHECK_NAMES = tuple(line[4:line.index("(")] for line in CHECK_HELPERS.splitlines()
+                    if line.startswith("def _"))
 
 #: the helper module's text (numba's ``cache=True`` on every function)
 SOURCE = ("import math\n\nimport numpy as np\nfrom numba import njit\n"

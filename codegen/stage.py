@@ -93,6 +93,7 @@ from .emit import (LET_MAX_DAG_NODES, LET_MIN_NODES, LET_TREE_NODES, TEXT_MAX_HE
                    ExprEmitter, const_str,
                    element, fill_value, helper_int)
 from .schedule import inline_expand
+from .runtime import CHECK_NAMES
 from .vectorize import unit_stride_loop
 
 __all__ = ["default_order", "lift_zero_guards", "PARALLEL_MIN_POINTS", "UNROLL", "JAM",
@@ -171,7 +172,7 @@ REASSOCIATE_MIN_TRIPS = 128
 #: a statement that branches, and the run-time checks (calls that may set the
 #: error flag), which keep a sum's loop unrolled by copies
 _BRANCH = re.compile(r"\s*(if|elif|else|while|for)\b")
-_CHECK_CALL = re.compile(r"\b(_ck|_rk|_nz|_fail|_iadd|_isub|_imul|_ifloordiv)\(")
+_CHECK_CALL = re.compile(r"\b(" + "|".join(CHECK_NAMES) + r")\(")
 #: larger summands are not unrolled (compile time grows with the copies)
 UNROLL_MAX_NODES = 64
 #: repeated subexpressions of a statement are computed once, and large selects
@@ -541,9 +542,9 @@ class _StageLowering:
         self.chunk_align = 1  # parts start at multiples of this (tiles of the axis)
         self._chunk_div = {}  # id(loop var) -> d: the loop runs the values axis // d
         self._chunk_vars = []  # [(loop var, d)] of the chunked loops around
+        # (combine, accumulator, dtype, partial sums, the innermost reduction axis's
+        # extent) of a float sum whose innermost loop is unrolled or written with _radd
         self.unroll = None
-        self.reassociate = False  # sums written as _radd (_emit_reassociated_sum)
-        self.unroll_extent = None  # the extent of the unrolled sum's reduction axis
         self.jam_dim = None
         self.lanes = None  # (loop dimension, count) of an unrolled reduction loop
         self.residues = []  # [(e, m)]: split the domains on the residues of e % m
@@ -643,8 +644,7 @@ class _StageLowering:
             # with its checked gather: 1.8 s of numba unrolled)
             sum_ok = sum_ok and self._box_points(full) >= UNROLL_MIN_POINTS
             if sum_ok and rd_order and rd_order[-1].extent >= 2 * u_n:
-                self.unroll = (combine, acc[0], comb.dtypes[0], u_n)
-                self.unroll_extent = rd_order[-1].extent
+                self.unroll = (combine, acc[0], comb.dtypes[0], u_n, rd_order[-1].extent)
             jam = None
             if sum_ok and not self.stage.ordered and rd_order:
                 # moving another spatial axis innermost pays where the reduction
@@ -657,7 +657,7 @@ class _StageLowering:
                 if jam is not None and self.unroll is not None:
                     u_j = JAM_UNROLL if comb.dtypes[0] == "float32" else max(1, JAM_UNROLL // 2)
                     if u_j < self.unroll[3]:
-                        self.unroll = self.unroll[:3] + (u_j,)
+                        self.unroll = self.unroll[:3] + (u_j,) + self.unroll[4:]
 
             def init(d, lane=None):
                 for a, c in zip(acc, comb.identity):
@@ -824,18 +824,19 @@ class _StageLowering:
         return order, par
 
     def _combine_lines(self, comb, red, em, resid):
-        """A function ``(depth, targets)`` writing ``targets = combine(targets, source)``."""
+        """A function ``(depth, targets, reassoc=False)`` writing ``targets =
+        combine(targets, source)`` (a sum's add as ``_radd`` where ``reassoc``)."""
         w = self.w
         d0 = comb.dtypes[0]
 
-        def emit(depth, targets):
+        def emit(depth, targets, reassoc=False):
             bound = []
             if resid is not None:
                 depth, bound = self._guard(em, depth, resid, list(red.source))
             bound += self._bind_shared(em, depth, red.source)
             for src in red.source:
                 bound += self._bind_branches(em, depth, src)
-            if comb.kind == "sum" and self.reassociate:
+            if comb.kind == "sum" and reassoc:
                 w(depth, f"{targets[0]} = _radd({targets[0]}, {em.cast(red.source[0], d0)})")
             elif comb.kind in ("sum", "prod"):
                 op = "+=" if comb.kind == "sum" else "*="
@@ -1357,6 +1358,31 @@ class _StageLowering:
         else:
             stmt_code[kind](depth, lane)
 
+    def _sum_lanes(self, node, stmt_vars):
+        """The pieces both ways of writing a sum's innermost loop ``node`` share:
+        ``(lanes, body)``, where ``lanes`` are the register-blocked lanes (``[None]``
+        without blocking) and ``body(d, ln, target, reassoc=False)`` writes lane
+        ``ln``'s statement at depth ``d``, its combine into ``target`` (with
+        ``_radd`` where ``reassoc``). Call ``body.done()`` after the last lane."""
+        combine = self.unroll[0]
+        lane_loop = node.body if isinstance(node.body, LA.For) else None
+        stmt = lane_loop.body if lane_loop is not None else node.body
+        em = self._emitter()
+
+        def body(d, ln, target, reassoc=False):
+            if lane_loop is not None:
+                self.names[id(lane_loop.var)] = str(ln)
+            for var, a in zip(stmt_vars[stmt.name], stmt.args):
+                self.w(d, f"{self.names[id(var)]} = {em(a)}")
+            combine(d, [target], reassoc=reassoc)
+
+        def done():
+            if lane_loop is not None:
+                self.names[id(lane_loop.var)] = lane_loop.var.name
+
+        body.done = done
+        return (list(range(JAM)) if lane_loop is not None else [None]), body
+
     def _emit_unrolled_sum(self, node, v, lo, hi, depth, stmt_vars):
         """The innermost loop of a sum, with ``u_n`` independent partial sums per
         accumulator (the dependency chain of one accumulator no longer bounds the
@@ -1367,10 +1393,8 @@ class _StageLowering:
         if REASSOCIATE and self._emit_reassociated_sum(node, v, lo, hi, depth, stmt_vars):
             return
         w = self.w
-        combine, acc, dtype, u_n = self.unroll
-        lane_loop = node.body if isinstance(node.body, LA.For) else None
-        stmt = lane_loop.body if lane_loop is not None else node.body
-        lanes = list(range(JAM)) if lane_loop is not None else [None]
+        _combine, acc, dtype, u_n, _extent = self.unroll
+        lanes, body = self._sum_lanes(node, stmt_vars)
         w(depth, f"{v}_lo = {lo}")
         w(depth, f"{v}_hi = {hi}")
         w(depth, f"{v}_m = {v}_lo + max({v}_hi - {v}_lo, 0) // {u_n} * {u_n}")
@@ -1378,15 +1402,6 @@ class _StageLowering:
         for ln in lanes:
             for p in parts[ln]:
                 w(depth, f"{p} = {const_str(0, dtype)}")
-        em = self._emitter()
-
-        def body(d, ln, target):
-            if lane_loop is not None:
-                self.names[id(lane_loop.var)] = str(ln)
-            for var, a in zip(stmt_vars[stmt.name], stmt.args):
-                w(d, f"{self.names[id(var)]} = {em(a)}")
-            combine(d, [target])
-
         w(depth, f"for {v} in range({v}_lo, {v}_m, {u_n}):")
         saved = self.names[id(node.var)]
         for u in range(u_n):
@@ -1404,8 +1419,7 @@ class _StageLowering:
             while len(ps) > 1:
                 ps = [f"({ps[i]} + {ps[i + 1]})" for i in range(0, len(ps), 2)]
             w(depth, f"{_lane(acc, ln)} += {ps[0]}")
-        if lane_loop is not None:
-            self.names[id(lane_loop.var)] = lane_loop.var.name
+        body.done()
 
     def _emit_reassociated_sum(self, node, v, lo, hi, depth, stmt_vars):
         """The innermost loop of a float sum written once, each accumulator (one per
@@ -1418,37 +1432,26 @@ class _StageLowering:
         reduction axis's extent), every subscript moves by -1, 0 or +1
         per iteration (:func:`codegen.vectorize.unit_stride_loop`, the rule that
         turns the vectoriser on for the unit) and the body has no branch and no
-        run-time check (a test or a call that may set the error flag). Otherwise
-        nothing is written and the caller unrolls. Measured 2026-12-04 (2 quiet
-        cores, serial numba compile in one process): layernorm's value and
-        gradient 1.97 s of numba unrolled, 1.00-1.06 s written once (its units'
-        text 20.9 -> 8.5 KB), and its kernel 0.21-0.22 -> 0.084-0.092 ms."""
+        run-time check (a call that may set the error flag,
+        :data:`codegen.runtime.CHECK_NAMES`). Otherwise nothing is written and
+        the caller unrolls. Measured (benchmarks/bench_variants.py, 2026-12-04,
+        ``L.REASSOCIATE = False`` against the default in one process): layernorm's
+        value and gradient 0.23 -> 0.10 ms, the other suite cases within noise."""
         from texpr.simplify.sympy_bridge import constant_difference
         trips = constant_difference(node.hi, node.lo)
-        if (trips if trips is not None else self.unroll_extent or 0) < REASSOCIATE_MIN_TRIPS:
+        acc, extent = self.unroll[1], self.unroll[4]
+        if (trips if trips is not None else extent) < REASSOCIATE_MIN_TRIPS:
             return False
-        combine, acc, dtype, u_n = self.unroll
-        lane_loop = node.body if isinstance(node.body, LA.For) else None
-        stmt = lane_loop.body if lane_loop is not None else node.body
-        lanes = list(range(JAM)) if lane_loop is not None else [None]
-        w, em = self.w, self._emitter()
+        w = self.w
+        lanes, body = self._sum_lanes(node, stmt_vars)
         start = len(w.lines)
         w(depth, f"for {v} in range({lo}, {hi}):")
-        self.reassociate = True
-        try:
-            for ln in lanes:
-                if lane_loop is not None:
-                    self.names[id(lane_loop.var)] = str(ln)
-                for var, a in zip(stmt_vars[stmt.name], stmt.args):
-                    w(depth + 1, f"{self.names[id(var)]} = {em(a)}")
-                combine(depth + 1, [_lane(acc, ln)])
-        finally:
-            self.reassociate = False
-            if lane_loop is not None:
-                self.names[id(lane_loop.var)] = lane_loop.var.name
-        body = w.lines[start:]
-        text = "\n".join(line[4 * depth:] for line in body)
-        if (any(_BRANCH.match(line) for line in body[1:]) or _CHECK_CALL.search(text)
+        for ln in lanes:
+            body(depth + 1, ln, _lane(acc, ln), reassoc=True)
+        body.done()
+        written = w.lines[start:]
+        text = "\n".join(line[4 * depth:] for line in written)
+        if (any(_BRANCH.match(line) for line in written[1:]) or _CHECK_CALL.search(text)
                 or not unit_stride_loop(text)):
             del w.lines[start:]
             return False

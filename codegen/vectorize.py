@@ -138,12 +138,14 @@ def loop_vectorize_pays(source):
         tree = parse_module(source)
     except (SyntaxError, ValueError, RecursionError):
         return True
-    for loop in _innermost_loops(tree):
-        strides = _strides(loop)
-        if strides and all(s in (-1, 0, 1) for s in strides) and any(s in (-1, 1)
-                                                                      for s in strides):
-            return True
-    return False
+    return any(_walks_unit_stride(loop) for loop in _innermost_loops(tree))
+
+
+def _walks_unit_stride(loop):
+    # every subscript of the loop moves by -1, 0 or +1 per iteration, one by one
+    strides = _strides(loop)
+    return bool(strides) and all(s in (-1, 0, 1) for s in strides) \
+        and any(s in (-1, 1) for s in strides)
 
 
 def unit_stride_loop(text):
@@ -160,9 +162,7 @@ def unit_stride_loop(text):
     loop = tree.body[0]
     if any(isinstance(n, (ast.For, ast.While)) for s in loop.body for n in ast.walk(s)):
         return False
-    strides = _strides(loop)
-    return bool(strides) and all(s in (-1, 0, 1) for s in strides) \
-        and any(s in (-1, 1) for s in strides)
+    return _walks_unit_stride(loop)
 
 
 def _names(node):

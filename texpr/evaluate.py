@@ -27,7 +27,7 @@ import numpy as np
 from . import dtypes as dt
 from .errors import FeedError, OutOfBoundsError, TexprError
 from .expr import (Add, And, Call, Cast, Const, Div, EQ, FloorDiv, FloorMod, GE, GT, LE, LT,
-                   Load, Max, Min, Mul, NE, Not, Or, Reduce, Select, Sub, Var)
+                   INT_PRESERVING, Load, Max, Min, Mul, NE, Not, Or, Reduce, Select, Sub, Var)
 from .printer import expr_str
 from .scan import ScanOp
 from .tensor import (ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, check_allocatable,
@@ -212,7 +212,7 @@ class _StageEval:
             if e.name == "power":
                 return np.power(args[0].astype(e.dtype), args[1].astype(e.dtype))
             x = args[0]
-            if e.name not in ("abs", "stop_gradient"):
+            if e.name not in INT_PRESERVING:  # (their dtype is their argument's)
                 x = x.astype(e.dtype, copy=False)
             return _UNARY[e.name](x)
         if cls is Load:
