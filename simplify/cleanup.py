@@ -5,7 +5,9 @@
   (:func:`texpr.simplify.isl_bridge.canonical_quasi_affine`: nested divisions
   re-derived, ``j - 2*(j//2)`` -> ``j % 2``) and SymPy's canonical form
   (:func:`texpr.simplify.sympy_bridge.canonical_index`: ``0 - r + (h + r) // 3`` ->
-  ``(h + r) // 3 - r``), when smaller than the original.
+  ``(h + r) // 3 - r``), when smaller than the original (SymPy is not asked
+  when :func:`texpr.simplify.index_form.expanded_size_bound` shows its form
+  cannot be smaller).
 * :func:`eliminate_common_stages` -- stages with the same definition (same
   body up to renaming of their own axes, same inputs) are merged, and a
   ``max``/``min`` stage reads the value component of its argmax stage when
@@ -20,6 +22,7 @@ from texpr.tensor import ComputeOp, ScatterAddOp
 from texpr.visitor import free_vars, post_order, substitute
 
 from .graph import rebuild
+from .index_form import expanded_size_bound
 from .isl_bridge import canonical_quasi_affine
 from .sympy_bridge import canonical_index
 
@@ -44,9 +47,14 @@ def _clean_expr(e, memo):
             out = x
             size = len(post_order(x))
             vars = free_vars(x)
-            for form in (canonical_quasi_affine(x, vars), canonical_index(x)):
-                if form is not None and form is not out and len(post_order(form)) < size:
-                    out, size = form, len(post_order(form))
+            form = canonical_quasi_affine(x, vars)
+            if form is not None and form is not out and len(post_order(form)) < size:
+                out, size = form, len(post_order(form))
+            # SymPy's form is kept only when smaller still: not asked when it cannot be
+            bound = expanded_size_bound(x)
+            form = canonical_index(x) if bound is None or bound < size else None
+            if form is not None and form is not out and len(post_order(form)) < size:
+                out, size = form, len(post_order(form))
         elif x.args:
             out = x.with_args(tuple(top(a) for a in x.args))
         else:

@@ -13,6 +13,7 @@ import math
 
 from texpr import expr as E
 
+from .index_form import NOT_CONSTANT, known_difference
 from .isl_bridge import dim_name
 
 __all__ = ["to_sympy", "from_sympy", "canonical_index", "proves_equal", "constant_difference"]
@@ -201,10 +202,13 @@ def constant_difference(a, b):
     """``a - b`` as a Python int when SymPy's expansion of the integer
     expressions ``a`` and ``b`` makes it a constant (``2*c + 2`` minus ``2*c``:
     2), else None (not index arithmetic, or not provably constant this cheaply:
-    no ``simplify``, so a ``None`` is never an error, only "unknown")."""
-    if isinstance(a, E.Const) and isinstance(b, E.Const) and a.dtype in _INT \
-            and b.dtype in _INT:
-        return int(a.value) - int(b.value)  # (no SymPy needed: see _Sympy)
+    no ``simplify``, so a ``None`` is never an error, only "unknown"). Linear
+    forms answer without SymPy where they can
+    (:func:`texpr.simplify.index_form.known_difference`: the same answer, and
+    "unknown" for ``min``/``max`` terms that do not cancel)."""
+    known = known_difference(a, b)  # (no SymPy needed: see _Sympy)
+    if known is not None:
+        return None if known is NOT_CONSTANT else known
     _require_sympy()
     symbols = {}
     try:
