@@ -136,22 +136,25 @@ HELPERS_PROGRAM = textwrap.dedent("""
     X = te.placeholder((3, 5), "X", "float32")
     I = te.placeholder((4,), "I", "int64")
     k = te.reduce_axis(5, "k")
-    # a max (the helper _fmax_float32) of a gather (the check _ck) and a zeroed sum (_fill_*)
+    # a max (the helper _fmax_float32) of a gather (the check _ck) and a zeroed sum
+    # (_fill_*), inlined by numba; integer arithmetic on loaded values (_imul, _iadd:
+    # compiled, with machine code of their own)
     M = te.compute((4,), lambda i: te.max(X[I[i], k] * c, axis=k), name="M")
     S = te.compute((2,), lambda j: te.sum(M[j + 2 * k % 2], axis=k), name="S")
+    N = te.compute((4,), lambda i: I[i] * 3 + I[3 - i], name="N")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        kern = codegen.build([M, S], [X, I])
+        kern = codegen.build([M, S, N], [X, I])
         x = np.arange(15, dtype=np.float32).reshape(3, 5) - 7
         ix = np.array([2, 0, 1, 2])
-        m, s = kern(x, ix)
+        m, s, n = kern(x, ix)
         try:
             kern(x, np.array([2, 0, 3, 2]))
             oob = False
         except te.OutOfBoundsError:
             oob = True
     want = (x[ix] * np.float32(c)).max(axis=1)
-    ok = bool(np.array_equal(m, want) and oob)
+    ok = bool(np.array_equal(m, want) and np.array_equal(n, ix * 3 + ix[::-1]) and oob)
     msgs = [str(m.message) for m in caught if issubclass(m.category, codegen.CacheWarning)]
     print(json.dumps(dict(ok=ok, disk=kern.from_disk_cache, warnings=msgs)))
 """)
