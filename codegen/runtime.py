@@ -26,16 +26,18 @@ max_pool2d's and layer_norm's units; the vector instructions of the suite's
 units are the same), and the suite's kernels ran within the noise of the old
 ones (targeted runs, old and new alternating).
 
-Three kinds of helper are the exception, ``inline="always"``: ``_fill_<dtype>``
-(one call per zeroed output), ``_fmax``/``_fmin`` (a reduction's combine)
-and ``_fail`` (called only by the checks, which stay compiled functions).
-They have few call sites per unit, and compiling one on its own costs about
-0.03-0.05 s of numba's fixed work in every cold cache. Measured 2026-12-05
-(cold cache, workers off, quiet 2-core machine): softmax_xent's numba time
-0.78 -> 0.63-0.65 s, maxpool2's 0.57 -> 0.49-0.50 s; 30 fuzzed programs
-(seeds 500-529, 159 units) 29.0-29.3 s before, 29.8-30.0 s after. Inlining the
-checks too (``_ck``/``_rk``/``_nz``, many call sites in a gather) took those
-30 programs to 41.8 s. An inlined helper has no machine code of its own in
+Two kinds of helper are the exception, ``inline="always"``: ``_fill_<dtype>``
+(one call per zeroed output) and ``_fail`` (called only by the checks, which
+stay compiled functions). Compiling one on its own costs about 0.03-0.05 s of
+numba's fixed work in every cold cache. Measured 2026-12-05 (cold cache,
+workers off, quiet 2-core machine, with ``_fmax``/``_fmin`` inlined too):
+softmax_xent's numba time 0.78 -> 0.63-0.65 s, maxpool2's 0.57 -> 0.49-0.50
+s; 30 fuzzed programs (seeds 500-529, 159 units) 29.0-29.3 s before,
+29.8-30.0 s after. A helper with many call sites in one unit must stay a
+function: inlining the checks too (``_ck``/``_rk``/``_nz``, many call sites
+in a gather) took those 30 programs to 41.8 s, and with ``_fmax``/``_fmin``
+inlined one unit of 511 float max/min calls took 88.5 s to build instead of
+7.8 s (attack helper-30). An inlined helper has no machine code of its own in
 the cache, so nothing of it can be damaged there.
 
 The name carries the sha256 of the text, so a unit's text -- which names the
@@ -83,12 +85,12 @@ def _copy_n_{dt}(a, b, n):
 
 #: NaN-propagating float min and max, per float dtype
 _PER_FLOAT = """
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _fmax_{dt}(a, b):
     return a if (a > b or a != a) else b
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _fmin_{dt}(a, b):
     return a if (a < b or a != a) else b
 """

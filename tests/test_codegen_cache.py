@@ -136,9 +136,9 @@ HELPERS_PROGRAM = textwrap.dedent("""
     X = te.placeholder((3, 5), "X", "float32")
     I = te.placeholder((4,), "I", "int64")
     k = te.reduce_axis(5, "k")
-    # a max (the helper _fmax_float32) of a gather (the check _ck) and a zeroed sum
-    # (_fill_*), inlined by numba; integer arithmetic on loaded values (_imul, _iadd:
-    # compiled, with machine code of their own)
+    # a max (the helper _fmax_float32) of a gather (the check _ck), a zeroed sum
+    # (_fill_*, inlined by numba: no machine code of its own) and integer arithmetic
+    # on loaded values (_imul, _iadd)
     M = te.compute((4,), lambda i: te.max(X[I[i], k] * c, axis=k), name="M")
     S = te.compute((2,), lambda j: te.sum(M[j + 2 * k % 2], axis=k), name="S")
     N = te.compute((4,), lambda i: I[i] * 3 + I[3 - i], name="N")
