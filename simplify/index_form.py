@@ -93,8 +93,11 @@ def _difference(f, g):
 def linear_form(e, minmax=False):
     """``({atom key: coef}, const)`` of the integer index tree ``e`` (coefficients
     non-zero), or None when it has no form over the atoms (module docstring;
-    ``minmax``: ``min``/``max`` atoms allowed)."""
-    return _form(e, minmax)
+    ``minmax``: ``min``/``max`` atoms allowed) or is too deep to walk here."""
+    try:
+        return _form(e, minmax)
+    except RecursionError:  # (attack helper-30) the callers' None: "ask SymPy"
+        return None
 
 
 def _form(x, minmax):
@@ -132,7 +135,7 @@ def expanded_size_bound(e):
     ``c * atom`` as a product when ``|c| >= 2`` and joins the terms by one node
     per term after the first; its leaves are the atoms' variables and the
     constants ``|c|``, the divisors and ``|const|``, each counted once."""
-    f = _form(e, False)
+    f = linear_form(e)
     if f is None:
         return None
     coefs, const = f

@@ -136,3 +136,14 @@ print("sympy" in sys.modules)
                          timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_a_deep_tree_is_unknown_not_an_error():
+    # attack helper-30: the linear forms recurse; a tree deeper than Python's
+    # recursion limit gives "no form" (SymPy's path then answers None), not an error
+    i = E.var("i", "int64")
+    e = i
+    for t in range(3000):
+        e = E.add(e, E.const(1 + t % 3, "int64"))
+    assert index_form.linear_form(e) is None and index_form.expanded_size_bound(e) is None
+    assert sb.constant_difference(e, i) in (None, sum(1 + t % 3 for t in range(3000)))
