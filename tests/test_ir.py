@@ -44,6 +44,26 @@ def test_constant_folding_is_light():
     assert (x[k] * 0.0) is not te.const(0.0)  # float x*0 is not folded (NaN/inf semantics)
 
 
+def test_a_comparison_of_one_variable_with_itself_is_decided():
+    # a Jacobian's delta condition j == i after the substitution i := j: decided, so
+    # the select around it goes and the condition inside can reach a sum's where=
+    from texpr.visitor import substitute
+    i, j = te.reduce_axis(4, "i"), te.reduce_axis(4, "j")
+    assert te.expr_str(i == i) == "true" and te.expr_str(i < i) == "false"
+    assert te.expr_str(i >= i) == "true" and te.expr_str(i != i) == "false"
+    x = te.placeholder((4,), name="x")
+    e = te.if_then_else((i == j) & (x[j] > 0), x[i], 0.0)
+    got = substitute(e, {i: j})
+    assert te.expr_str(got) == te.expr_str(te.if_then_else(x[j] > 0, x[j], 0.0))
+    assert te.expr_str(substitute(te.if_then_else(i != j, x[i], 1.0), {i: j})) == "1.0"
+    # the left operand of && stays (it is evaluated first and may fail); a float
+    # compared with itself is not decided (NaN != NaN)
+    assert te.expr_str(substitute((x[j] > 0) & (i == j), {i: j})) == te.expr_str(x[j] > 0)
+    f = E.var("f", "float64")
+    assert te.expr_str(f == f) != "true"
+    assert isinstance(substitute((i == j) | (x[i] > 0), {i: j}), E.Const)
+
+
 @pytest.mark.parametrize("a,b,expected", [
     ("float32", "float32", "float32"), ("float32", "float64", "float64"),
     ("int32", "int64", "int64"), ("int32", "float32", "float64"),

@@ -554,3 +554,24 @@ def test_solved_equality_of_int32_loads_is_computed_in_int64(form):
     want = te.evaluate(Y, feed)
     np.testing.assert_array_equal(te.evaluate(s, feed), want)
     np.testing.assert_array_equal(codegen.build([Y], [H, I, J])(*feed.values())[0], want)
+
+
+# ---- one-hot picks in a gradient (cross entropy) -------------------------------------
+
+
+def test_cross_entropy_gradient_picks_the_label_once():
+    """The gradient of ``sum(select(labels[i] == c, -log_softmax(Z)[i, c], 0))``:
+    the Jacobian's delta conditions ``j0 == j0 && c == c`` (after the solve) used
+    to stay around the pick ``select(labels[j0] == c, ...)``, so the per-row
+    factor summed it over every class. Decided, the pick is a where= the solver
+    eliminates: one term per row. Ideal: the softmax's max and sum (2 * n * c),
+    one value per row (n), dZ (n * c)."""
+    n, c = 6, 4
+    Z = te.placeholder((n, c), "Z", F64)
+    labels = te.placeholder((n,), "labels", "int64")
+    ls = te.nn.log_softmax(Z, axis=1)
+    i, k = te.reduce_axis(n, "i"), te.reduce_axis(c, "k")
+    Y = te.compute((), lambda: te.sum(te.if_then_else(labels[i] == k, -ls[i, k], 0.0),
+                                      axis=[i, k]), name="xent")
+    # a label outside [0, c) picks nothing
+    check(Y, Z, 3 * n * c + n, ints={labels: [0, 3, 1, -1, 2, 4]})

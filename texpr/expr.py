@@ -394,6 +394,11 @@ class CmpOp(BinaryOp):
     def _infer_dtype(cls, attr, args):
         return "bool"
 
+    @classmethod
+    def _rebuild(cls, attr, args):
+        decided = _same_variable(cls, *args)
+        return decided if decided is not None else super()._rebuild(attr, args)
+
 
 class EQ(CmpOp):
     """``a == b``."""
@@ -440,6 +445,17 @@ class And(BinaryOp):
     def _infer_dtype(cls, attr, args):
         return "bool"
 
+    @classmethod
+    def _rebuild(cls, attr, args):
+        # constant operands that a substitution produced (see CmpOp._rebuild); the
+        # left operand stays where it is evaluated (it may raise): only true goes
+        a, b = args
+        if isinstance(a, Const):
+            return b if a.value else a
+        if _is_const(b, True):
+            return a
+        return super()._rebuild(attr, args)
+
 
 class Or(BinaryOp):
     """Logical or; the right operand is only evaluated where the left fails."""
@@ -449,6 +465,15 @@ class Or(BinaryOp):
     @classmethod
     def _infer_dtype(cls, attr, args):
         return "bool"
+
+    @classmethod
+    def _rebuild(cls, attr, args):
+        a, b = args  # as And._rebuild
+        if isinstance(a, Const):
+            return a if a.value else b
+        if _is_const(b, False):
+            return a
+        return super()._rebuild(attr, args)
 
 
 class Not(Expr):
@@ -485,6 +510,14 @@ class Select(Expr):
     @classmethod
     def _infer_dtype(cls, attr, args):
         return dt.promote(args[1].dtype, args[2].dtype)
+
+    @classmethod
+    def _rebuild(cls, attr, args):
+        # a condition a substitution decided (see CmpOp._rebuild): the taken branch
+        if isinstance(args[0], Const):
+            return _cast_to(args[1] if args[0].value else args[2],
+                            cls._infer_dtype(attr, args))
+        return super()._rebuild(attr, args)
 
 
 class Cast(Expr):
@@ -783,9 +816,19 @@ def maximum(a, b):
     return _arith(Max, a, b)
 
 
+def _same_variable(cls, a, b):
+    """The constant a comparison of one integer variable with itself is (a
+    Jacobian's delta condition ``j == i`` after ``i := j``), else None."""
+    if a is b and isinstance(a, Var) and dt.is_int(a.dtype):
+        return const(cls in (EQ, LE, GE))
+    return None
+
+
 def _cmp(cls, a, b):
     a, b = _binary(cls, a, b)
     folded = _fold(cls, a, b)
+    if folded is None:
+        folded = _same_variable(cls, a, b)
     if folded is not None:
         return folded
     return cls._make(None, (a, b), "bool")
