@@ -274,3 +274,10 @@ def test_the_simplifier_refusing_a_wrapping_constant_names_the_stage(make):
                        match=r"^stage W1: the integer arithmetic `3 \* -4611686018427387904`"
                              r".*wrap around.*solve_equalities"):
         simplify.simplify([Y])
+
+
+def test_a_cast_of_an_int_constant_outside_its_dtype_is_a_dtype_error():
+    # attack helper-30: numpy's own OverflowError came out of te.cast
+    with pytest.raises(te.DTypeError, match="int32"):
+        te.cast(te.const(2**40, "int64"), "int32")
+    assert te.cast(te.const(-7, "int64"), "int32").value == -7

@@ -929,7 +929,11 @@ def select(cond, true_value, false_value):
 
 
 def cast(value, dtype):
-    """Convert ``value`` to ``dtype`` (float to int truncates toward zero)."""
+    """Convert ``value`` to ``dtype`` (float to int truncates toward zero).
+
+    Raises:
+        DTypeError: an integer constant outside the integer ``dtype``'s range.
+    """
     dtype = dt.normalize(dtype, "cast")
     value = as_expr(value)
     if value.dtype == dtype:
@@ -938,6 +942,11 @@ def cast(value, dtype):
         v = value.value
         if dt.is_int(dtype) and isinstance(v, float) and math.isfinite(v):
             return const(int(v), dtype)
+        if dt.is_int(dtype) and dt.is_int(value.dtype):
+            info = np.iinfo(np.dtype(dtype))
+            if not info.min <= int(v) <= info.max:
+                raise DTypeError(f"cast of the constant {v} to {dtype}: outside {dtype} "
+                                 f"[{info.min}, {info.max}] (it would wrap around)")
         if not (dt.is_int(dtype) and isinstance(v, float)):
             return const(np.dtype(dtype).type(v).item(), dtype)
     return Cast._make(dtype, (value,), dtype)
