@@ -858,6 +858,17 @@ class _StageLowering:
                     comb.result)
                 # a deep combiner is written in parts (the text height bound)
                 cbound = self._bind_shared(cem, depth, comb.result)
+                # the condition every component selects on (an argmax's tie rule):
+                # written once, where the first component would evaluate it first
+                first = comb.result[0]
+                if (len(comb.result) > 1 and isinstance(first, E.Select)
+                        and id(first.cond) not in cem.bound
+                        and all(isinstance(r, E.Select) and r.cond is first.cond
+                                for r in comb.result)):
+                    flag = f"sel{self.k}_{self._fresh()}"
+                    w(depth, f"{flag} = {cem(first.cond)}")
+                    cem.bound[id(first.cond)] = flag
+                    cbound.append(id(first.cond))
                 news = [f"n{self.k}_{c}" for c in range(len(comb.result))]
                 for n, r, v in zip(news, comb.result, comb.lhs):
                     w(depth, f"{n} = {cem.cast(r, v.dtype)}")
