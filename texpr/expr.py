@@ -394,11 +394,6 @@ class CmpOp(BinaryOp):
     def _infer_dtype(cls, attr, args):
         return "bool"
 
-    @classmethod
-    def _rebuild(cls, attr, args):
-        decided = _same_variable(cls, *args)
-        return decided if decided is not None else super()._rebuild(attr, args)
-
 
 class EQ(CmpOp):
     """``a == b``."""
@@ -445,17 +440,6 @@ class And(BinaryOp):
     def _infer_dtype(cls, attr, args):
         return "bool"
 
-    @classmethod
-    def _rebuild(cls, attr, args):
-        # constant operands that a substitution produced (see CmpOp._rebuild); the
-        # left operand stays where it is evaluated (it may raise): only true goes
-        a, b = args
-        if isinstance(a, Const):
-            return b if a.value else a
-        if _is_const(b, True):
-            return a
-        return super()._rebuild(attr, args)
-
 
 class Or(BinaryOp):
     """Logical or; the right operand is only evaluated where the left fails."""
@@ -465,15 +449,6 @@ class Or(BinaryOp):
     @classmethod
     def _infer_dtype(cls, attr, args):
         return "bool"
-
-    @classmethod
-    def _rebuild(cls, attr, args):
-        a, b = args  # as And._rebuild
-        if isinstance(a, Const):
-            return a if a.value else b
-        if _is_const(b, False):
-            return a
-        return super()._rebuild(attr, args)
 
 
 class Not(Expr):
@@ -510,14 +485,6 @@ class Select(Expr):
     @classmethod
     def _infer_dtype(cls, attr, args):
         return dt.promote(args[1].dtype, args[2].dtype)
-
-    @classmethod
-    def _rebuild(cls, attr, args):
-        # a condition a substitution decided (see CmpOp._rebuild): the taken branch
-        if isinstance(args[0], Const):
-            return _cast_to(args[1] if args[0].value else args[2],
-                            cls._infer_dtype(attr, args))
-        return super()._rebuild(attr, args)
 
 
 class Cast(Expr):
@@ -841,6 +808,23 @@ def _as_bool(e, what):
     return e
 
 
+#: nodes whose evaluation cannot raise (given operands that do not)
+_NEVER_FAIL = (Var, Const, CmpOp, And, Or, Not)
+
+
+def _may_fail(e):
+    """Whether evaluating the boolean ``e`` might raise: anything but comparisons
+    and logic over variables and constants (a load may read out of bounds, integer
+    arithmetic may leave its dtype, a division may divide by zero)."""
+    stack = [e]
+    while stack:
+        n = stack.pop()
+        if not isinstance(n, _NEVER_FAIL):
+            return True
+        stack.extend(n.args)
+    return False
+
+
 def logical_and(a, b):
     """``a && b`` of boolean expressions; ``b`` is only evaluated where ``a`` holds.
 
@@ -850,7 +834,8 @@ def logical_and(a, b):
     a, b = _as_bool(a, "and"), _as_bool(b, "and")
     if _is_const(a, True): return b
     if _is_const(b, True): return a
-    if _is_const(a, False) or _is_const(b, False): return const(False)
+    # ``a && false`` keeps ``a`` where evaluating it may fail (it is evaluated first)
+    if _is_const(a, False) or (_is_const(b, False) and not _may_fail(a)): return const(False)
     if a is b: return a
     return And._make(None, (a, b), "bool")
 
@@ -864,7 +849,8 @@ def logical_or(a, b):
     a, b = _as_bool(a, "or"), _as_bool(b, "or")
     if _is_const(a, False): return b
     if _is_const(b, False): return a
-    if _is_const(a, True) or _is_const(b, True): return const(True)
+    # ``a || true`` keeps ``a`` where evaluating it may fail (as logical_and)
+    if _is_const(a, True) or (_is_const(b, True) and not _may_fail(a)): return const(True)
     if a is b: return a
     return Or._make(None, (a, b), "bool")
 
