@@ -926,14 +926,11 @@ def cast(value, dtype):
         return value
     if isinstance(value, Const):
         v = value.value
-        if dt.is_int(dtype) and isinstance(v, float) and math.isfinite(v):
+        if dt.is_int(dtype) and not isinstance(v, float):
+            return const(int(v), dtype)  # (const checks the dtype's range)
+        if dt.is_int(dtype) and math.isfinite(v):
             return const(int(v), dtype)
-        if dt.is_int(dtype) and dt.is_int(value.dtype):
-            info = np.iinfo(np.dtype(dtype))
-            if not info.min <= int(v) <= info.max:
-                raise DTypeError(f"cast of the constant {v} to {dtype}: outside {dtype} "
-                                 f"[{info.min}, {info.max}] (it would wrap around)")
-        if not (dt.is_int(dtype) and isinstance(v, float)):
+        if not dt.is_int(dtype):
             return const(np.dtype(dtype).type(v).item(), dtype)
     return Cast._make(dtype, (value,), dtype)
 
