@@ -29,8 +29,10 @@ ones (targeted runs, old and new alternating).
 Two kinds of helper are the exception, ``inline="always"``: ``_fill_<dtype>``
 (one call per zeroed output) and ``_fail`` (called only by the checks, which
 stay compiled functions). Compiling one on its own costs about 0.03-0.05 s of
-numba's fixed work in every cold cache. Measured 2026-12-05 (cold cache,
-workers off, quiet 2-core machine, with ``_fmax``/``_fmin`` inlined too):
+numba's fixed work in every cold cache. Measured 2026-12-05 by timing each
+unit's compile (an ad hoc script; cold cache, workers off, quiet 2-core
+machine, with ``_fmax``/``_fmin`` inlined too; the cold builds with this and
+the other changes of that day are benchmarks/bench_compile.py's, beside JAX):
 softmax_xent's numba time 0.78 -> 0.63-0.65 s, maxpool2's 0.57 -> 0.49-0.50
 s; 30 fuzzed programs (seeds 500-529, 159 units) 29.0-29.3 s before,
 29.8-30.0 s after. A helper with many call sites in one unit must stay a

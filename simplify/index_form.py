@@ -93,7 +93,9 @@ def _difference(f, g):
 def linear_form(e, minmax=False):
     """``({atom key: coef}, const)`` of the integer index tree ``e`` (coefficients
     non-zero), or None when it has no form over the atoms (module docstring;
-    ``minmax``: ``min``/``max`` atoms allowed) or is too deep to walk here."""
+    ``minmax``: ``min``/``max`` atoms allowed) or is too deep to walk here.
+    ``e``: a texpr Expr of any dtype (only int32/int64 trees have a form).
+    Never raises."""
     try:
         return _form(e, minmax)
     except RecursionError:  # (attack helper-30) the callers' None: "ask SymPy"
@@ -134,7 +136,8 @@ def expanded_size_bound(e):
     ``e`` has no linear form (ask SymPy). The form renders each term
     ``c * atom`` as a product when ``|c| >= 2`` and joins the terms by one node
     per term after the first; its leaves are the atoms' variables and the
-    constants ``|c|``, the divisors and ``|const|``, each counted once."""
+    constants ``|c|``, the divisors and ``|const|``, each counted once. Never
+    raises."""
     f = linear_form(e)
     if f is None:
         return None
@@ -161,7 +164,8 @@ def expanded_size_bound(e):
 def known_difference(a, b):
     """``a - b`` for two integer index trees: an int when their linear forms
     (``min``/``max`` atoms allowed) differ by a constant, :data:`NOT_CONSTANT`
-    when they differ in an atom's coefficient, None when either has no form."""
+    when they differ in an atom's coefficient, None when either has no form.
+    Never raises."""
     fa, fb = linear_form(a, minmax=True), linear_form(b, minmax=True)
     if fa is None or fb is None:
         return None

@@ -78,6 +78,9 @@ SEEDS_BEFORE_INT_VALUES = frozenset({7000000475, 7000003194, 7000003318})
 #: regression seeds whose programs the integer conditions in a where (the tenth
 #: stream, :meth:`_Gen.stage`) would have changed: they keep their programs
 SEEDS_BEFORE_INT_WHERE = frozenset({7001702771})
+#: regression seeds whose programs te.stop_gradient (the eleventh stream,
+#: :meth:`_Gen._value`) would have changed: they keep their programs
+SEEDS_BEFORE_STOP_GRADIENT = frozenset({7000000475, 7007400007})
 
 
 @dataclasses.dataclass
@@ -88,7 +91,8 @@ class Program:
     index lists; ``head``: ``C``; ``y``: the last stage; ``loss``: ``L``;
     ``feed``: dict placeholder -> array; ``smooth``: no construct whose
     derivative has kinks at the fed point that finite differences would see
-    (max/min/argmax, abs, data selects, floor); ``text``: the printed graph;
+    (max/min/argmax, abs, data selects, floor), nor a te.stop_gradient (whose
+    derivative finite differences do not see); ``text``: the printed graph;
     ``reshape``: the generator could draw reshape loads (see :func:`make_program`).
     """
 
@@ -161,6 +165,10 @@ class _Gen:
         # a tenth for integer value arithmetic in a reduction's where (the GEMM
         # path evaluates such conditions itself, in the order te.evaluate does)
         self.rng10 = random.Random(seed * 217645177 + 37)
+        # an eleventh for te.stop_gradient in a value (a constant to differentiation:
+        # the finite-difference check is skipped for such a program, the others hold)
+        self.rng11 = random.Random(seed * 275604541 + 41)
+        self.draw_stop_gradient = reshape and seed not in SEEDS_BEFORE_STOP_GRADIENT
         self.draw_int_values = reshape and seed not in SEEDS_BEFORE_INT_VALUES
         self.draw_int_where = self.draw_int_values and seed not in SEEDS_BEFORE_INT_WHERE
         self.int_arith = False
@@ -373,6 +381,9 @@ class _Gen:
         if op < 0.76:
             self.smooth = False
             return te.abs(x)
+        if self.draw_stop_gradient and self.rng11.random() < 0.06:
+            self.smooth = False  # finite differences see what stop_gradient drops
+            return te.stop_gradient(x) * x
         return x * r.choice([1.5, -0.75, 2.0])
 
     def where(self, i, k):
