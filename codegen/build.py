@@ -354,7 +354,10 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
         packed = []
         if parallel:  # (serial builds keep every stage on loop nests)
             from .operands import pack_operands
+            from .tap_split import split_taps
             outs, packed = pack_operands(outs)
+            outs, split, packed = split_taps(outs, keep=packed)
+            packed = packed + split
         schedule = create_schedule(outs)
         for op in packed:  # a GEMM reads it: computed once, not inlined at every tap
             schedule[op].compute_root()
