@@ -355,9 +355,11 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
         if parallel:  # (serial builds keep every stage on loop nests)
             from .operands import pack_operands
             from .tap_split import split_taps
+            from .windows import window_operands
             outs, packed = pack_operands(outs)
             outs, split, packed = split_taps(outs, keep=packed)
-            packed = packed + split
+            outs, windows, packed = window_operands(outs, keep=packed + split)
+            packed = packed + windows
         schedule = create_schedule(outs)
         for op in packed:  # a GEMM reads it: computed once, not inlined at every tap
             schedule[op].compute_root()

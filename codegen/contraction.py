@@ -274,6 +274,9 @@ def _analyze(inst):
     if not dom.is_subset(inb[0].intersect(inb[1])):
         raise _NoMatch("a load may leave its tensor (the loop nest checks it)", "other")
     both = inb[0].intersect(inb[1])
+    # a window stage (codegen.windows) is zero outside its valid region: a conjunct
+    # that region implies is an absent term there, masked on the exact path only
+    valid = [_window_region(t, args, space, box) for t, args in inst.loads]
     # the conjuncts: implied by the operands' bounds (padding), spatial-only
     # (output mask), or on one operand's axes (operand mask)
     load_axes = []
@@ -283,7 +286,7 @@ def _analyze(inst):
             used |= {id(v) for v in post_order(ix) if isinstance(v, E.IterVar)}
         load_axes.append(used)
     sp_ids = {id(a) for a in inst.spatial}
-    out_masks, op_masks, op_data = [], [[], []], [[], []]
+    out_masks, op_masks, op_data, nf_masks = [], [[], []], [[], []], [[], []]
     placed = []  # per conjunct, in order: where the GEMM applies it
     for c in inst.conjuncts:
         cvars = {id(v) for v in post_order(c) if isinstance(v, E.IterVar)}
@@ -304,6 +307,12 @@ def _analyze(inst):
         aff = _cond_affine(c, axes, space, box)
         if aff is None:
             raise _NoMatch("a condition that is not affine", "nonaffine")
+        side = next((i for i in (0, 1) if valid[i] is not None and cvars <= load_axes[i]
+                     and both.intersect(valid[i]).is_subset(s)), None)
+        if side is not None:
+            nf_masks[side].extend(aff)
+            placed.append(("op", side))
+            continue
         if cvars <= sp_ids:
             out_masks.extend(aff)
             placed.append(("out", None))
@@ -318,7 +327,8 @@ def _analyze(inst):
     if refusing:
         _check_refusing_order(inst, placed, refusing)
     views = []
-    for (t, args), masks, dmasks, lax in zip(inst.loads, op_masks, op_data, load_axes):
+    for (t, args), masks, dmasks, lax, nfm in zip(inst.loads, op_masks, op_data, load_axes,
+                                                  nf_masks):
         pad, shape = [], tuple(t.shape)
         for ix, n in zip(args, shape):
             lo, hi = _range(to_pwaff(ix, space), box)
@@ -333,14 +343,15 @@ def _analyze(inst):
             raise _NoMatch(f"the offset of {t.name} is not affine", "nonaffine")
         coefs, const = aff
         used = [k for k, c in enumerate(coefs) if c]
-        mvars = [k for k in range(len(axes)) if any(m[0][k] for m in masks)]
+        mvars = [k for k in range(len(axes)) if any(m[0][k] for m in masks + nfm)]
         if dmasks:
             mvars += [k for k, a in enumerate(axes) if id(a) in lax]
         vaxes = sorted(set(used) | set(mvars))
         offset = const + sum(coefs[k] * axes[k].dom[0] for k in vaxes)
         vmasks = [([m[0][k] for k in vaxes], m[1], m[2]) for m in masks]
         views.append(OperandView(t, shape, pad if any(a or b for a, b in pad) else None,
-                                 vaxes, offset, [coefs[k] for k in vaxes], vmasks, dmasks))
+                                 vaxes, offset, [coefs[k] for k in vaxes], vmasks, dmasks,
+                                 [([m[0][k] for k in vaxes], m[1], m[2]) for m in nfm]))
     piece_axes = [(a.dom[0], a.dom[1] - a.dom[0], a.kind) for a in axes]
     nsp = len(inst.spatial)
     out_masks = [(m[0][:nsp], m[1], m[2]) for m in out_masks]
@@ -356,6 +367,21 @@ def _analyze(inst):
     if points < TAP_EFFICIENCY * vol:
         piece.inefficient = True
     return piece
+
+
+def _window_region(t, args, space, box):
+    """The set where a load of the window stage ``t`` (:mod:`codegen.windows`) reads
+    its valid region, or None when ``t`` is no window stage."""
+    region = getattr(t.op, "attrs", {}).get("texpr.window")
+    if not region:
+        return None
+    s = box
+    for tap, pos, a, b, c, n in region:
+        pa = to_pwaff(args[pos] * a + args[tap] * b + c, space)
+        if pa is None:
+            return None
+        s = s.intersect(pa.ge_set(space.const(0))).intersect(pa.lt_set(space.const(n)))
+    return s
 
 
 def _check_refusing_order(inst, placed, refusing):

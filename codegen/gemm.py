@@ -57,13 +57,18 @@ class OperandView:
     ``== 0``), given as ``(coefs, const, is_eq)``, outside which the view's
     elements count as zeros; ``data_masks``: data-dependent conditions over the
     same axes (expression trees, see :func:`_tree`; a ReLU's adjoint reads
-    ``where=dense[i, j] > 0``), the same way."""
+    ``where=dense[i, j] > 0``), the same way; ``exact_masks``: conditions like
+    ``masks`` applied only on the exact path (:meth:`ContractionPlan._non_finite`):
+    outside them a window stage (:mod:`codegen.windows`) holds zeros, which
+    stand for absent terms."""
 
-    def __init__(self, key, shape, pad, axes, offset, strides, masks, data_masks=()):
+    def __init__(self, key, shape, pad, axes, offset, strides, masks, data_masks=(),
+                 exact_masks=()):
         self.key, self.shape, self.pad = key, tuple(shape), pad
         self.axes, self.offset, self.strides = tuple(axes), int(offset), tuple(strides)
         self.masks = list(masks)
         self.data_masks = list(data_masks)
+        self.exact_masks = list(exact_masks)
 
     def padded_shape(self):
         if self.pad is None:
@@ -522,6 +527,12 @@ def _operand(view, arrays, piece_axes, dtype, real=None, padded=None, workspace=
     shape = [piece_axes[p][1] for p in view.axes]
     v = _byte_view(buf, view.offset, shape, view.strides)
     ok = _mask_array(view.masks, view.axes, piece_axes, shape, view) if view.masks else None
+    exact = getattr(view, "exact_masks", None)
+    if exact and real is not None:
+        # a window stage's zeros (codegen.windows): absent terms, masked where the
+        # exact path classifies non-finite values (elsewhere they are 0 * x = 0)
+        more = _mask_array(exact, view.axes, piece_axes, shape)
+        ok = more if ok is None else ok & more
     if view.data_masks and (real is not None or not getattr(view, "masks_only_non_finite", False)):
         grid = {}
         for d, q in enumerate(view.axes):
