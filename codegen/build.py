@@ -6,6 +6,7 @@ temporaries, and runs the units in order on the flat buffers, raising after
 the first unit whose error flag is set.
 """
 
+import threading
 import time
 
 import numpy as np
@@ -80,6 +81,8 @@ class Kernel:
         self.path = self.paths[0] if self.paths else None
         self._bufs = program.buffers
         self._plan = None
+        # per thread: the temporaries of the last call, reused by the next one
+        self._spare = threading.local()
 
     def __call__(self, *arrays, out=None, **named):
         if named:
@@ -139,13 +142,24 @@ class Kernel:
         others are copied there after the run. Returns the outputs (a tuple).
         Raises the error a unit flagged."""
         temps, outs = self._plan or self._make_plan()
-        if outs_given is None:
-            for size, dtype, _ in temps:
+        # a temporary that is no output is this thread's from call to call: fresh
+        # large buffers cost the kernel's page faults on every call (conv2d_s1's
+        # value and gradient: 1,700 faults per call; every stage writes its whole
+        # buffer, so a reused one holds nothing stale that is read)
+        spare = getattr(self._spare, "bufs", None)
+        if spare is None:
+            spare = self._spare.bufs = {}
+        for j, (size, dtype, k) in enumerate(temps):
+            o = None if outs_given is None or k is None else outs_given[k]
+            if o is not None:
+                args.append(o.reshape(-1))
+            elif k is None:
+                buf = spare.get(j)
+                if buf is None:
+                    buf = spare[j] = np.empty(size, dtype)
+                args.append(buf)
+            else:
                 args.append(np.empty(size, dtype))
-        else:
-            for size, dtype, k in temps:
-                o = None if k is None else outs_given[k]
-                args.append(np.empty(size, dtype) if o is None else o.reshape(-1))
         err = np.zeros(2, dtype=np.int64)  # [error code, the offending index]
         for unit in self.units:
             unit.run(args, err)
