@@ -42,9 +42,15 @@ the first stage reading it, its taps, the other plain dimensions, its
 positions (a convolution's ``(c, kh, kw, n, h, w)``).
 
 **Cost rule.** A window is made only when at least ``MIN_READERS`` stages read
-it: for a single reader the window costs a compiled unit (about 0.3 s of cold
-build time) and saves less (measured on conv2d_s1, see docs/stages.md).
+it, and it is no larger than what each reader's GEMMs read of that operand
+(their im2col copies; a strided convolution's dX reads its weights by taps,
+and a window over its positions would be a hundred times that). For a single
+reader a window costs a compiled unit and saved nothing: the forward
+convolutions of conv2d_s1 and conv2d_s2 alone ran 3.73 ms and 1.28-1.33 ms
+with and without one (in-process A/B, medians, 2026-12-05).
 """
+
+import math
 
 from texpr import expr as E
 from texpr.errors import TexprError
@@ -144,11 +150,20 @@ def _window_loads(op):
     axes = {id(v): v for v in list(op.axis) + list(red.axes)}
     reduce_ids = {id(v) for v in red.axes}
     out = []
-    for ld in loads:
+    for i, ld in enumerate(loads):
         w = _window_of(ld, axes)
         if w is None:
             continue
         plain, windows = w
+        # no larger than what the GEMMs read of the operand (a strided convolution's
+        # dX reads its weights by taps: a window over (h, r_h) would be 100x that)
+        size = math.prod(ld.tensor.shape[d] for d, _v in plain) * math.prod(
+            (axes[pu].dom[1] - axes[pu].dom[0]) * (axes[tv].dom[1] - axes[tv].dom[0])
+            for _d, pu, tv, _a, _b, _c in windows)
+        read = sum(math.prod(p.axes[q][1] for q in (p.a if i == 0 else p.b).axes)
+                   for p in plan.pieces)
+        if size > read:
+            continue
         sig = (id(ld.tensor), tuple(d for d, _v in plain),
                tuple((d, a, b, c, axes[pu].dom, axes[tv].dom)
                      for d, pu, tv, a, b, c in windows))
