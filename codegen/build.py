@@ -301,6 +301,10 @@ def _chooser(schedule, inlined, parallel):
         if flag is None and (st.ordered or st.parallel_set or st.vectorize_axes
                              or not parallel):
             return None
+        from .shifts import plan_of
+        shift = plan_of(op, key)  # a window or tap-sum stage (codegen.shifts)
+        if shift is not None:
+            return shift
         why = []
         plan = contraction.match(op, inlined, key=key, why=why)
         if plan is None:

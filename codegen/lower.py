@@ -246,13 +246,16 @@ def _lower_unit(op, stage, buffers, order, idents, inlined, parallel):
 
 
 def _blas_unit(op, plan):
-    """The unit of a stage run as GEMMs: its definition and its GEMMs as comments."""
+    """The unit of a stage run as GEMMs (or as numpy moves, a
+    :class:`codegen.shifts.ShiftPlan`): its definition and its plan as comments."""
     from .contraction import ContractionUnitSource
+    from .shifts import ShiftPlan, ShiftUnitSource
     w = _Writer()
     w.comment(0, "---- stage (BLAS)", f"---- stage {op.name}: {tensor_str(op.output(0))}")
     w.comment(0, "BLAS", plan.describe())
     readable = "\n".join(w.comments[ln.strip()] for ln in w.lines) + "\n"
-    return ContractionUnitSource(op.name, tensor_str(op.output(0)), plan, readable)
+    cls = ShiftUnitSource if isinstance(plan, ShiftPlan) else ContractionUnitSource
+    return cls(op.name, tensor_str(op.output(0)), plan, readable)
 
 
 def _scan_views(schedule, mat_ops):
@@ -353,6 +356,10 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
         if u.kind == "blas":
             parts.append(u.source.rstrip("\n"))
             driver.append(f"    # unit{k}: {u.stage} runs as GEMMs (numpy's BLAS; see its comment)")
+            continue
+        if u.kind == "shift":
+            parts.append(u.source.rstrip("\n"))
+            driver.append(f"    # unit{k}: {u.stage} runs as numpy copies and adds (see its comment)")
             continue
         parts.append(u.source.replace("\ndef unit(", f"\ndef unit{k}(", 1).rstrip("\n"))
         if u.chunks:

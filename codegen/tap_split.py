@@ -1,5 +1,5 @@
 """Tap splitting (col2im): a contraction whose im2col copy would be large becomes
-a GEMM over its channels and a loop nest over its kernel taps.
+a GEMM over its channels and a sum over its kernel taps.
 
 One job: rewrite, before scheduling, a contraction stage (:mod:`codegen.contraction`)
 in which one operand is read at indices that mix output (spatial) axes with
@@ -10,12 +10,13 @@ reduction axes -- a convolution's input gradient,
 
 -- into two stages when that moves less memory:
 
-    dX_taps[n, c, kh, kw, g0, g1] = sum(H[n, o, g0, g1] * W[o, c, kh, kw], axis=[o])
-    dX[n, c, h, w] = sum(dX_taps[n, c, kh, kw, h - kh + 1, w - kw + 1],
-                         axis=[kh, kw], where=<padding> && 0 <= h - kh + 1 < 28 && ...)
+    dX_taps[c, kh, kw, n, g0, g1] = sum(H[n, o, g0, g1] * W[o, c, kh, kw], axis=[o])
+    dX[n, c, h, w] = sum(dX_taps[c, kh, kw, n, h - kh + 1, w - kw + 1],
+                         axis=[kh, kw], where=<padding>)
 
 The first is a GEMM whose operands are views (no packing copy); the second
-(col2im) is a loop nest that adds each output point's taps. The GEMM path ran
+(col2im) adds each output point's taps (strided adds, :mod:`codegen.shifts`,
+or else a loop nest). The GEMM path ran
 the original as one GEMM over an im2col copy of ``H`` (every element of H
 copied once per tap: ``n * o * 9 * h * w``); the split writes and reads
 ``dX_taps`` instead (``n * c * 9 * h * w``: half as much for conv2d_s1,
@@ -37,11 +38,15 @@ says so), where:
   reduction axis not a tap) reads no ``S_m`` axis (it goes to the GEMM stage;
   the others go to the loop nest).
 
-The GEMM stage's axes are the spatial axes not in ``S_m`` (the output's
-order), the taps, and one axis per mixed dimension over ``A``'s extent
-there. The loop nest reads it at the mixed indices, under the original
-conjuncts and the mixed indices' bounds (implied by the original: the GEMM
-path proves every load of the domain inside its tensor).
+The GEMM stage's axes are the spatial axes not in ``S_m`` -- those both
+operands read, then ``B``'s, in the output's order --, the taps (a tap over
+``[lo, hi)`` as an axis over ``[0, hi - lo)``), the spatial axes only ``A``
+reads, and one axis per mixed dimension over ``A``'s extent there: the GEMM
+then writes its result in place, ``B`` giving its rows and ``A`` (an image)
+its columns. The tap sum reads it at the mixed indices, under the original
+conjuncts and those of the mixed indices' bounds that the conjuncts do not
+imply (they do imply them: the GEMM path proves every load of the domain
+inside its tensor).
 
 **Cost rule** (:func:`_pays`): split only when the GEMM stage has fewer
 elements than ``A``'s im2col copy (the product of the extents of the axes

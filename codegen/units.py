@@ -97,9 +97,15 @@ def _contraction_unit(desc):
     return ContractionUnit(desc)
 
 
+def _shift_unit(desc):
+    from .shifts import ShiftUnit
+    return ShiftUnit(desc)
+
+
 #: kind -> factory(description) for the unit kinds not compiled by numba
-#: (``"blas"``: a contraction stage run as GEMMs, :mod:`codegen.contraction`)
-FACTORIES = {"blas": _contraction_unit}
+#: (``"blas"``: a contraction stage run as GEMMs, :mod:`codegen.contraction`;
+#: ``"shift"``: a window or tap-sum stage run as numpy moves, :mod:`codegen.shifts`)
+FACTORIES = {"blas": _contraction_unit, "shift": _shift_unit}
 
 
 def make_units(program):

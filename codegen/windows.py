@@ -1,5 +1,5 @@
-"""Window stages: a contraction's im2col operand computed once, by a loop nest,
-for every GEMM that reads it.
+"""Window stages: a contraction's im2col operand computed once for every GEMM
+that reads it.
 
 One job: rewrite, before scheduling, the contraction stages that run on BLAS
 (:mod:`codegen.contraction`) and read an operand through a sliding window, so
@@ -16,7 +16,8 @@ adds one stage,
     X_win[c, kh, kw, n, h, w] = select(0 <= h + kh - 1 < 28 && 0 <= w + kw - 1 < 28,
                                        X[n, c, h + kh - 1, w + kw - 1], 0)
 
-(a compiled loop nest: zeros outside ``X``, so no padded copy), and both stages
+(zeros outside ``X``, so no padded copy; run as strided moves,
+:mod:`codegen.shifts`, or else as a loop nest), and both stages
 read ``X_win[c, kh, kw, n, h, w]``: plain views, whose strides merge into both
 GEMMs' operands (the convolution's ``K = (c, kh, kw)`` beside its images
 ``(n, h, w)``; the weight gradient's ``K = (n, h, w)`` beside ``(c, kh, kw)``),

@@ -1,0 +1,412 @@
+"""Shift plans: a window stage or a tap-sum stage run as strided moves by one
+precompiled function, instead of a loop nest compiled for the stage.
+
+One job: turn the two kinds of stage that :mod:`codegen.windows` and
+:mod:`codegen.tap_split` make -- a window (im2col) and the sum of a taps'
+stage over its taps (col2im) -- into a :class:`ShiftPlan`: plain data, one
+*move* per combination of tap values, each a copy (or an add) of a strided
+view of one buffer into a strided view of another, plus the zeros around
+it. :class:`ShiftPlan.run` hands the plan's table of moves to one numba
+function (:data:`MOVES_SOURCE`), the same for every plan of a dtype,
+compiled and cached like a unit: once per cache directory, not once per stage.
+
+Why not the stage's own loop nest: compiled by numba, a window stage and a tap
+sum cost 0.4-0.6 s of cold build time each (conv2d_s1's two: 1.3 s of numba,
+against a target of 1.1 s for its whole build). numpy's copies and adds of the
+same views cost no compile but ran 1.3 ms (window) and 2.3 ms (tap sum) on
+conv2d_s1's shapes, paying per innermost row of 27 elements. The moves ran
+0.63 and 0.65 ms, the stages' loop nests 0.62 and 1.10 ms (alone, medians,
+2026-12-05); the whole value and gradient in-process, A/B: 8.8 ms with the
+moves, 10.0 with the loop nests.
+
+**Which stages.** A window stage (``attrs[codegen.windows.WINDOW]``) and a
+tap-sum stage (``attrs[codegen.tap_split.SPLIT]`` on a reduction) have a plan
+when every move has at most ``RANK`` axes, the moves share their first axis
+(the one the function's outer loop runs over) and read one source buffer,
+there are at most ``MAX_MOVES`` tap combinations, and, for a tap sum, for
+every combination of tap values its ``where`` is a box in the output's axes
+(each conjunct affine in one output axis, the taps being constants) and its
+load's indices are affine. Else the stage keeps its loop nest.
+
+**Safety.** The compiled moves index without checks: every move's view is
+checked to lie inside its buffer when the plan is made, and each run checks
+that the buffers have the planned sizes and dtype.
+
+**Numerics.** A copy is exact; the tap sum adds the taps in their row-major
+order (a loop nest's order), each add IEEE: infinities and NaNs reach the
+outputs whose taps read them, as in the loop nest.
+"""
+
+import math
+
+import numpy as np
+
+from texpr import expr as E
+from texpr.errors import TexprError
+from texpr.expr import Load, Reduce
+
+__all__ = ["ShiftPlan", "plan_of", "MAX_MOVES"]
+
+#: at most this many tap combinations (moves) per plan
+MAX_MOVES = 1024
+
+
+class ShiftPlan:
+    """A stage as moves: ``out_key`` (its buffer), ``shape``, ``dtype``, ``fill``
+    (zero the output first), ``moves``: ``(mode, dst_offset, shape, dst_strides,
+    src_key, src_offset, src_strides)`` in elements of the flat buffers, ``mode``
+    ``"copy"``, ``"add"`` or ``"zero"`` (no source). Plain data: it pickles
+    with its kernel."""
+
+    def __init__(self, stage, out_key, shape, dtype, fill, moves, src_shape=None):
+        self.stage, self.out_key, self.shape, self.dtype = stage, out_key, tuple(shape), dtype
+        self.fill, self.moves = fill, list(moves)
+        keys = {m[4] for m in self.moves if m[4] is not None}
+        if len(keys) > 1:
+            raise _NoPlan()
+        self.src_key = next(iter(keys), None)
+        self.out_size = math.prod(self.shape)
+        self.src_size = math.prod(src_shape) if src_shape is not None else 0
+        # every move runs over one first axis (the threads' ranges) and has at most
+        # RANK axes; each stays inside its buffers (checked here, once: the
+        # compiled moves index without checks)
+        firsts = {(m[2][0], m[3][0]) for m in self.moves if m[2]}
+        if len(firsts) != 1 or any(not m[2] or len(m[2]) > RANK for m in self.moves):
+            raise _NoPlan()
+        (self.extent, _), = firsts
+        rows = []
+        for mode, doff, shape, dstr, key, soff, sstr in self.moves:
+            if 0 in shape:
+                continue
+            _inside(doff, shape, dstr, self.out_size)
+            if key is not None:
+                _inside(soff, shape, sstr, self.src_size)
+            pad = RANK - len(shape)
+            sh = [shape[0]] + [1] * pad + list(shape[1:])
+            ds = [dstr[0]] + [0] * pad + list(dstr[1:])
+            ss = [0] * RANK if sstr is None else [sstr[0]] + [0] * pad + list(sstr[1:])
+            rows.append([_MODES[mode], doff, soff] + sh + ds + ss)
+        self._table = np.array(rows, dtype=np.int64).reshape(-1)
+
+    def describe(self):
+        """One line, for ``Kernel.source``."""
+        kinds = {}
+        for m in self.moves:
+            kinds[m[0]] = kinds.get(m[0], 0) + 1
+        shown = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+        return f"numpy: {len(self.moves)} strided moves ({shown})" + \
+            ("; output zeroed first" if self.fill else "")
+
+    def keys(self):
+        """The buffers the plan reads and writes."""
+        return {self.out_key} | {m[4] for m in self.moves if m[4] is not None}
+
+    def run(self, arrays):
+        """Compute the stage's output into ``arrays[out_key]`` (flat, C-contiguous):
+        the moves by one compiled function (:data:`MOVES_SOURCE`), on the calling
+        thread. (Two threads, each on half the first axis, ran the moves alone
+        faster -- conv2d_s1's tap sum 0.53 against 0.74 ms -- but in the kernel,
+        between GEMMs whose OpenBLAS threads were still spinning, the step took
+        10.5 ms against 8.8 with one thread; in-process A/B, 2026-12-05.)"""
+        out = np.asarray(arrays[self.out_key]).reshape(-1)
+        src = out if self.src_key is None else np.asarray(arrays[self.src_key]).reshape(-1)
+        dt = np.dtype(self.dtype)
+        if out.dtype != dt or src.dtype != dt or not out.flags.c_contiguous \
+                or not src.flags.c_contiguous or out.size != self.out_size \
+                or (self.src_key is not None and src.size != self.src_size):
+            raise TexprError(f"stage {self.stage}: internal: a buffer is not as planned; "
+                             "please report the program")
+        if self.fill:
+            out.fill(0)
+        _moves_function(self.dtype)(out, src, self._table,
+                                    np.array([0, self.extent], dtype=np.int64))
+        return out
+
+    def __repr__(self):
+        return f"ShiftPlan({self.stage}: {self.describe()})"
+
+
+#: the most axes a move has (a window's or a tap sum's of a 2-D convolution: 4)
+RANK = 4
+_MODES = {"copy": 0, "add": 1, "zero": 2}
+_WORDS = 3 + 3 * RANK  # per move in the table: mode, offsets, extents, strides
+
+#: the compiled moves, one function for every plan of a dtype (compiled and cached
+#: like a unit, :func:`codegen.compile.compile_source`: once per cache directory)
+MOVES_SOURCE = f"""# texpr shift moves (codegen/shifts.py)
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def moves(dst, src, table, rng):
+    # per move {_WORDS} words: mode (0 copy, 1 add, 2 zero), the element offsets in
+    # dst and src, {RANK} extents, {RANK} dst strides, {RANK} src strides; the first
+    # axis (every move's) runs over rng[0] <= i0 < rng[1] only (the caller's range),
+    # outermost: a window's source rows and a tap sum's output rows stay in cache
+    # while every move uses them
+    for i0 in range(rng[0], rng[1]):
+        for m in range(table.size // {_WORDS}):
+            w = m * {_WORDS}
+            mode = table[w]
+            n1 = table[w + 4]
+            n2 = table[w + 5]
+            n3 = table[w + 6]
+            d1 = table[w + 8]
+            d2 = table[w + 9]
+            d3 = table[w + 10]
+            s1 = table[w + 12]
+            s2 = table[w + 13]
+            s3 = table[w + 14]
+            base_d = table[w + 1] + i0 * table[w + 7]
+            base_s = table[w + 2] + i0 * table[w + 11]
+            for i1 in range(n1):
+                for i2 in range(n2):
+                    d = base_d + i1 * d1 + i2 * d2
+                    s = base_s + i1 * s1 + i2 * s2
+                    if mode == 2:
+                        for i3 in range(n3):
+                            dst[np.uint64(d + i3 * d3)] = 0
+                    elif d3 == 1 and s3 == 1:
+                        if mode == 0:
+                            for i3 in range(n3):
+                                dst[np.uint64(d + i3)] = src[np.uint64(s + i3)]
+                        else:
+                            for i3 in range(n3):
+                                dst[np.uint64(d + i3)] += src[np.uint64(s + i3)]
+                    elif mode == 0:
+                        for i3 in range(n3):
+                            dst[np.uint64(d + i3 * d3)] = src[np.uint64(s + i3 * s3)]
+                    else:
+                        for i3 in range(n3):
+                            dst[np.uint64(d + i3 * d3)] += src[np.uint64(s + i3 * s3)]
+    return 0
+"""
+
+_FUNCTIONS = {}
+
+
+def _moves_function(dtype):
+    """The compiled moves for ``dtype`` (its entry point: exact argument types)."""
+    fn = _FUNCTIONS.get(dtype)
+    if fn is None:
+        from .compile import compile_source
+        c = compile_source(MOVES_SOURCE, [(dtype, 1), (dtype, 1), ("int64", 1), ("int64", 1)],
+                           "the shift moves (codegen/shifts.py)", entry="moves")
+        fn = _FUNCTIONS[dtype] = c.entry
+    return fn
+
+
+def _inside(offset, shape, strides, size):
+    """Raise _NoPlan unless every element of the view lies in ``[0, size)``."""
+    lo = hi = offset
+    for n, s in zip(shape, strides):
+        lo += min(0, (n - 1) * s)
+        hi += max(0, (n - 1) * s)
+    if lo < 0 or hi >= size:
+        raise _NoPlan()
+
+
+def _strides(shape):
+    return [int(math.prod(shape[d + 1:])) for d in range(len(shape))]
+
+
+def plan_of(op, key):
+    """The :class:`ShiftPlan` of a window or tap-sum stage, or None (the stage keeps
+    its loop nest). ``key``: tensor -> buffer key."""
+    from .tap_split import SPLIT
+    from .windows import WINDOW
+    attrs = getattr(op, "attrs", {})
+    try:
+        if attrs.get(WINDOW):
+            return _window_plan(op, key)
+        if attrs.get(SPLIT) and op.reduce_axis:
+            return _tap_sum_plan(op, key)
+    except _NoPlan:
+        return None
+    return None
+
+
+class _NoPlan(Exception):
+    pass
+
+
+def _window_plan(op, key):
+    """A window stage (codegen.windows): per combination of taps, the valid box of
+    positions copied from the source, the rest zeros."""
+    from .windows import WINDOW
+    region = op.attrs[WINDOW]
+    order = op.attrs["texpr.window_order"]
+    body = op.body[0]
+    if not isinstance(body, E.Select) or not isinstance(body.true_value, Load):
+        raise _NoPlan()
+    src_t = body.true_value.tensor
+    shape = op.output(0).shape
+    ws = _strides(shape)
+    ss = _strides(src_t.shape)
+    dims = [d for kind, d in order if kind == "pos"]  # source dims, in region order
+    taps = [r[0] for r in region]
+    free = [q for q in range(len(shape)) if q not in taps]
+    combos = math.prod(shape[t] for t in taps)
+    if combos > MAX_MOVES:
+        raise _NoPlan()
+    moves = []
+    for combo in np.ndindex(*[shape[t] for t in taps]):
+        ranges, soff = {}, 0
+        for (tap, pos, a, b, c, n), d, tv in zip(region, dims, combo):
+            p = np.arange(shape[pos])
+            ok = np.nonzero((a * p + b * tv + c >= 0) & (a * p + b * tv + c < n))[0]
+            lo, hi = (int(ok[0]), int(ok[-1]) + 1) if ok.size else (0, 0)
+            if ok.size and ok.size != hi - lo:
+                raise _NoPlan()
+            ranges[pos] = (lo, hi)
+            soff += (a * lo + b * tv + c) * ss[d]
+        base = sum(t * ws[q] for q, t in zip(taps, combo))
+        # the valid box: copied
+        if all(hi > lo for lo, hi in ranges.values()):
+            dshape, dstr, sstr, doff = [], [], [], base
+            for q in free:
+                kind, d = order[q]
+                if kind == "plain":
+                    dshape.append(shape[q])
+                    sstr.append(ss[d])
+                else:
+                    lo, hi = ranges[q]
+                    dshape.append(hi - lo)
+                    doff += lo * ws[q]
+                    k = next(i for i, r in enumerate(region) if r[1] == q)
+                    sstr.append(region[k][2] * ss[dims[k]])
+                dstr.append(ws[q])
+            moves.append(("copy", doff, dshape, dstr, key(src_t), soff, sstr))
+        # the zeros: per position axis, the slabs below and above its valid range
+        for q, (lo, hi) in ranges.items():
+            for a, b in ((0, lo), (hi, shape[q])) if hi > lo else ((0, shape[q]),):
+                if b <= a:
+                    continue
+                dshape = [shape[x] if x != q else b - a for x in free]
+                moves.append(("zero", base + a * ws[q], dshape, [ws[x] for x in free],
+                              None, 0, None))
+    return ShiftPlan(op.name, key(op.output(0)), shape, op.output(0).dtype, False, moves,
+                     src_t.shape)
+
+
+def _form(e, ids):
+    """``({id: coef}, const)`` of an integer affine expression over ``ids`` (else raise)."""
+    from .operands import _linear
+    f = _linear(e)
+    if f is None or any(v not in ids for v in f[0]):
+        raise _NoPlan()
+    return f
+
+
+def _tap_sum_plan(op, key):
+    """A tap-sum stage (codegen.tap_split): per combination of taps, the box of
+    output points where the ``where`` holds gets the taps' stage added."""
+    red = op.body[0]
+    if not isinstance(red, Reduce) or red.combiner.kind != "sum" or len(red.source) != 1 \
+            or not isinstance(red.source[0], Load):
+        raise _NoPlan()
+    ld = red.source[0]
+    spatial, taps = list(op.axis), list(red.axes)
+    ids = {id(v) for v in spatial + taps}
+    idx = [_form(ix, ids) for ix in ld.args]
+    from .contraction import _conjuncts
+    conds = []
+    for c in _conjuncts(red.where, []):
+        if isinstance(c, E.Const):
+            if not c.value:
+                raise _NoPlan()
+            continue
+        if isinstance(c, (E.GE, E.GT)):
+            lhs, rhs = c.a, c.b
+        elif isinstance(c, (E.LE, E.LT)):
+            lhs, rhs = c.b, c.a
+        else:
+            raise _NoPlan()
+        fa, fb = _form(lhs, ids), _form(rhs, ids)
+        coefs = dict(fa[0])
+        for v, k in fb[0].items():
+            coefs[v] = coefs.get(v, 0) - k
+        # sum(coefs * v) + const >= 0
+        conds.append((coefs, fa[1] - fb[1] - (1 if isinstance(c, (E.GT, E.LT)) else 0)))
+    shape = op.output(0).shape
+    os_ = _strides(shape)
+    ts = _strides(ld.tensor.shape)
+    sp_ids = [id(v) for v in spatial]
+    combos = math.prod(t.dom[1] - t.dom[0] for t in taps)
+    if combos > MAX_MOVES:
+        raise _NoPlan()
+    moves = []
+    for combo in np.ndindex(*[t.dom[1] - t.dom[0] for t in taps]):
+        tval = {id(t): t.dom[0] + c for t, c in zip(taps, combo)}
+        box = [[0, n] for n in shape]
+        empty = False
+        for coefs, const in conds:
+            k = const + sum(c * tval[v] for v, c in coefs.items() if v in tval)
+            sv = [(v, c) for v, c in coefs.items() if v not in tval and c]
+            if not sv:
+                empty = empty or k < 0
+                continue
+            if len(sv) != 1:
+                raise _NoPlan()
+            v, c = sv[0]
+            d = sp_ids.index(v)
+            if c > 0:  # c * s + k >= 0: s >= ceil(-k / c)
+                box[d][0] = max(box[d][0], -(k // c))
+            else:      # s <= floor(k / -c)
+                box[d][1] = min(box[d][1], k // (-c) + 1)
+        if empty or any(hi <= lo for lo, hi in box):
+            continue
+        doff = sum(lo * s for (lo, _), s in zip(box, os_))
+        soff, sstr = 0, [0] * len(spatial)
+        for (coefs, const), st in zip(idx, ts):
+            soff += (const + sum(c * tval[v] for v, c in coefs.items() if v in tval)) * st
+            for d, v in enumerate(sp_ids):
+                sstr[d] += coefs.get(v, 0) * st
+        soff += sum(lo * s for (lo, _), s in zip(box, sstr))
+        moves.append(("add", doff, [hi - lo for lo, hi in box], os_, key(ld.tensor), soff, sstr))
+    return ShiftPlan(op.name, key(op.output(0)), shape, op.output(0).dtype, True, moves,
+                     ld.tensor.shape)
+
+
+# ---- the unit kind (codegen.units) ----------------------------------------------------------
+
+class ShiftUnitSource:
+    """The description of a stage run as a :class:`ShiftPlan`, beside the numba units
+    of a program (:mod:`codegen.units`): ``kind`` ``"shift"``, ``stage``,
+    ``definition``, ``plan`` (its keys are buffer positions), ``args``,
+    ``errors`` (none: every view is inside its buffer, checked as it is made),
+    ``parallel`` (False), ``source`` (the readable comment). Picklable."""
+
+    kind = "shift"
+
+    def __init__(self, stage, definition, plan, readable):
+        self.stage, self.definition, self.plan = stage, definition, plan
+        self.args = tuple(sorted(plan.keys()))
+        self.errors, self.parallel, self.source = [], False, readable
+        self.module_source, self.arg_specs = None, []
+
+    def describe(self):
+        d = self.definition
+        return "the stage " + (d if len(d) < 400 else d[:400] + " ...")
+
+
+class ShiftUnit:
+    """A runnable unit (:mod:`codegen.units` interface): ``run(arrays, err)`` runs the
+    plan on the kernel's flat buffers. Nothing is compiled."""
+
+    kind = "shift"
+
+    def __init__(self, desc):
+        self.stage, self.args, self.errors = desc.stage, desc.args, desc.errors
+        self.plan = desc.plan
+        self.key = self.path = None
+        self.compile_seconds = 0.0
+        self.from_disk_cache, self.from_memory_cache, self.compiled = False, True, False
+        self.in_worker = False
+
+    def run(self, arrays, err):
+        self.plan.run(arrays)
+
+    def __repr__(self):
+        return f"ShiftUnit({self.stage!r}, {self.plan.describe()})"
