@@ -86,7 +86,7 @@ from .gemm import ContractionPlan, GemmPiece, OperandView, _TREE_OPS, _byte_view
 from .schedule import inline_expand
 
 __all__ = ["match", "ContractionPlan", "GemmPiece", "OperandView", "cost_ok",
-           "ContractionUnitSource", "ContractionUnit",
+           "ContractionUnitSource", "ContractionUnit", "float_sum",
            "BLAS_MIN_FLOP", "BLAS_MIN_DIM", "BLAS_MIN_EFFICIENCY"]
 
 #: below this many floating-point operations (all GEMMs of a stage) the loop nest runs:
@@ -168,6 +168,19 @@ def _conjuncts(c, out):
     elif not (isinstance(c, E.Const) and c.value is True):
         out.append(c)
     return out
+
+
+def float_sum(op):
+    """The body of a stage that is one float sum of one summand (a single-output
+    ComputeOp, a ``Reduce`` with the sum combiner over float32 or float64), or
+    None: the stages the GEMM path and its rewrites (:mod:`codegen.operands`,
+    :mod:`codegen.tap_split`, :mod:`codegen.windows`) consider."""
+    if not isinstance(op, ComputeOp) or op.num_outputs != 1 or not op.reduce_axis:
+        return None
+    red = op.body[0]
+    if not isinstance(red, E.Reduce) or red.combiner.kind != "sum" or len(red.source) != 1:
+        return None
+    return red if red.dtype in ("float32", "float64") else None
 
 
 def _contraction_of(op, inlined):
@@ -708,30 +721,13 @@ class ContractionUnitSource:
 
     def __init__(self, stage, definition, plan, readable):
         self.stage, self.definition, self.plan = stage, definition, plan
-        keys = {plan.out_key} | {v.key for p in plan.pieces for v in (p.a, p.b)}
-        for p in plan.pieces:
-            for v in (p.a, p.b):
-                for t in v.data_masks:
-                    keys |= _tree_keys(t)
-        self.args = tuple(sorted(keys))
+        self.args = tuple(sorted(plan.keys()))
         self.errors, self.parallel, self.source = [], False, readable
         self.module_source, self.arg_specs = None, []
 
     def describe(self):
         d = self.definition
         return "the stage " + (d if len(d) < 400 else d[:400] + " ...")
-
-
-def _tree_keys(t):
-    out = {t[1]} if t[0] in ("ld", "ldc") else set()
-    for x in t[1:]:
-        if isinstance(x, tuple) and x and isinstance(x[0], (str, type)):
-            out |= _tree_keys(x)
-        elif isinstance(x, tuple):
-            for y in x:
-                if isinstance(y, tuple):
-                    out |= _tree_keys(y)
-    return out
 
 
 class ContractionUnit:
@@ -752,4 +748,4 @@ class ContractionUnit:
         self.plan.run(arrays)
 
     def __repr__(self):
-        return f"ContractionUnit({self.stage!r}, {self.plan.describe()})"
+        return f"{type(self).__name__}({self.stage!r}, {self.plan.describe()})"

@@ -123,6 +123,15 @@ class ContractionPlan:
         """Floating-point operations of the GEMMs (2 per multiply-add)."""
         return sum(2 * b * m * n * k for b, m, n, k in (p.gemm_dims() for p in self.pieces))
 
+    def keys(self):
+        """The buffers the plan reads and writes (those its data masks read too)."""
+        keys = {self.out_key} | {v.key for p in self.pieces for v in (p.a, p.b)}
+        for p in self.pieces:
+            for v in (p.a, p.b):
+                for t in v.data_masks:
+                    keys |= _tree_keys(t)
+        return keys
+
     @property
     def points(self):
         """Multiply-adds of the stage's domain (the loop nest's work)."""
@@ -629,6 +638,19 @@ def _eval_tree(t, grid, arrays, mask=None):
         return out.astype(dtype, copy=False)
     with np.errstate(all="ignore"):
         return np.asarray(fn(a, b)).astype(dtype, copy=False)
+
+
+def _tree_keys(t):
+    """The buffer keys an expression tree (:func:`codegen.contraction._tree`) loads from."""
+    out = {t[1]} if t[0] in ("ld", "ldc") else set()
+    for x in t[1:]:
+        if isinstance(x, tuple) and x and isinstance(x[0], (str, type)):
+            out |= _tree_keys(x)
+        elif isinstance(x, tuple):
+            for y in x:
+                if isinstance(y, tuple):
+                    out |= _tree_keys(y)
+    return out
 
 
 def _pack(v, axes, groups):

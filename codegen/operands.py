@@ -50,7 +50,7 @@ gradient is packed once).
 
 from texpr import expr as E
 from texpr.errors import TexprError
-from texpr.expr import Load, Reduce
+from texpr.expr import Load
 from texpr.printer import expr_str
 from texpr.simplify.graph import rebuild
 from texpr.simplify.isl_bridge import VarSpace, box_set, isl, to_pwaff, to_set
@@ -95,14 +95,10 @@ def _loads(e):
 
 def _packed(op, shared):
     """The rewritten stage, or None."""
-    if not isinstance(op, ComputeOp) or op.num_outputs != 1 or not op.reduce_axis:
-        return None
-    red = op.body[0]
-    if not isinstance(red, Reduce) or red.combiner.kind != "sum" or len(red.source) != 1:
+    red = contraction.float_sum(op)
+    if red is None or op.attrs.get(PACKED):
         return None
     dtype = red.dtype
-    if dtype not in ("float32", "float64") or op.attrs.get(PACKED):
-        return None
     facs, conds, products = [], [], set()
     contraction._factors(red.source[0], facs, conds, products)
     conj = contraction._conjuncts(red.where, [])

@@ -45,6 +45,8 @@ from texpr import expr as E
 from texpr.errors import TexprError
 from texpr.expr import Load, Reduce
 
+from .contraction import ContractionUnit, ContractionUnitSource
+
 __all__ = ["ShiftPlan", "plan_of", "MAX_MOVES"]
 
 #: at most this many tap combinations (moves) per plan
@@ -371,42 +373,16 @@ def _tap_sum_plan(op, key):
 
 # ---- the unit kind (codegen.units) ----------------------------------------------------------
 
-class ShiftUnitSource:
+class ShiftUnitSource(ContractionUnitSource):
     """The description of a stage run as a :class:`ShiftPlan`, beside the numba units
-    of a program (:mod:`codegen.units`): ``kind`` ``"shift"``, ``stage``,
-    ``definition``, ``plan`` (its keys are buffer positions), ``args``,
-    ``errors`` (none: every view is inside its buffer, checked as it is made),
-    ``parallel`` (False), ``source`` (the readable comment). Picklable."""
+    of a program (:mod:`codegen.units`), as a GEMM stage's: ``kind`` ``"shift"``.
+    Picklable."""
 
     kind = "shift"
 
-    def __init__(self, stage, definition, plan, readable):
-        self.stage, self.definition, self.plan = stage, definition, plan
-        self.args = tuple(sorted(plan.keys()))
-        self.errors, self.parallel, self.source = [], False, readable
-        self.module_source, self.arg_specs = None, []
 
-    def describe(self):
-        d = self.definition
-        return "the stage " + (d if len(d) < 400 else d[:400] + " ...")
-
-
-class ShiftUnit:
+class ShiftUnit(ContractionUnit):
     """A runnable unit (:mod:`codegen.units` interface): ``run(arrays, err)`` runs the
-    plan on the kernel's flat buffers. Nothing is compiled."""
+    plan on the kernel's flat buffers, as a GEMM unit does. Nothing is compiled."""
 
     kind = "shift"
-
-    def __init__(self, desc):
-        self.stage, self.args, self.errors = desc.stage, desc.args, desc.errors
-        self.plan = desc.plan
-        self.key = self.path = None
-        self.compile_seconds = 0.0
-        self.from_disk_cache, self.from_memory_cache, self.compiled = False, True, False
-        self.in_worker = False
-
-    def run(self, arrays, err):
-        self.plan.run(arrays)
-
-    def __repr__(self):
-        return f"ShiftUnit({self.stage!r}, {self.plan.describe()})"

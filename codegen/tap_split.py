@@ -68,7 +68,7 @@ import math
 
 from texpr import expr as E
 from texpr.errors import TexprError
-from texpr.expr import Load, Reduce
+from texpr.expr import Load
 from texpr.reduction import sum as te_sum
 from texpr.simplify.graph import rebuild
 from texpr.simplify.isl_bridge import VarSpace, box_set, card_within, isl, to_set
@@ -123,14 +123,10 @@ def split_taps(outputs, keep=()):
 
 def _split(op):
     """``(gemm stage op, loop-nest op)`` replacing ``op``, or None."""
-    if not isinstance(op, ComputeOp) or op.num_outputs != 1 or not op.reduce_axis:
-        return None
-    red = op.body[0]
-    if not isinstance(red, Reduce) or red.combiner.kind != "sum" or len(red.source) != 1:
+    red = contraction.float_sum(op)
+    if red is None or op.attrs.get(SPLIT) or op.attrs.get(PACKED):
         return None
     dtype = red.dtype
-    if dtype not in ("float32", "float64") or op.attrs.get(SPLIT) or op.attrs.get(PACKED):
-        return None
     facs, conds = [], []
     contraction._factors(red.source[0], facs, conds)
     loads = [f for f in facs if isinstance(f, Load)]

@@ -9,22 +9,12 @@ import pytest
 import texpr as te
 from texpr import codegen, simplify
 from texpr.codegen.tap_split import split_taps
-from texpr.testing import numeric_gradient
 from texpr.tensor import topo_order
 
+from conv_testutil import assert_same_values, check_conv_kernel, conv_loss
 from fuzz import every_contraction_on_blas as blas_at_any_size  # the cost rule off
 
 nn = te.nn
-
-
-def _conv_loss(cin, cout, stride=1, dilation=1, padding=1, k=3, size=7, dtype="float64"):
-    X = te.placeholder((2, cin, size, size), "X", dtype)
-    W = te.placeholder((cout, cin, k, k), "W", dtype)
-    y = nn.conv2d(X, W, stride=stride, padding=padding, dilation=dilation, name="conv")
-    H = te.placeholder(y.shape, "H", dtype)
-    ax = [te.reduce_axis(s, a) for s, a in zip(y.shape, "ncij")]
-    L = te.compute((), lambda: te.sum(y[tuple(ax)] * H[tuple(ax)], axis=ax), name="L")
-    return L, [X, W, H]
 
 
 def _split_names(L, wrt):
@@ -37,20 +27,20 @@ def _split_names(L, wrt):
 def test_the_input_gradient_splits_where_it_has_fewer_channels():
     # dX has 3 channels, its contraction sums over 5: the taps' stage (3 x 9 per
     # pixel) is smaller than H's im2col (5 x 9 per pixel)
-    L, (X, W, H) = _conv_loss(3, 5)
+    L, (X, W, H) = conv_loss(3, 5)
     assert _split_names(L, [X, W]) == ["d_X__conv_taps"]
     # the forward stage splits the other way round: 3 -> 2 channels
-    L, (X, W, H) = _conv_loss(3, 2)
+    L, (X, W, H) = conv_loss(3, 2)
     assert _split_names(L, [X, W]) == ["conv_taps"]
     # equal channels: the im2col copy is no larger, nothing splits
-    L, (X, W, H) = _conv_loss(3, 3)
+    L, (X, W, H) = conv_loss(3, 3)
     assert _split_names(L, [X, W]) == []
 
 
 def test_strided_input_gradient_keeps_its_gemm():
     # stride 2: a tap is valid at one point in two along each axis, the col2im
     # loop nest would visit mostly empty points (MIN_DENSITY)
-    L, (X, W, H) = _conv_loss(3, 5, stride=2)
+    L, (X, W, H) = conv_loss(3, 5, stride=2)
     assert "d_X__conv_taps" not in _split_names(L, [X, W])
 
 
@@ -61,33 +51,21 @@ def test_strided_input_gradient_keeps_its_gemm():
     (3, 5, 2, 1, 1, 3),   # strided: only what pays splits
 ])
 def test_split_kernels_match_the_evaluator_fd_and_torch(cin, cout, stride, dilation, padding, k):
-    L, ins = _conv_loss(cin, cout, stride, dilation, padding, k)
+    L, ins = conv_loss(cin, cout, stride, dilation, padding, k)
     X, W, H = ins
     grads = list(te.differentiate(L, [X, W]).result)
     with blas_at_any_size():
         kernel = codegen.build([L] + grads, ins)
     stages = [u.stage for u in kernel.units]
     assert any(s.endswith("_taps") for s in stages) == (stride == 1), stages
-    rng = np.random.default_rng(cin * 10 + cout)
-    feed = {t: rng.standard_normal(t.shape) for t in ins}
-    got = kernel(*[feed[t] for t in ins])
-    for g, w in zip(got, te.evaluate([L] + grads, feed)):
-        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
-    for t, g in zip([X, W], got[1:]):
-        np.testing.assert_allclose(g, numeric_gradient(L, t, feed), rtol=1e-6, atol=1e-7)
-    torch = pytest.importorskip("torch")
-    tx, tw = (torch.tensor(feed[t], requires_grad=True) for t in (X, W))
-    y = torch.nn.functional.conv2d(tx, tw, stride=stride, padding=padding, dilation=dilation)
-    (y * torch.tensor(feed[H])).sum().backward()
-    np.testing.assert_allclose(got[1], tx.grad.numpy(), rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(got[2], tw.grad.numpy(), rtol=1e-10, atol=1e-10)
+    check_conv_kernel(kernel, L, ins, grads, stride, dilation, padding, cin * 10 + cout)
 
 
 @pytest.mark.parametrize("value", [np.inf, -np.inf, np.nan])
 def test_non_finite_head_reaches_the_evaluators_outputs(value):
     # the taps' GEMM meets the infinity (its exact path), the loop nest adds it
     # at exactly the outputs whose taps read it: a border value reaches fewer
-    L, ins = _conv_loss(3, 5, dtype="float32")
+    L, ins = conv_loss(3, 5, dtype="float32")
     X, W, H = ins
     dX = te.differentiate(L, [X]).result[0]
     with blas_at_any_size():
@@ -101,11 +79,7 @@ def test_non_finite_head_reaches_the_evaluators_outputs(value):
         f[H][pos] = value
         got, = kernel(*[f[t] for t in ins])
         want = te.evaluate(dX, f)
-        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-        np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want))
-        np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want))
-        ok = np.isfinite(want)
-        np.testing.assert_allclose(got[ok], want[ok], rtol=1e-4, atol=1e-4)
+        assert_same_values(got, want)
 
 
 def test_a_tap_mixed_with_an_axis_the_other_operand_reads_is_not_split():
@@ -125,7 +99,7 @@ def test_a_stage_reading_a_split_stage_is_kept_in_the_returned_list():
     # pack_operands hands its packed stages to split_taps (keep=): one that reads
     # a split stage is rebuilt, and the list names the rebuilt op (the build
     # materialises what it returns; a stale op was inlined and lost its masks)
-    L, (X, W, H) = _conv_loss(3, 5)
+    L, (X, W, H) = conv_loss(3, 5)
     outs = simplify.simplify([L] + list(te.differentiate(L, [X]).result))
     dx = outs[1]
     reader = te.compute(dx.shape, lambda *i: dx[i] * 2.0, name="reader")
