@@ -55,15 +55,14 @@ import math
 
 from texpr import expr as E
 from texpr.errors import TexprError
-from texpr.expr import Load, Reduce
+from texpr.expr import Load
 from texpr.simplify.graph import rebuild
 from texpr.simplify.isl_bridge import isl
 from texpr.tensor import ComputeOp, topo_order
 from texpr.visitor import substitute
 
 from . import contraction
-from .operands import PACKED, _linear
-from .tap_split import SPLIT
+from .operands import _linear
 
 __all__ = ["window_operands", "WINDOW", "WINDOWED", "MIN_READERS"]
 
@@ -91,7 +90,7 @@ def window_operands(outputs, keep=()):
     # first pass: which windows would be read, and by how many stages
     counts = {}
     for op in topo_order(list(outputs)):
-        for sig, _ld, _roles in _window_loads(op):
+        for sig, _i, _roles in _window_loads(op):
             counts[sig] = counts.get(sig, 0) + 1
     wanted = {sig for sig, n in counts.items() if n >= MIN_READERS}
     if not wanted:
@@ -101,7 +100,7 @@ def window_operands(outputs, keep=()):
     def fn(op, orig, tmap):
         replaced[id(orig)] = op
         try:
-            new = _rewritten(op, wanted, made)
+            new = _rewritten(op, orig, wanted, made)
         except (TexprError, isl.Error):
             return None
         if new is None:
@@ -118,13 +117,8 @@ def window_operands(outputs, keep=()):
 
 def _candidate(op):
     """``(reduce, loads)`` of a stage the pattern may apply to, or None."""
-    if not isinstance(op, ComputeOp) or op.num_outputs != 1 or not op.reduce_axis:
-        return None
-    red = op.body[0]
-    if not isinstance(red, Reduce) or red.combiner.kind != "sum" or len(red.source) != 1:
-        return None
-    if red.dtype not in ("float32", "float64") or op.attrs.get(PACKED) \
-            or op.attrs.get(WINDOWED):
+    red = contraction.float_sum(op)
+    if red is None or op.attrs.get(WINDOWED):
         return None
     facs, conds = [], []
     contraction._factors(red.source[0], facs, conds)
@@ -135,7 +129,8 @@ def _candidate(op):
 
 
 def _window_loads(op):
-    """``[(signature, load, roles)]``: the stage's loads that read through a window,
+    """``[(signature, position, roles)]``: the stage's loads (their positions among
+    its two factors) that read through a window,
     when the stage runs on BLAS. ``roles``: per plain dimension whether its axis
     is a reduction axis, and per window dimension ``(pos, tap)`` axes."""
     cand = _candidate(op)
@@ -169,7 +164,7 @@ def _window_loads(op):
                tuple((d, a, b, c, axes[pu].dom, axes[tv].dom)
                      for d, pu, tv, a, b, c in windows))
         roles = ([(d, id(v) in reduce_ids) for d, v in plain], windows)
-        out.append((sig, ld, roles))
+        out.append((sig, i, roles))
     return out
 
 
@@ -206,14 +201,19 @@ def _window_of(ld, axes):
     return plain, windows
 
 
-def _rewritten(op, wanted, made):
-    """The stage reading its windows (made as needed into ``made``), or None."""
-    found = [(sig, ld, roles) for sig, ld, roles in _window_loads(op) if sig in wanted]
+def _rewritten(op, orig, wanted, made):
+    """The stage reading its windows (made as needed into ``made``), or None.
+    ``orig``: the stage in the input graph, whose loads' tensors the signatures
+    name (``op`` reads the rewritten producers: a stage behind a window has new
+    tensors); ``op``'s loads are at the same places, over the same axes."""
+    found = [(sig, i, roles) for sig, i, roles in _window_loads(orig) if sig in wanted]
     if not found:
         return None
     red = op.body[0]
+    loads = _candidate(op)[1]
     mapping = {}
-    for sig, ld, roles in found:
+    for sig, i, roles in found:
+        ld = loads[i]
         plain, windows = roles
         axes = {id(v): v for v in list(op.axis) + list(red.axes)}
         win = made.get(sig)

@@ -117,6 +117,9 @@ class Program:
     int_arith: bool = False
     #: that arithmetic in a reduction's where (:meth:`_Gen.stage`)
     int_where: bool = False
+    #: drawn as a conv -> activation -> conv program whatever the seed
+    #: (``make_program(conv=True)``: the conv profile)
+    conv: bool = False
 
     @property
     def inputs(self):
@@ -511,13 +514,15 @@ ARGMAX = te.comm_reducer(
     lambda vd, idd: (te.const(-np.inf, vd), te.const(-1, idd)), name="argmax")
 
 
-def make_program(seed, dtype=None, reshape=True):
+def make_program(seed, dtype=None, reshape=True, conv=False):
     """The program of ``seed`` (deterministic); ``dtype`` overrides its float dtype.
     ``reshape=False``: without reshape loads (the generator before they were
-    added: the regression seeds found then keep their programs)."""
+    added: the regression seeds found then keep their programs). ``conv=True``:
+    a conv -> activation -> conv program (:func:`conv_activation_conv`) whatever
+    the seed draws (the conv profile: the GEMM path's rewrites of convolutions)."""
     g = _Gen(seed, dtype, reshape)
     r = g.rng
-    if reshape and g.rng5.random() < 0.06:
+    if (reshape and g.rng5.random() < 0.06) or conv:
         floats, y = conv_activation_conv(g)
     else:
         floats = []
@@ -557,7 +562,7 @@ def make_program(seed, dtype=None, reshape=True):
     feed.update(g.int_values)
     text = te.graph_str([y, loss])
     return Program(seed, g.dtype, floats, list(g.ints), C, y, loss, feed, g.smooth, finite,
-                   text, g.big, reshape, near_max, g.int_arith, g.int_where)
+                   text, g.big, reshape, near_max, g.int_arith, g.int_where, conv)
 
 
 # ---- checks ------------------------------------------------------------------------
@@ -688,7 +693,7 @@ class _Prepared:
         + :attr:`ref_simp` are for the program (see :func:`compare_orders`)."""
         if getattr(self, "_twin", None) is None:
             p = self.p
-            t = make_program(p.seed, dtype="float64", reshape=p.reshape)
+            t = make_program(p.seed, dtype="float64", reshape=p.reshape, conv=p.conv)
             feed = {b: np.asarray(p.feed[a]).astype(np.float64)
                     if np.asarray(p.feed[a]).dtype.kind == "f" else p.feed[a]
                     for a, b in zip(p.inputs, t.inputs)}
@@ -752,6 +757,8 @@ def reads_through_data(tensors):
 
 
 def _finding(p, kind, msg):
+    if p.conv:  # (make_program(seed, conv=True) replays it)
+        kind += " (conv profile)"
     return Finding(p.seed, kind, msg, p.text)
 
 
@@ -906,6 +913,11 @@ REASSOCIATED_SUMS = [0]
 UNROLLED_SUMS = [0]
 #: packed-operand stages (:mod:`codegen.operands`) in the fuzzer's kernels so far
 PACKED_STAGES = [0]
+#: window stages (codegen.windows), taps' stages (codegen.tap_split) and shift
+#: units (codegen.shifts) in the fuzzer's kernels so far
+WINDOW_STAGES = [0]
+TAP_SPLITS = [0]
+SHIFT_UNITS = [0]
 #: GEMMs run in chunks of their packing copies (:func:`split_gemms`) so far
 CHUNKED_RUNS = [0]
 
@@ -1157,6 +1169,9 @@ def _check_kernel(qs, findings, mode="default"):
         UNROLLED_SUMS[0] += len(re.findall(r"\bacc\d+_\d+(?:_l\d+)?_p1 \+=", kernel.source))
         PACKED_STAGES[0] += sum(1 for u in kernel.units
                                 if re.search(r"_packed[0-9]+$", u.stage or ""))
+        WINDOW_STAGES[0] += sum(1 for u in kernel.units if (u.stage or "").endswith("_window"))
+        TAP_SPLITS[0] += sum(1 for u in kernel.units if (u.stage or "").endswith("_taps"))
+        SHIFT_UNITS[0] += sum(1 for u in kernel.units if u.kind == "shift")
         runs = [(got, "")]
         if n_blas:
             chunked = contraction_chunk_runs()
@@ -1413,7 +1428,7 @@ def _check_kernel_int_error(q, findings, mode="default"):
 
 def _check_fd(q, findings):
     """Raw gradients of the float64 twin against central finite differences."""
-    p = make_program(q.p.seed, dtype="float64", reshape=q.p.reshape)
+    p = make_program(q.p.seed, dtype="float64", reshape=q.p.reshape, conv=q.p.conv)
     raw = te.differentiate(p.loss, p.floats, simplify=False).result
     got = te.evaluate(list(raw), p.feed)
     for x, g in zip(p.floats, got):
@@ -1441,7 +1456,7 @@ def _guarded(findings, programs, check, *args):
 
 
 def check_programs(seeds, batch=8, fd=True, compile_every=1, log=None, reshape=True,
-                   modes=MODES):
+                   modes=MODES, conv=False):
     """Run every check on the programs of ``seeds``; returns the list of findings.
 
     Programs are compiled ``batch`` at a time into one kernel (one numba compile
@@ -1455,7 +1470,7 @@ def check_programs(seeds, batch=8, fd=True, compile_every=1, log=None, reshape=T
     batch when ``modes`` has it; its kernel runs twice, GEMMs in one call and
     split on worker threads); a program expecting OutOfBoundsError is built
     alone in the modes other than BLAS, in turn (the first failing check must
-    still be an OutOfBoundsError). ``reshape``: as for :func:`make_program`.
+    still be an OutOfBoundsError). ``reshape``, ``conv``: as for :func:`make_program`.
     """
     modes = tuple(modes)
     unknown = [m for m in modes if m not in _MODES]
@@ -1472,7 +1487,7 @@ def check_programs(seeds, batch=8, fd=True, compile_every=1, log=None, reshape=T
         if log is not None:
             log(f"program {pos}: seed {s}, {len(findings)} finding(s) so far", findings)
         try:
-            p = make_program(s, reshape=reshape)
+            p = make_program(s, reshape=reshape, conv=conv)
         except Exception:  # noqa: BLE001 - the generator should never fail
             findings.append(Finding(s, "generator", traceback.format_exc(limit=-3), ""))
             continue

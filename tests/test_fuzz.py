@@ -161,6 +161,24 @@ def test_fuzz_ci_profile():
     assert fuzz.UNROLLED_SUMS[0] > runs[7]
 
 
+#: the conv profile: conv -> activation -> conv programs only, every contraction on
+#: BLAS: the rewrites of convolutions' GEMMs (codegen.tap_split, codegen.windows)
+#: and their shift units (codegen.shifts), which the CI profile's few conv
+#: programs rarely reach
+CONV_SEED = 20262500
+CONV_PROGRAMS = 16
+
+
+def test_fuzz_conv_profile():
+    seeds = range(CONV_SEED, CONV_SEED + CONV_PROGRAMS)
+    runs = (fuzz.WINDOW_STAGES[0], fuzz.TAP_SPLITS[0], fuzz.SHIFT_UNITS[0])
+    findings = fuzz.check_programs(seeds, modes=("blas",), conv=True)
+    assert not findings, _report(findings)
+    assert fuzz.WINDOW_STAGES[0] > runs[0]
+    assert fuzz.TAP_SPLITS[0] > runs[1]
+    assert fuzz.SHIFT_UNITS[0] > runs[2]
+
+
 #: the parallel profile: stages of a few points built as parallel loop nests
 #: (the path of large stages, which fuzzed programs never reach), each kernel
 #: also run with its units' serial twins (a forked child's path)
