@@ -124,7 +124,7 @@ def split_taps(outputs, keep=()):
 def _split(op):
     """``(gemm stage op, loop-nest op)`` replacing ``op``, or None."""
     red = contraction.float_sum(op)
-    if red is None or op.attrs.get(SPLIT) or op.attrs.get(PACKED):
+    if red is None or op.attrs.get(SPLIT):
         return None
     dtype = red.dtype
     facs, conds = [], []
@@ -136,8 +136,8 @@ def _split(op):
     conj = contraction._conjuncts(red.where, [])
     for c in conds:
         contraction._conjuncts(c, conj)
-    if any(isinstance(n, Load) for c in conj for n in post_order(c)):
-        return None
+    if not op.attrs.get(PACKED) and any(isinstance(n, Load) for c in conj for n in post_order(c)):
+        return None  # (a packed stage's data conjuncts are its packed operand's)
     try:
         plan = contraction.match(op)
     except Exception:  # noqa: BLE001 - the matcher's own errors: leave the stage alone
@@ -175,10 +175,12 @@ def _try(op, red, a, b, consts, conj, dtype):
     if not channels:
         return None
     chan_ids = {id(v) for v in channels}
-    gemm_conds, nest_conds = [], []
+    gemm_conds, nest_conds, data_conds = [], [], []
     for c in conj:
         ids = {id(v) for v in free_vars(c)}
-        if ids & chan_ids:
+        if any(isinstance(n, Load) for n in post_order(c)):
+            data_conds.append(c)  # a packed stage's: on A's index (below)
+        elif ids & chan_ids:
             if ids & s_m:
                 return None
             gemm_conds.append(c)
@@ -208,6 +210,14 @@ def _try(op, red, a, b, consts, conj, dtype):
     for c in gemm_conds:
         c2 = substitute(c, m1)
         where = c2 if where is None else E.logical_and(where, c2)
+    # a packed stage's data conjuncts are functions of A's index (codegen.operands):
+    # at A's index in the taps' stage, its mixed dimensions the new axes
+    t_ids = {id(v) for v in new_rest + new_taps + new_g + new_chan}
+    for c in data_conds:
+        c2 = substitute(substitute(c, {a.args[d]: new_g[k] for k, d in enumerate(mixed)}), m1)
+        if any(id(v) not in t_ids for v in free_vars(c2) if isinstance(v, E.IterVar)):
+            return None
+        where = c2 if where is None else E.logical_and(where, c2)
     # the axes' order makes the GEMM stage's result one GEMM in place: axes both
     # operands read (batch) first, then B's (the rows), the taps (B's too), then
     # A's (the columns: an image's axes, contiguous in its buffer)
@@ -219,8 +229,11 @@ def _try(op, red, a, b, consts, conj, dtype):
     lead = [q for q in order if rank[id(rest[q])] < 2]
     tail = [q for q in order if rank[id(rest[q])] == 2]
     t_axes = [new_rest[q] for q in lead] + new_taps + [new_rest[q] for q in tail] + new_g
+    attrs = {SPLIT: True, "of": op.name}
+    if op.attrs.get(PACKED):
+        attrs[PACKED] = True  # (its packed operand is zero where the data conjuncts fail)
     t_op = ComputeOp(f"{op.name}_taps", t_axes, (te_sum(summand, new_chan, where),),
-                     "tap_split", {SPLIT: True, "of": op.name})
+                     "tap_split", attrs)
     t = t_op.output(0)
     if t.dtype != dtype:
         return None
@@ -297,7 +310,8 @@ def _pays(a, t, t_op, nest, op, nest_taps, cond):
         return False
     if plan is None or not contraction.cost_ok(plan):
         return False
-    return all(v.pad is None and not v.masks and not v.data_masks
+    packed = bool(t_op.attrs.get(PACKED))  # (data masks only on the exact path)
+    return all(v.pad is None and not v.masks and (packed or not v.data_masks)
                for p in plan.pieces for v in (p.a, p.b)) and not any(
                    p.out_masks for p in plan.pieces)
 

@@ -128,3 +128,42 @@ def test_a_tap_over_a_shrunk_domain_is_read_at_its_offset():
     want = te.evaluate(out, feed)
     np.testing.assert_allclose(te.evaluate(new[0], feed), want, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(kernel(feed[H], feed[W])[0], want, rtol=1e-10, atol=1e-10)
+
+
+def test_an_input_gradient_behind_a_relu_splits_with_its_mask():
+    # conv0 -> relu -> conv1: dX of conv0 multiplies a packed operand (the head
+    # masked by the relu) whose condition moves into the taps' stage, applied on
+    # the GEMM path's exact path only (the packed operand is zero where it fails)
+    from conv_testutil import assert_same_values
+    X = te.placeholder((2, 3, 7, 7), "X", "float64")
+    W0 = te.placeholder((5, 3, 3, 3), "W0", "float64")
+    b0 = te.placeholder((5,), "b0", "float64")
+    W1 = te.placeholder((4, 5, 3, 3), "W1", "float64")
+    h = nn.relu(nn.conv2d(X, W0, b0, padding=1, name="conv0"), name="relu0")
+    y = nn.conv2d(h, W1, padding=1, name="conv1")
+    H = te.placeholder(y.shape, "H", "float64")
+    ax = [te.reduce_axis(s, a) for s, a in zip(y.shape, "ncij")]
+    L = te.compute((), lambda: te.sum(y[tuple(ax)] * H[tuple(ax)], axis=ax), name="L")
+    ins = [X, W0, b0, W1, H]
+    grads = list(te.differentiate(L, [X]).result)
+    with blas_at_any_size():
+        kernel = codegen.build([L] + grads, ins)
+    taps = [u for u in kernel.units if u.stage == "d_X__conv0_taps"]
+    assert taps and taps[0].kind == "blas", kernel.stages
+    # (the units keep no op: the plan says the stage is a packed one)
+    assert all(v.masks_only_non_finite for p in taps[0].plan.pieces for v in (p.a, p.b))
+    rng = np.random.default_rng(8)
+    feed = {t: rng.standard_normal(t.shape) for t in ins}
+    got = kernel(*[feed[t] for t in ins])
+    for g, w in zip(got, te.evaluate([L] + grads, feed)):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
+    from texpr.testing import numeric_gradient
+    np.testing.assert_allclose(got[1], numeric_gradient(L, X, feed), rtol=1e-6, atol=1e-7)
+    ref = simplify.simplify([L] + grads)
+    for t, pos, v in ((W0, (1, 0, 0, 0), np.inf), (H, (0, 1, 0, 0), np.nan),
+                      (W1, (2, 3, 2, 2), -np.inf)):
+        f = dict(feed)
+        f[t] = feed[t].copy()
+        f[t][pos] = v
+        for g, w in zip(kernel(*[f[s] for s in ins]), te.evaluate(ref, f)):
+            assert_same_values(np.asarray(g), np.asarray(w), rtol=1e-10, atol=1e-10)
