@@ -359,7 +359,8 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
             continue
         if u.kind == "shift":
             parts.append(u.source.rstrip("\n"))
-            driver.append(f"    # unit{k}: {u.stage} runs as numpy copies and adds (see its comment)")
+            driver.append(f"    # unit{k}: {u.stage} runs as a shift plan: strided copies and adds "
+                          "(codegen.shifts; see its comment)")
             continue
         parts.append(u.source.replace("\ndef unit(", f"\ndef unit{k}(", 1).rstrip("\n"))
         if u.chunks:

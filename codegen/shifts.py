@@ -96,7 +96,8 @@ class ShiftPlan:
         for m in self.moves:
             kinds[m[0]] = kinds.get(m[0], 0) + 1
         shown = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
-        return f"numpy: {len(self.moves)} strided moves ({shown})" + \
+        return f"shift plan: {len(self.moves)} strided moves ({shown}; one compiled " \
+            "function shared by every shift plan)" + \
             ("; output zeroed first" if self.fill else "")
 
     def keys(self):
@@ -188,14 +189,24 @@ def moves(dst, src, table, rng):
 _FUNCTIONS = {}
 
 
+def _moves_compiled(dtype):
+    """The first :class:`codegen.compile.Compiled` of the moves for ``dtype`` in this
+    process (None after that: it is in memory)."""
+    if dtype in _FUNCTIONS:
+        return None
+    from .compile import compile_source
+    c = compile_source(MOVES_SOURCE, [(dtype, 1), (dtype, 1), ("int64", 1), ("int64", 1)],
+                       "the shift moves (codegen/shifts.py)", entry="moves")
+    _FUNCTIONS[dtype] = c.entry
+    return c
+
+
 def _moves_function(dtype):
     """The compiled moves for ``dtype`` (its entry point: exact argument types)."""
     fn = _FUNCTIONS.get(dtype)
     if fn is None:
-        from .compile import compile_source
-        c = compile_source(MOVES_SOURCE, [(dtype, 1), (dtype, 1), ("int64", 1), ("int64", 1)],
-                           "the shift moves (codegen/shifts.py)", entry="moves")
-        fn = _FUNCTIONS[dtype] = c.entry
+        _moves_compiled(dtype)
+        fn = _FUNCTIONS[dtype]
     return fn
 
 
@@ -383,6 +394,18 @@ class ShiftUnitSource(ContractionUnitSource):
 
 class ShiftUnit(ContractionUnit):
     """A runnable unit (:mod:`codegen.units` interface): ``run(arrays, err)`` runs the
-    plan on the kernel's flat buffers, as a GEMM unit does. Nothing is compiled."""
+    plan on the kernel's flat buffers, as a GEMM unit does. Made with the kernel
+    (inside ``codegen.build``), it compiles or loads the shared moves function
+    of its dtype then, not at the first call: ``compile_seconds`` and
+    ``compiled`` say so (the first unit of a dtype in a process that compiled
+    it; from disk or memory after that)."""
 
     kind = "shift"
+
+    def __init__(self, desc):
+        super().__init__(desc)
+        c = _moves_compiled(desc.plan.dtype)
+        if c is not None:
+            self.compile_seconds = c.compile_seconds
+            self.from_disk_cache, self.from_memory_cache = c.from_disk_cache, False
+            self.compiled = not c.from_disk_cache

@@ -65,3 +65,17 @@ def test_a_buffer_not_as_planned_is_refused():
     arrays = {k: np.zeros(3, "float32") for k in unit.args}
     with pytest.raises(TexprError, match="not as planned"):
         unit.plan.run(arrays)
+
+
+def test_the_shared_moves_are_compiled_with_the_kernel(monkeypatch):
+    # made inside codegen.build, so a kernel's compile_seconds holds them (not the
+    # first call); the first shift unit of a dtype in the process reports it
+    import texpr.codegen.shifts as shifts
+    monkeypatch.setattr(shifts, "_FUNCTIONS", {})
+    L, ins, grads = _conv_grads()
+    with blas_at_any_size():
+        kernel = codegen.build([L] + grads, ins)
+    assert "float32" in shifts._FUNCTIONS
+    units = [u for u in kernel.units if u.kind == "shift"]
+    assert units[0].compiled or units[0].from_disk_cache
+    assert not units[1].compiled and units[1].compile_seconds == 0.0
