@@ -1,8 +1,10 @@
 """Before/after timings of codegen tuning knobs, in one process, runs alternating.
 
-Each *variant* is a Python statement run with ``L`` bound to :mod:`codegen.stage`
-(its tuning constants are reset between variants), e.g. ``"L.SPLIT_LANES = 10**6"``
-(turns the grouped reductions off) or ``"pass"`` (the defaults). For every case
+Each *variant* is a Python statement run with ``L`` bound to :mod:`codegen.stage`,
+``T`` to :mod:`codegen.tap_split`, ``W`` to :mod:`codegen.windows` and ``S`` to
+:mod:`codegen.shifts` (their upper-case constants are reset between variants),
+e.g. ``"L.SPLIT_LANES = 10**6"`` (turns the grouped reductions off), ``"T.ENABLED =
+W.ENABLED = False"`` (no tap splitting, no window stages) or ``"pass"`` (the defaults). For every case
 of the gradient suite (docs/testing.md) the forward value and each gradient are built as separate kernels,
 plus one kernel computing them all (as bench_suite.py times them); the variants'
 kernels run in turn, ``--repeat`` rounds, so that a shared machine's load
@@ -24,12 +26,24 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from texpr import codegen  # noqa: E402
 import texpr.codegen.stage as L  # noqa: E402 - the tuning constants live there
+import texpr.codegen.shifts as S  # noqa: E402
+import texpr.codegen.tap_split as T  # noqa: E402
+import texpr.codegen.windows as W  # noqa: E402
 import texpr as te  # noqa: E402
 from cases import make_cases, random_inputs  # noqa: E402
 
+#: the modules whose knobs a variant may set, by the name it sees them under
+MODULES = {"L": L, "T": T, "W": W, "S": S}
+
 
 def _knobs():
-    return {k: getattr(L, k) for k in dir(L) if k.isupper()}
+    return {(m, k): getattr(mod, k) for m, mod in MODULES.items() for k in dir(mod)
+            if k.isupper()}
+
+
+def _reset(defaults):
+    for (m, k), v in defaults.items():
+        setattr(MODULES[m], k, v)
 
 
 def case_kernels(case, variant, defaults):
@@ -42,22 +56,21 @@ def case_kernels(case, variant, defaults):
     wrt = [p for p, (_, _, _, d) in zip(phs, case.inputs) if d]
     grads = list(te.differentiate(out, wrt, head=h).result)
     ins = phs + [h]
-    for k, v in defaults.items():
-        setattr(L, k, v)
+    _reset(defaults)
     try:
-        exec(variant, {"L": L})  # noqa: S102 - a developer's own command line
+        exec(variant, dict(MODULES))  # noqa: S102 - a developer's own command line
         kernels = [codegen.build([t], ins) for t in [out] + grads]
         kernels.append(codegen.build([out] + grads, ins))
     finally:
-        for k, v in defaults.items():
-            setattr(L, k, v)
+        _reset(defaults)
     labels = ["fwd"] + ["d" + p.name for p in wrt] + ["all"]
     return labels, kernels, list(arrays) + [head]
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("variants", nargs="+", help="Python statements on L = codegen.stage")
+    ap.add_argument("variants", nargs="+", help="Python statements on L = codegen.stage, "
+                    "T = codegen.tap_split, W = codegen.windows, S = codegen.shifts")
     ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--scale", type=float, default=1.0)

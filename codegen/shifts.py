@@ -47,10 +47,14 @@ from texpr.expr import Load, Reduce
 
 from .contraction import ContractionUnit, ContractionUnitSource
 
-__all__ = ["ShiftPlan", "plan_of", "MAX_MOVES"]
+__all__ = ["ShiftPlan", "plan_of", "MAX_MOVES", "ENABLED"]
 
 #: at most this many tap combinations (moves) per plan
 MAX_MOVES = 1024
+#: False: window and tap-sum stages keep their loop nests (for A/B timings,
+#: benchmarks/bench_variants.py); the symbolic cache keys lowered programs by the graph, not
+#: by this: set TEXPR_SYMBOLIC_CACHE=0 where it changes within a process
+ENABLED = True
 
 
 class ShiftPlan:
@@ -230,6 +234,8 @@ def plan_of(op, key):
     from .tap_split import SPLIT
     from .windows import WINDOW
     attrs = getattr(op, "attrs", {})
+    if not ENABLED:
+        return None
     try:
         if attrs.get(WINDOW):
             return _window_plan(op, key)

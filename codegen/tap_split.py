@@ -78,10 +78,13 @@ from texpr.visitor import free_vars, post_order, substitute
 from . import contraction
 from .operands import PACKED, _linear
 
-__all__ = ["split_taps", "SPLIT", "MIN_DENSITY"]
+__all__ = ["split_taps", "SPLIT", "MIN_DENSITY", "ENABLED"]
 
 #: the attrs key that marks a stage made by the split (never split again)
 SPLIT = "texpr.tap_split"
+#: False: no stage is split (for A/B timings, benchmarks/bench_variants.py); the symbolic cache keys lowered programs by the graph, not
+#: by this: set TEXPR_SYMBOLIC_CACHE=0 where it changes within a process
+ENABLED = True
 #: the loop nest's domain must fill at least this fraction of its box
 MIN_DENSITY = 0.5
 
@@ -100,6 +103,8 @@ def split_taps(outputs, keep=()):
     where nothing changed), the ops of the new GEMM stages (to be
     materialised), and ``keep``'s ops in the rewritten graph (those still in
     it). Never raises for a stage it cannot rewrite: that stage is kept."""
+    if not ENABLED:
+        return list(outputs), [], list(keep)
     made, replaced = [], {}
 
     def fn(op, orig, tmap):

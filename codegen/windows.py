@@ -64,7 +64,7 @@ from texpr.visitor import substitute
 from . import contraction
 from .operands import _linear
 
-__all__ = ["window_operands", "WINDOW", "WINDOWED", "MIN_READERS"]
+__all__ = ["window_operands", "WINDOW", "WINDOWED", "MIN_READERS", "ENABLED"]
 
 #: the attrs key of a window stage: its valid region, a list of
 #: ``(tap_dim, pos_dim, a, b, c, n)``: its elements are zeros where
@@ -74,6 +74,9 @@ WINDOW = "texpr.window"
 WINDOWED = "texpr.windowed"
 #: a window is made when at least this many stages read it
 MIN_READERS = 2
+#: False: no window stage is made (for A/B timings, benchmarks/bench_variants.py); the symbolic cache keys lowered programs by the graph, not
+#: by this: set TEXPR_SYMBOLIC_CACHE=0 where it changes within a process
+ENABLED = True
 
 
 def window_operands(outputs, keep=()):
@@ -87,6 +90,8 @@ def window_operands(outputs, keep=()):
     Returns ``(tensors, windows, kept)``: the output Tensors, the window
     stages' ops (to be materialised), ``keep``'s ops in the rewritten graph.
     Never raises for a stage it cannot rewrite: that stage is kept."""
+    if not ENABLED:
+        return list(outputs), [], list(keep)
     # first pass: which windows would be read, and by how many stages
     counts = {}
     for op in topo_order(list(outputs)):
