@@ -186,6 +186,10 @@ def _ddp_worker(rank, world, port, kwargs, result_path):
         torch.distributed.barrier()
     finally:
         torch.distributed.destroy_process_group()
+    # this rank's work is done and its group gone: what follows is the
+    # interpreter's exit (see train_ddp)
+    with open(f"{result_path}.rank{rank}.done", "w"):
+        pass
 
 
 def _free_port():
@@ -205,8 +209,23 @@ def train_ddp(world=2, epochs=10, batch=64, lr=0.05, seed=0, dtype="float32", st
     kwargs = dict(epochs=epochs, batch=batch, lr=lr, seed=seed, dtype=dtype, steps=steps)
     with tempfile.TemporaryDirectory() as tmp:
         path = result_path or os.path.join(tmp, "ddp_losses.pt")
-        torch.multiprocessing.spawn(_ddp_worker, args=(world, _free_port(), kwargs, path),
-                                    nprocs=world, join=True)
+        try:
+            torch.multiprocessing.spawn(_ddp_worker, args=(world, _free_port(), kwargs, path),
+                                        nprocs=world, join=True)
+        except torch.multiprocessing.ProcessExitedException as exc:
+            # a rank aborted ("terminate called without an active exception",
+            # SIGABRT) in about one run in fifteen of tests/test_digits_torch.py's
+            # DDP test on a 2-core machine, at bccff86 as at 307ec14, 2026-12-05;
+            # where it happens is not established. A rank that aborts after it
+            # finished its work, left the group and wrote its marker aborted in the
+            # interpreter's exit: the results stand, with a warning; any other
+            # failure is raised
+            done = all(os.path.exists(f"{path}.rank{r}.done") for r in range(world))
+            if not (done and getattr(exc, "signal_name", None) == "SIGABRT"):
+                raise
+            import warnings
+            warnings.warn(f"train_ddp: {exc} after every rank had finished (in the "
+                          "interpreter's exit); the results are complete", RuntimeWarning)
         return torch.load(path)
 
 
