@@ -285,7 +285,8 @@ def _check_out(outputs, out, args):
 
 
 def _chooser(schedule, inlined, parallel):
-    """``(op, key) -> plan or None``: which stages run as GEMMs (:mod:`codegen.contraction`).
+    """``(op, key) -> plan or None``: which stages run as GEMMs (:mod:`codegen.contraction`),
+    and which window and tap-sum stages as shift plans (:mod:`codegen.shifts`).
 
     A stage the user marked ``blas(True)`` must match (else ScheduleError);
     ``blas(False)`` never runs on BLAS; by default a stage without loop decisions

@@ -385,7 +385,8 @@ def _analyze(inst):
 def _window_region(t, args, space, box):
     """The set where a load of the window stage ``t`` (:mod:`codegen.windows`) reads
     its valid region, or None when ``t`` is no window stage."""
-    region = getattr(t.op, "attrs", {}).get("texpr.window")
+    from .windows import WINDOW
+    region = getattr(t.op, "attrs", {}).get(WINDOW)
     if not region:
         return None
     s = box

@@ -123,6 +123,13 @@ class ContractionPlan:
         """Floating-point operations of the GEMMs (2 per multiply-add)."""
         return sum(2 * b * m * n * k for b, m, n, k in (p.gemm_dims() for p in self.pieces))
 
+    def operand_elements(self, i):
+        """Elements of operand ``i`` (0: the pieces' ``a``, 1: their ``b``, in the
+        order of the stage's two loads) that the GEMMs read: per piece, the product
+        of its view's extents (the size of its packed copy where it is one)."""
+        return sum(math.prod(p.axes[q][1] for q in (p.a if i == 0 else p.b).axes)
+                   for p in self.pieces)
+
     def keys(self):
         """The buffers the plan reads and writes (those its data masks read too)."""
         keys = {self.out_key} | {v.key for p in self.pieces for v in (p.a, p.b)}

@@ -246,7 +246,7 @@ def _lower_unit(op, stage, buffers, order, idents, inlined, parallel):
 
 
 def _blas_unit(op, plan):
-    """The unit of a stage run as GEMMs (or as numpy moves, a
+    """The unit of a stage run as GEMMs (or as strided moves, a
     :class:`codegen.shifts.ShiftPlan`): its definition and its plan as comments."""
     from .contraction import ContractionUnitSource
     from .shifts import ShiftPlan, ShiftUnitSource

@@ -44,6 +44,7 @@ import numpy as np
 from texpr import expr as E
 from texpr.errors import TexprError
 from texpr.expr import Load, Reduce
+from texpr.simplify.isl_bridge import VarSpace, box_set
 
 from .contraction import ContractionUnit, ContractionUnitSource
 
@@ -309,15 +310,6 @@ def _window_plan(op, key):
                      src_t.shape)
 
 
-def _form(e, ids):
-    """``({id: coef}, const)`` of an integer affine expression over ``ids`` (else raise)."""
-    from .operands import _linear
-    f = _linear(e)
-    if f is None or any(v not in ids for v in f[0]):
-        raise _NoPlan()
-    return f
-
-
 def _tap_sum_plan(op, key):
     """A tap-sum stage (codegen.tap_split): per combination of taps, the box of
     output points where the ``where`` holds gets the taps' stage added."""
@@ -327,27 +319,32 @@ def _tap_sum_plan(op, key):
         raise _NoPlan()
     ld = red.source[0]
     spatial, taps = list(op.axis), list(red.axes)
-    ids = {id(v) for v in spatial + taps}
-    idx = [_form(ix, ids) for ix in ld.args]
-    from .contraction import _conjuncts
-    conds = []
+    # the load's indices and the where's comparisons as affine forms over the
+    # stage's axes (codegen.affine, checked by isl over the box), keyed by axis
+    from .affine import affine_form
+    from .contraction import _cond_affine, _conjuncts
+    axes = spatial + taps
+    space = VarSpace(axes)
+    box = box_set(space)
+
+    def keyed(coefs):
+        return {id(a): k for a, k in zip(axes, coefs) if k}
+    idx = []
+    for ix in ld.args:
+        f = affine_form(ix, axes, space, box)
+        if f is None:
+            raise _NoPlan()
+        idx.append((keyed(f[0]), f[1]))
+    conds = []  # sum(coefs * v) + const >= 0
     for c in _conjuncts(red.where, []):
         if isinstance(c, E.Const):
             if not c.value:
                 raise _NoPlan()
             continue
-        if isinstance(c, (E.GE, E.GT)):
-            lhs, rhs = c.a, c.b
-        elif isinstance(c, (E.LE, E.LT)):
-            lhs, rhs = c.b, c.a
-        else:
+        aff = _cond_affine(c, axes, space, box)
+        if aff is None or any(is_eq for _, _, is_eq in aff):
             raise _NoPlan()
-        fa, fb = _form(lhs, ids), _form(rhs, ids)
-        coefs = dict(fa[0])
-        for v, k in fb[0].items():
-            coefs[v] = coefs.get(v, 0) - k
-        # sum(coefs * v) + const >= 0
-        conds.append((coefs, fa[1] - fb[1] - (1 if isinstance(c, (E.GT, E.LT)) else 0)))
+        conds.extend((keyed(coefs), const) for coefs, const, _ in aff)
     shape = op.output(0).shape
     os_ = _strides(shape)
     ts = _strides(ld.tensor.shape)

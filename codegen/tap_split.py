@@ -49,11 +49,12 @@ imply (they do imply them: the GEMM path proves every load of the domain
 inside its tensor).
 
 **Cost rule** (:func:`_pays`): split only when the GEMM stage has fewer
-elements than ``A``'s im2col copy (the product of the extents of the axes
-``A`` reads), the loop nest's domain fills at least half its box (a strided
-convolution's taps, valid at one point in ``stride`` per axis, would make the
-loop nest visit mostly empty points), and the GEMM stage itself matches the
-GEMM path, pays, and needs no zero padding or mask.
+elements than ``A``'s im2col copy (what the stage's GEMMs read of ``A``:
+:meth:`codegen.gemm.ContractionPlan.operand_elements`), the tap sum's domain
+fills at least half its box (a strided convolution's taps, valid at one point
+in ``stride`` per axis, would make it visit mostly empty points), and the GEMM
+stage itself matches the GEMM path, pays, and needs no zero padding or mask
+(data masks only where it is packed: they apply on the exact path).
 
 **Exactness.** The terms are the original's: the GEMM stage's element at
 ``(s', taps, g)`` sums over the channels what the original sums for the
@@ -149,15 +150,16 @@ def _split(op):
         return None
     if plan is None or not contraction.cost_ok(plan):
         return None
-    for a, b in ((loads[0], loads[1]), (loads[1], loads[0])):
-        res = _try(op, red, a, b, consts, conj, dtype)
+    for i, (a, b) in enumerate(((loads[0], loads[1]), (loads[1], loads[0]))):
+        res = _try(op, red, a, b, consts, conj, dtype, plan.operand_elements(i))
         if res is not None:
             return res
     return None
 
 
-def _try(op, red, a, b, consts, conj, dtype):
-    """The split with ``a`` as the operand read at mixed indices, or None."""
+def _try(op, red, a, b, consts, conj, dtype, im2col):
+    """The split with ``a`` as the operand read at mixed indices, or None. ``im2col``:
+    the elements of ``a`` the stage's GEMMs read (its im2col copy)."""
     spatial = {id(v): v for v in op.axis}
     reduce_ = {id(v): v for v in red.axes}
     forms = [_linear(ix) for ix in a.args]
@@ -258,7 +260,7 @@ def _try(op, red, a, b, consts, conj, dtype):
         return None
     body = te_sum(E.load(t, idx), nest_taps, cond)
     nest = ComputeOp(op.name, op.axis, (body,), op.tag, dict(op.attrs, **{SPLIT: True}))
-    if not _pays(a, t, t_op, nest, op, nest_taps, cond):
+    if not _pays(im2col, t, t_op, op, nest_taps, cond):
         return None
     return t_op, nest
 
@@ -295,9 +297,8 @@ def _with_bounds(cond, bounds, axes):
     return cond if cond is not None else E.const(True)
 
 
-def _pays(a, t, t_op, nest, op, nest_taps, cond):
+def _pays(im2col, t, t_op, op, nest_taps, cond):
     """The cost rule of the module docstring."""
-    im2col = math.prod(v.dom[1] - v.dom[0] for v in _axes_read(a, op))
     if math.prod(t.shape) >= im2col:
         return False
     space = VarSpace(list(op.axis) + nest_taps)
@@ -319,15 +320,3 @@ def _pays(a, t, t_op, nest, op, nest_taps, cond):
     return all(v.pad is None and not v.masks and (packed or not v.data_masks)
                for p in plan.pieces for v in (p.a, p.b)) and not any(
                    p.out_masks for p in plan.pieces)
-
-
-def _axes_read(ld, op):
-    """The stage's axes (spatial and reduction) that the load's indices read."""
-    ids = set()
-    out = []
-    for x in ld.args:
-        for v in free_vars(x):
-            if isinstance(v, E.IterVar) and id(v) not in ids:
-                ids.add(id(v))
-                out.append(v)
-    return out

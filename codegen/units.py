@@ -104,7 +104,7 @@ def _shift_unit(desc):
 
 #: kind -> factory(description) for the unit kinds not compiled by numba
 #: (``"blas"``: a contraction stage run as GEMMs, :mod:`codegen.contraction`;
-#: ``"shift"``: a window or tap-sum stage run as numpy moves, :mod:`codegen.shifts`)
+#: ``"shift"``: a window or tap-sum stage run as strided moves, :mod:`codegen.shifts`)
 FACTORIES = {"blas": _contraction_unit, "shift": _shift_unit}
 
 

@@ -161,9 +161,7 @@ def _window_loads(op):
         size = math.prod(ld.tensor.shape[d] for d, _v in plain) * math.prod(
             (axes[pu].dom[1] - axes[pu].dom[0]) * (axes[tv].dom[1] - axes[tv].dom[0])
             for _d, pu, tv, _a, _b, _c in windows)
-        read = sum(math.prod(p.axes[q][1] for q in (p.a if i == 0 else p.b).axes)
-                   for p in plan.pieces)
-        if size > read:
+        if size > plan.operand_elements(i):
             continue
         sig = (id(ld.tensor), tuple(d for d, _v in plain),
                tuple((d, a, b, c, axes[pu].dom, axes[tv].dom)
