@@ -116,6 +116,15 @@ INLINE_NODES = 16
 #: ms, upsample2's dX 0.23 -> 0.07 ms, avgpool3s2's forward 0.56 -> 0.82 ms, the
 #: other suite cases unchanged (bench_variants, one run)
 SHORT_CONTIGUOUS = True
+#: the innermost loop is, first, one along which the reduction's data-dependent
+#: ``where`` does not vary (tested once per loop, not per trip: see
+#: :func:`_data_condition_axes`), and a short contiguous loop may also go
+#: innermost when every long one strides far or varies the condition (the
+#: scores' credit for invariant loads had kept the main job's conv2 from
+#: SHORT_CONTIGUOUS: its batch axis was innermost again). The main job's serial
+#: kernel, one run: conv2 0.98 -> 0.27 ms, conv1's weight gradient 1.27 -> 0.19,
+#: the whole kernel 3.64 -> 1.86 ms. False: the scores and SHORT_CONTIGUOUS alone
+CONDITION_INVARIANT = True
 #: output tile (elements) below the reduction loops in buffer mode
 BUFFER_TILE = 4096
 #: stages visiting fewer points run sequentially by default (waking the worker
@@ -287,6 +296,18 @@ def _far_strided(op, loads, spatial, reduce_):
     return far
 
 
+def _data_condition_axes(exprs):
+    """ids of the axes that the reduction's data-dependent ``where`` (its loads:
+    a relu's ``conv[n, c, h, w] > 0``, a max pool's argmax) varies along: an
+    innermost loop along none of them tests the condition once for the whole
+    loop (the compiler hoists it), one along them tests it every trip."""
+    red = next((e for e in exprs if isinstance(e, E.Reduce)), None)
+    if red is None:
+        return set()
+    return {id(n) for ld in _loads([red.where]) for i in ld.args for n in _nodes(i)
+            if isinstance(n, E.IterVar)}
+
+
 def default_order(op, exprs, spatial, reduce_):
     """The default leaf order (see the module docstring); returns a list of axes."""
     if not reduce_:
@@ -315,14 +336,17 @@ def default_order(op, exprs, spatial, reduce_):
 
     trip = _average_trips(exprs, spatial, reduce_)
     far = _far_strided(op, loads, spatial, reduce_) if INVARIANT_FREE else {}
+    varies = _data_condition_axes(exprs) if CONDITION_INVARIANT else set()
 
     def key(ax):
         is_sp = ax.kind == "spatial"
-        return (-far.get(id(ax), 0), score[id(ax)], min(trip[id(ax)], 16), is_sp)
+        return (id(ax) not in varies, -far.get(id(ax), 0), score[id(ax)],
+                min(trip[id(ax)], 16), is_sp)
 
     axes = list(spatial) + list(reduce_)
     cands = [a for a in axes if trip[id(a)] >= 4] or list(reduce_)
-    if SHORT_CONTIGUOUS and all(score[id(a)] <= 0 for a in cands):
+    if SHORT_CONTIGUOUS and all(score[id(a)] <= 0 or (CONDITION_INVARIANT and (
+            far.get(id(a), 0) or id(a) in varies)) for a in cands):
         # no long loop walks memory contiguously: a short one that does may beat a
         # long strided one (see SHORT_CONTIGUOUS)
         cands += [a for a in axes if 2 <= trip[id(a)] < 4 and score[id(a)] > 0]
