@@ -54,7 +54,9 @@ call only when there is work for it: BLAS runs a stage when its GEMMs have
 at least ``BLAS_MIN_FLOP`` floating-point operations in all and each GEMM's
 M, N and K (batch axes aside) are at least ``BLAS_MIN_DIM``, and the GEMMs do
 at most ``1 / BLAS_MIN_EFFICIENCY`` times the domain's multiply-adds (padding
-and masked terms). Anything else (depthwise convolutions: N = 1; small dense
+and masked terms), and at least ``MASK_MACS`` multiply-adds per element pass
+of the data-dependent masks numpy evaluates on every run (:func:`mask_passes`).
+Anything else (depthwise convolutions: N = 1; small dense
 layers) keeps its loop nest. ``schedule[t].blas(True)`` runs a matching stage
 on BLAS whatever its size, ``blas(False)`` keeps the loop nest.
 
@@ -87,7 +89,7 @@ from .schedule import inline_expand
 
 __all__ = ["match", "ContractionPlan", "GemmPiece", "OperandView", "cost_ok",
            "ContractionUnitSource", "ContractionUnit", "float_sum",
-           "BLAS_MIN_FLOP", "BLAS_MIN_DIM", "BLAS_MIN_EFFICIENCY"]
+           "BLAS_MIN_FLOP", "BLAS_MIN_DIM", "BLAS_MIN_EFFICIENCY", "MASK_MACS", "mask_passes"]
 
 #: below this many floating-point operations (all GEMMs of a stage) the loop nest runs:
 #: a GEMM stage costs about 45 us of Python and numpy calls whatever its size, a
@@ -104,6 +106,14 @@ MAX_PIECES = 64
 #: at most this many residue classes are enumerated (most are empty: a stride-3
 #: transposed convolution has 81 classes of (h, kh, w, kw), 9 of them non-empty)
 MAX_CLASSES = 1024
+#: the GEMMs must do at least this many multiply-adds per element pass of their
+#: data-dependent masks (:func:`mask_passes`). The main job's conv1 weight
+#: gradient behind its relu and max pool (4 residue-class GEMMs of 8x1024 @
+#: 1024x9; 0.19 multiply-adds per pass) ran 1.9 ms on BLAS, 0.19 ms as a loop
+#: nest; a 32x16x28x28 convolution's weight gradient behind the same (3.3 per
+#: pass) 18.8 ms on BLAS, 24.3 ms as a loop nest (the whole value and gradient
+#: 36.6 against 67.7 ms). 2026-12-05, one run each
+MASK_MACS = 1
 #: a piece whose box holds more than 1/this times its domain's points tries taps
 TAP_EFFICIENCY = 0.5
 
@@ -694,9 +704,37 @@ def _partition(pieces, shape):
     return bool((count == 1).all())
 
 
+def _tree_nodes(t):
+    """Nodes of an expression tree (:func:`_tree`): the numpy passes its mask takes."""
+    n = 1
+    for x in t[1:]:
+        if isinstance(x, tuple) and x and isinstance(x[0], (str, type)):
+            n += _tree_nodes(x)
+        elif isinstance(x, tuple):
+            n += sum(_tree_nodes(y) for y in x if isinstance(y, tuple) and y
+                     and isinstance(y[0], (str, type)))
+    return n
+
+
+def mask_passes(plan):
+    """Element passes the GEMM path spends on data-dependent masks per run:
+    per piece, per operand view whose data masks apply on every run (not only
+    on the exact path), its elements times its masks' tree nodes (numpy
+    evaluates a mask node by node over the operand's grid)."""
+    total = 0
+    for p in plan.pieces:
+        for v in (p.a, p.b):
+            if v.data_masks and not getattr(v, "masks_only_non_finite", False):
+                size = math.prod(p.axes[q][1] for q in v.axes)
+                total += size * sum(_tree_nodes(t) for t in v.data_masks)
+    return total
+
+
 def cost_ok(plan):
     """The cost rule of the module docstring: whether BLAS pays for ``plan``."""
     if plan.flop < BLAS_MIN_FLOP:
+        return False
+    if plan.flop / 2 < MASK_MACS * mask_passes(plan):
         return False
     if plan.flop / 2 * BLAS_MIN_EFFICIENCY > plan.points:
         return False

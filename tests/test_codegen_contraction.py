@@ -1021,3 +1021,51 @@ def test_padded_buffers_kept_between_runs_hold_each_runs_values(monkeypatch):
             errors.append(exc)
     _in_threads(run, 4)
     assert not errors, errors[0]
+
+
+def _pooled_relu_weight_gradient(ci):
+    """A convolution's weight gradient behind a relu and a 2x2 max pool (the main
+    job's conv1 with ``ci == 1``): the masks read the convolution and the
+    pool's argmax at every (n, c, h, w), and each masked element meets
+    ``ci * 9`` weights."""
+    n, c, s = 16, 8, 8
+    G = te.placeholder((n, c, s, s), "G", "float32")
+    conv = te.placeholder((n, c, s, s), "conv", "float32")
+    bias = te.placeholder((c,), "bias", "float32")
+    arg = te.placeholder((n, c, s // 2, s // 2), "arg", "int64")
+    X = te.placeholder((n, ci, s, s), "X", "float32")
+    r_n, r_h, r_w = te.reduce_axis(n, "r_n"), te.reduce_axis(s, "r_h"), te.reduce_axis(s, "r_w")
+
+    def body(o, i, kh, kw):
+        h, w = r_h + kh - 1, r_w + kw - 1
+        return te.sum(G[r_n, o, r_h, r_w] * X[r_n, i, h, w], axis=[r_n, r_h, r_w],
+                      where=(h >= 0) & (h < s) & (w >= 0) & (w < s)
+                      & (conv[r_n, o, r_h, r_w] + bias[o] > 0.0)
+                      & (2 * (r_h % 2) + r_w % 2 == arg[r_n, o, r_h // 2, r_w // 2]))
+    dW = te.compute((c, ci, 3, 3), body, name="dW")
+    return dW, [G, conv, bias, arg, X]
+
+
+@pytest.mark.parametrize("ci, blas", [(1, False), (16, True)])
+def test_data_masks_evaluated_per_run_weigh_in_the_cost_rule(ci, blas):
+    # the main job's conv1 weight gradient ran 1.9 ms on BLAS (its masks, evaluated
+    # by numpy node by node on every run, cost more than its GEMMs save) and 0.19
+    # ms as a loop nest; with 16 input channels each masked element meets 144
+    # weights and BLAS pays again
+    dW, ins = _pooled_relu_weight_gradient(ci)
+    _, _, ops, inl = _graph([dW])
+    plan = C.match(next(op for op in ops if op.name == "dW"), inl, key=id)
+    assert plan is not None and C.mask_passes(plan) > 0
+    assert (plan.flop / 2 >= C.MASK_MACS * C.mask_passes(plan)) == blas
+    assert C.cost_ok(plan) == blas
+    feed = random_feed([dW], seed=3)
+    feed[ins[3]] = np.random.default_rng(4).integers(0, 4, ins[3].shape).astype("int64")
+    ref, = te.evaluate([dW], feed)
+    k = codegen.build([dW], ins)
+    assert ("# BLAS:" in k.source) == blas
+    got, = k(*[feed[t] for t in ins])
+    assert np.abs(got - ref).max() <= _tol("float32", ref)
+    s = create_schedule([dW])
+    s[dW].blas(True)  # the override still runs it on BLAS, to the same values
+    forced, = codegen.build([dW], ins, s)(*[feed[t] for t in ins])
+    assert np.abs(forced - ref).max() <= _tol("float32", ref)
