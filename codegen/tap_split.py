@@ -150,8 +150,13 @@ def _split(op):
         return None
     if plan is None or not contraction.cost_ok(plan):
         return None
+    # the elements the GEMM path copies: operands read as more elements than they
+    # hold are packed (im2col) -- a strided convolution's dX packs its head, H,
+    # once per residue class, while the operand read at mixed indices is W
+    read = [plan.operand_elements(i) for i in range(2)]
+    copied = sum(n for n, ld in zip(read, loads) if n > math.prod(ld.tensor.shape))
     for i, (a, b) in enumerate(((loads[0], loads[1]), (loads[1], loads[0]))):
-        res = _try(op, red, a, b, consts, conj, dtype, plan.operand_elements(i))
+        res = _try(op, red, a, b, consts, conj, dtype, max(read[i], copied))
         if res is not None:
             return res
     return None
@@ -159,7 +164,8 @@ def _split(op):
 
 def _try(op, red, a, b, consts, conj, dtype, im2col):
     """The split with ``a`` as the operand read at mixed indices, or None. ``im2col``:
-    the elements of ``a`` the stage's GEMMs read (its im2col copy)."""
+    the elements of ``a`` the stage's GEMMs read (its im2col copy), or the
+    elements they copy of both operands, if more."""
     spatial = {id(v): v for v in op.axis}
     reduce_ = {id(v): v for v in red.axes}
     forms = [_linear(ix) for ix in a.args]
@@ -260,7 +266,7 @@ def _try(op, red, a, b, consts, conj, dtype, im2col):
         return None
     body = te_sum(E.load(t, idx), nest_taps, cond)
     nest = ComputeOp(op.name, op.axis, (body,), op.tag, dict(op.attrs, **{SPLIT: True}))
-    if not _pays(im2col, t, t_op, op, nest_taps, cond):
+    if not _pays(im2col, t, t_op, op, nest_taps, cond, nest):
         return None
     return t_op, nest
 
@@ -297,7 +303,16 @@ def _with_bounds(cond, bounds, axes):
     return cond if cond is not None else E.const(True)
 
 
-def _pays(im2col, t, t_op, op, nest_taps, cond):
+def _moves_only_valid(nest):
+    """Whether the tap sum runs as a shift plan (:mod:`codegen.shifts`), whose moves
+    visit only the points of its domain: then a sparse domain (a strided
+    convolution's dX, each output point reading 1 or 2 of its 14 taps per axis)
+    costs nothing for the points it lacks."""
+    from .shifts import plan_of
+    return plan_of(nest, id) is not None
+
+
+def _pays(im2col, t, t_op, op, nest_taps, cond, nest):
     """The cost rule of the module docstring."""
     if math.prod(t.shape) >= im2col:
         return False
@@ -308,7 +323,7 @@ def _pays(im2col, t, t_op, op, nest_taps, cond):
         return False
     points = card_within(dom.intersect(box)).value
     total = math.prod(v.dom[1] - v.dom[0] for v in list(op.axis) + nest_taps)
-    if points < MIN_DENSITY * total:
+    if points < MIN_DENSITY * total and not _moves_only_valid(nest):
         return False
     try:
         plan = contraction.match(t_op)
