@@ -26,7 +26,12 @@ when every move has at most ``RANK`` axes, the moves share their first axis
 there are at most ``MAX_MOVES`` tap combinations, and, for a tap sum, for
 every combination of tap values its ``where`` is a box in the output's axes
 (each conjunct affine in one output axis, the taps being constants) and its
-load's indices are affine. Else the stage keeps its loop nest.
+load's indices are affine -- or, the *lattice* path (a transposed
+convolution's tap sum: ``where (h + kh + 1) % 2 == 0``, a load at ``(h + 1 -
+kh) // 2``), each output axis's valid values per tap combination form an
+arithmetic progression (each conjunct reading one output axis, evaluated
+exactly at every value) on which the load's indices are affine (proved by
+isl): its moves add at that stride. Else the stage keeps its loop nest.
 
 **Safety.** The compiled moves index without checks: every move's view is
 checked to lie inside its buffer when the plan is made, and each run checks
@@ -48,7 +53,7 @@ from texpr.simplify.isl_bridge import VarSpace, box_set
 
 from .contraction import ContractionUnit, ContractionUnitSource
 
-__all__ = ["ShiftPlan", "plan_of", "MAX_MOVES", "ENABLED"]
+__all__ = ["ShiftPlan", "plan_of", "MAX_MOVES", "LATTICE_BUDGET", "ENABLED"]
 
 #: at most this many tap combinations (moves) per plan
 MAX_MOVES = 1024
@@ -241,7 +246,10 @@ def plan_of(op, key):
         if attrs.get(WINDOW):
             return _window_plan(op, key)
         if attrs.get(SPLIT) and op.reduce_axis:
-            return _tap_sum_plan(op, key)
+            try:
+                return _tap_sum_plan(op, key)
+            except _NoPlan:
+                return _lattice_tap_sum_plan(op, key)
     except _NoPlan:
         return None
     return None
@@ -383,6 +391,133 @@ def _tap_sum_plan(op, key):
         moves.append(("add", doff, [hi - lo for lo, hi in box], os_, key(ld.tensor), soff, sstr))
     return ShiftPlan(op.name, key(op.output(0)), shape, op.output(0).dtype, True, moves,
                      ld.tensor.shape)
+
+
+#: the lattice path evaluates the conjuncts at most this many times in all (tap
+#: combinations times the values of the output axes they read; a few us each):
+#: a plan is made inside the build
+LATTICE_BUDGET = 1 << 15
+
+
+def _truth(c, env):
+    """The value of a condition over integer index arithmetic at ``env`` (id(Var) ->
+    int), Python floor semantics (texpr's); None where it is anything else."""
+    if isinstance(c, E.Const) and isinstance(c.value, (bool, np.bool_)):
+        return bool(c.value)
+    if isinstance(c, E.And) or isinstance(c, E.Or):
+        a = _truth(c.a, env)
+        if a is None:
+            return None
+        if isinstance(c, E.And) and not a or isinstance(c, E.Or) and a:
+            return a
+        return _truth(c.b, env)
+    if isinstance(c, E.Not):
+        a = _truth(c.args[0], env)
+        return None if a is None else not a
+    if isinstance(c, E.CmpOp):
+        from .affine import eval_int
+        a, b = eval_int(c.a, env), eval_int(c.b, env)
+        if a is None or b is None:
+            return None
+        return {E.EQ: a == b, E.NE: a != b, E.LT: a < b, E.LE: a <= b, E.GT: a > b,
+                E.GE: a >= b}.get(type(c))
+    return None
+
+
+def _lattice_tap_sum_plan(op, key):
+    """A tap-sum stage whose ``where`` holds on a residue class per tap combination
+    (a transposed convolution's: ``(h + kh + 1) % 2 == 0``) and whose load
+    reads at ``affine // c``: per combination of taps, each output axis's valid
+    values (its conjuncts evaluated exactly, each conjunct reading at most one
+    output axis) must be an arithmetic progression ``lo + step * t``, and the
+    load's indices, with the axes written so, affine in ``t`` (proved by isl,
+    :func:`codegen.affine.affine_form`): the move adds the taps' stage into
+    the output at stride ``step``."""
+    red = op.body[0]
+    if not isinstance(red, Reduce) or red.combiner.kind != "sum" or len(red.source) != 1 \
+            or not isinstance(red.source[0], Load):
+        raise _NoPlan()
+    from texpr.visitor import free_vars, substitute
+    from .affine import affine_form
+    from .contraction import _conjuncts
+    from .operands import _linear
+    ld = red.source[0]
+    spatial, taps = list(op.axis), list(red.axes)
+    shape = op.output(0).shape
+    combos = math.prod(t.dom[1] - t.dom[0] for t in taps)
+    if combos > MAX_MOVES:
+        raise _NoPlan()
+    sp_ids = [id(v) for v in spatial]
+    per_axis = [[] for _ in spatial]
+    fixed = []  # conjuncts of the taps alone
+    for c in _conjuncts(red.where, []):
+        on = {id(v) for v in free_vars(c)} & set(sp_ids)
+        if len(on) > 1:
+            raise _NoPlan()
+        if on:
+            per_axis[sp_ids.index(on.pop())].append(c)
+        else:
+            fixed.append(c)
+    if combos * sum(n * len(cs) for n, cs in zip(shape, per_axis)) > LATTICE_BUDGET:
+        raise _NoPlan()
+    os_, ts = _strides(shape), _strides(ld.tensor.shape)
+    moves = []
+    for combo in np.ndindex(*[t.dom[1] - t.dom[0] for t in taps]):
+        env = {id(t): t.dom[0] + c for t, c in zip(taps, combo)}
+        if not all(_truth(c, env) for c in fixed):
+            if any(_truth(c, env) is None for c in fixed):
+                raise _NoPlan()
+            continue
+        prog = []
+        for d, conds in enumerate(per_axis):
+            if not conds:
+                prog.append((0, 1, shape[d]) if shape[d] else None)
+                continue
+            vals = []
+            for v in range(shape[d]):
+                env[sp_ids[d]] = v
+                ok = [_truth(c, env) for c in conds]
+                if any(x is None for x in ok):
+                    raise _NoPlan()
+                if all(ok):
+                    vals.append(v)
+            del env[sp_ids[d]]
+            if not vals:
+                prog.append(None)
+                continue
+            step = vals[1] - vals[0] if len(vals) > 1 else 1
+            if vals != list(range(vals[0], vals[0] + step * len(vals), step)):
+                raise _NoPlan()  # not a progression: no strided move
+            prog.append((vals[0], step, len(vals)))
+        if any(p is None for p in prog):
+            continue
+        sub = {t: E.const(int(env[id(t)])) for t in taps}
+        axes = [E.iter_var(0, n, f"t{d}", "spatial") for d, (_lo, _s, n) in enumerate(prog)]
+        sub.update((v, (ax * step + lo) if step != 1 else ax + lo)
+                   for v, ax, (lo, step, _n) in zip(spatial, axes, prog))
+        space = VarSpace(axes)
+        box = box_set(space)
+        soff, sstr = 0, [0] * len(spatial)
+        for ix, st in zip(ld.args, ts):
+            ix = substitute(ix, sub)
+            f = _linear(ix)  # a sum of multiples is affine as written: no proof needed
+            if f is not None and set(f[0]) <= {id(ax) for ax in axes}:
+                f = ([f[0].get(id(ax), 0) for ax in axes], f[1])
+            else:
+                f = affine_form(ix, axes, space, box)
+            if f is None:
+                raise _NoPlan()
+            soff += f[1] * st
+            for d, k in enumerate(f[0]):
+                sstr[d] += k * st
+        doff = sum(lo * s for (lo, _st, _n), s in zip(prog, os_))
+        moves.append(("add", doff, [n for _lo, _st, n in prog],
+                      [st * s for (_lo, st, _n), s in zip(prog, os_)], key(ld.tensor), soff,
+                      sstr))
+    plan = ShiftPlan(op.name, key(op.output(0)), shape, op.output(0).dtype, True, moves,
+                     ld.tensor.shape)
+    plan.lattice = True
+    return plan
 
 
 # ---- the unit kind (codegen.units) ----------------------------------------------------------

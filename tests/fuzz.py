@@ -471,8 +471,8 @@ class _Gen:
 
 def conv_activation_conv(g):
     """A 1-d convolution, a bias and an activation (relu, leaky relu, or a select
-    on the value), then a second convolution (strided, dilated or masked
-    causally): the shape whose gradients and folded activation
+    on the value), then a second convolution (strided, dilated, masked causally,
+    or transposed): the shape whose gradients and folded activation
     :mod:`texpr.codegen.operands` packs into elementwise stages so that the
     convolutions run as GEMMs. Returns ``(floats, y)``; draws from ``g.rng5``
     only (and ``g.name``)."""
@@ -501,6 +501,26 @@ def conv_activation_conv(g):
     l2 = (l1 - d2 * (k2 - 1) - 1) // s2 + 1
     co, kk = te.reduce_axis(c1, "o"), te.reduce_axis(k2, "q")
     causal = r.random() < 0.3
+    # a transposed second convolution (its input read at (l + pad - q * d) // s
+    # where that divides: codegen's tap split and lattice moves), drawn from a
+    # generator of its own so that the other programs keep their draws
+    t = random.Random(r.getstate()[1][0] * 7 + 3)
+    if t.random() < 0.35:
+        ts, td = t.choice([1, 2, 2, 3]), t.choice([1, 1, 2])
+        tk = t.randint(1, 4)
+        pad = t.randint(0, td * (tk - 1))
+        lt = (l1 - 1) * ts - 2 * pad + td * (tk - 1) + 1
+        if lt >= 1:
+            W2 = te.placeholder((c1, c2, tk), g.name("W"), g.dtype)
+            co, kk = te.reduce_axis(c1, "o"), te.reduce_axis(tk, "q")
+
+            def transposed(i, p, l):
+                num = l + pad - kk * td
+                return te.sum(A[i, co, num // ts] * W2[co, p, kk], axis=[co, kk],
+                              where=(num % ts == 0) & (num >= 0) & (num < l1 * ts))
+            Y2 = te.compute((n, c2, lt), transposed, name=g.name("Y"))
+            g.smooth = False
+            return [X, W1, b, W2], Y2
     Y2 = te.compute((n, c2, l2), lambda i, p, l: te.sum(
         A[i, co, l * s2 + kk * d2] * W2[p, co, kk], axis=[co, kk],
         where=(kk <= l) if causal else None), name=g.name("Y"))
@@ -918,6 +938,8 @@ PACKED_STAGES = [0]
 WINDOW_STAGES = [0]
 TAP_SPLITS = [0]
 SHIFT_UNITS = [0]
+#: shift units whose tap sum moves at a stride (a transposed convolution's)
+LATTICE_UNITS = [0]
 #: GEMMs run in chunks of their packing copies (:func:`split_gemms`) so far
 CHUNKED_RUNS = [0]
 
@@ -1172,6 +1194,8 @@ def _check_kernel(qs, findings, mode="default"):
         WINDOW_STAGES[0] += sum(1 for u in kernel.units if (u.stage or "").endswith("_window"))
         TAP_SPLITS[0] += sum(1 for u in kernel.units if (u.stage or "").endswith("_taps"))
         SHIFT_UNITS[0] += sum(1 for u in kernel.units if u.kind == "shift")
+        LATTICE_UNITS[0] += sum(1 for u in kernel.units if u.kind == "shift"
+                                and getattr(u.plan, "lattice", False))
         runs = [(got, "")]
         if n_blas:
             chunked = contraction_chunk_runs()

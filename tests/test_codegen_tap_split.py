@@ -8,6 +8,7 @@ import pytest
 
 import texpr as te
 from texpr import codegen, simplify
+from texpr import expr as E
 from texpr.codegen.tap_split import split_taps
 from texpr.tensor import topo_order
 
@@ -175,3 +176,81 @@ def test_an_input_gradient_behind_a_relu_splits_with_its_mask():
         f[t][pos] = v
         for g, w in zip(kernel(*[f[s] for s in ins]), te.evaluate(ref, f)):
             assert_same_values(np.asarray(g), np.asarray(w), rtol=1e-10, atol=1e-10)
+
+
+def _transpose_loss(cin, cout, stride, padding, k, size=4, output_padding=0):
+    X = te.placeholder((2, cin, size, size), "X", "float64")
+    W = te.placeholder((cin, cout, k, k), "W", "float64")
+    y = nn.conv2d_transpose(X, W, stride=stride, padding=padding,
+                            output_padding=output_padding, name="convt")
+    H = te.placeholder(y.shape, "H", "float64")
+    ax = [te.reduce_axis(s, a) for s, a in zip(y.shape, "ncij")]
+    L = te.compute((), lambda: te.sum(y[tuple(ax)] * H[tuple(ax)], axis=ax), name="L")
+    return L, [X, W, H], y
+
+
+@pytest.mark.parametrize("cin,cout,stride,padding,k,output_padding", [
+    (5, 3, 2, 1, 4, 0),   # the suite's conv2d_transpose_s2, smaller
+    (4, 2, 3, 1, 6, 0),   # stride 3: 9 residue classes of 2 x 2 taps
+    (6, 2, 2, 2, 5, 1),   # odd kernel, output padding
+])
+def test_a_transposed_convolution_splits_into_taps_and_strided_moves(
+        cin, cout, stride, padding, k, output_padding):
+    # its value reads X at (h + p - kh) // s where (h + p - kh) % s == 0: the taps'
+    # stage reads X as a view (no per-class packing), and the tap sum adds each
+    # tap's slice at stride s (codegen.shifts' lattice moves)
+    L, ins, y = _transpose_loss(cin, cout, stride, padding, k, output_padding=output_padding)
+    X, W, H = ins
+    grads = list(te.differentiate(L, [X, W]).result)
+    with blas_at_any_size():
+        kernel = codegen.build([L] + grads, ins)
+    kinds = {u.stage: u.kind for u in kernel.units}
+    assert kinds.get("convt_taps") == "blas" and kinds.get("convt") == "shift", kinds
+    rng = np.random.default_rng(cin * 100 + stride)
+    feed = {t: rng.standard_normal(t.shape) for t in ins}
+    got = kernel(*[feed[t] for t in ins])
+    for g, w in zip(got, te.evaluate([L] + grads, feed)):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
+    from texpr.testing import numeric_gradient
+    for t, g in zip([X, W], got[1:]):
+        np.testing.assert_allclose(g, numeric_gradient(L, t, feed), rtol=1e-6, atol=1e-7)
+    torch = pytest.importorskip("torch")
+    tx, tw = (torch.tensor(feed[t], requires_grad=True) for t in (X, W))
+    ty = torch.nn.functional.conv_transpose2d(tx, tw, stride=stride, padding=padding,
+                                              output_padding=output_padding)
+    (ty * torch.tensor(feed[H])).sum().backward()
+    np.testing.assert_allclose(got[0], (ty * torch.tensor(feed[H])).sum().item(), rtol=1e-10)
+    np.testing.assert_allclose(got[1], tx.grad.numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(got[2], tw.grad.numpy(), rtol=1e-10, atol=1e-10)
+    # an infinity in X reaches exactly the outputs whose taps read it
+    f = dict(feed)
+    f[X] = feed[X].copy()
+    f[X][1, 0, 2, 1] = np.inf
+    with blas_at_any_size():
+        vk = codegen.build([y], [X, W])
+    assert {u.stage: u.kind for u in vk.units}.get("convt") == "shift"
+    assert_same_values(vk(f[X], f[W])[0], te.evaluate(y, f))
+
+
+def test_a_tap_sum_whose_valid_points_are_no_progression_keeps_its_loop_nest():
+    # out[i] = sum_k T[k, i] where (i + k) % 3 != 0: for a fixed tap the valid i are
+    # two residues of three, no strided move holds them
+    from texpr.codegen import shifts
+    from texpr.codegen.tap_split import SPLIT
+    from texpr.tensor import ComputeOp
+    T = te.placeholder((4, 9), "T", "float64")
+    k = te.reduce_axis(4, "k")
+    i = E.iter_var(0, 9, "i", "spatial")
+    body = te.sum(T[k, i], axis=k, where=(i + k) % 3 != 0)
+    op = ComputeOp("out", [i], (body,), "tap_split", {SPLIT: True})
+    assert shifts.plan_of(op, id) is None
+    # the same sum over a residue class is a plan of strided moves, and right
+    body = te.sum(T[k, i], axis=k, where=(i + k) % 3 == 0)
+    op = ComputeOp("out", [i], (body,), "tap_split", {SPLIT: True})
+    plan = shifts.plan_of(op, id)
+    assert plan is not None and all(m[3] == [3] for m in plan.moves), plan.moves
+    t = np.random.default_rng(1).standard_normal((4, 9))
+    out = np.full(9, np.nan)
+    plan.run({id(T): t.reshape(-1), id(op.output(0)): out})
+    want = [sum(t[kk, ii] for kk in range(4) if (ii + kk) % 3 == 0) for ii in range(9)]
+    np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
