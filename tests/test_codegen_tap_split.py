@@ -254,3 +254,44 @@ def test_a_tap_sum_whose_valid_points_are_no_progression_keeps_its_loop_nest():
     plan.run({id(T): t.reshape(-1), id(op.output(0)): out})
     want = [sum(t[kk, ii] for kk in range(4) if (ii + kk) % 3 == 0) for ii in range(9)]
     np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
+
+
+#: random transposed convolutions (strides 1-3, dilations 1-2, paddings, output
+#: paddings, an infinity or a NaN in X in about a third): the lattice moves'
+#: fuzz, run in CI at this count (600-program runs in the closing notes)
+TRANSPOSED_SEED, TRANSPOSED_PROGRAMS = 20262600, 24
+
+
+def test_random_transposed_convolutions_match_the_evaluator():
+    import random
+    made = lattice = 0
+    for seed in range(TRANSPOSED_SEED, TRANSPOSED_SEED + TRANSPOSED_PROGRAMS):
+        r = random.Random(seed)
+        s, d, k = r.choice([1, 2, 2, 3, 3]), r.choice([1, 1, 2]), r.randint(1, 5)
+        p = r.randint(0, d * (k - 1))
+        out_pad = r.randint(0, max(0, min(s, d) - 1))
+        cin, cout, size = r.randint(2, 6), r.randint(1, 3), r.randint(1, 6)
+        X = te.placeholder((r.randint(1, 2), cin, size, size + r.randint(0, 2)), "X", "float64")
+        W = te.placeholder((cin, cout, k, k), "W", "float64")
+        try:
+            y = nn.conv2d_transpose(X, W, stride=s, padding=p, output_padding=out_pad,
+                                    dilation=d, name="ct")
+        except te.ShapeError:  # an empty output: drawn again with the next seed
+            continue
+        H = te.placeholder(y.shape, "H", "float64")
+        ax = [te.reduce_axis(q, a) for q, a in zip(y.shape, "ncij")]
+        L = te.compute((), lambda: te.sum(y[tuple(ax)] * H[tuple(ax)], axis=ax), name="L")
+        outs = [y, L] + list(te.differentiate(L, [X, W]).result)
+        with blas_at_any_size():
+            kernel = codegen.build(outs, [X, W, H])
+        made += sum(u.stage.endswith("_taps") for u in kernel.units)
+        lattice += sum(u.kind == "shift" and getattr(u.plan, "lattice", False)
+                       for u in kernel.units)
+        rng = np.random.default_rng(seed)
+        feed = {t: rng.standard_normal(t.shape) for t in (X, W, H)}
+        if r.random() < 0.35:
+            feed[X].reshape(-1)[r.randrange(feed[X].size)] = r.choice([np.inf, -np.inf, np.nan])
+        got = kernel(*[feed[t] for t in (X, W, H)])
+        for g, w in zip(got, te.evaluate(outs, feed)):
+            assert_same_values(np.asarray(g), np.asarray(w), rtol=1e-9, atol=1e-9)
+    assert made >= 4 and lattice >= 2, (made, lattice)
