@@ -1069,3 +1069,38 @@ def test_data_masks_evaluated_per_run_weigh_in_the_cost_rule(ci, blas):
     s[dW].blas(True)  # the override still runs it on BLAS, to the same values
     forced, = codegen.build([dW], ins, s)(*[feed[t] for t in ins])
     assert np.abs(forced - ref).max() <= _tol("float32", ref)
+
+
+def test_masked_operands_kept_between_runs_hold_each_runs_values():
+    """A masked operand (causal scores' head under ``j <= i``) is written into a
+    buffer the plan keeps from run to run, one per thread: every run, sequential
+    or from four threads at once, gives the evaluator's values for its own
+    inputs, and an infinity at a masked-out point stays absent."""
+    Hh = te.placeholder((3, 16, 16), "H")
+    K = te.placeholder((3, 16, 8), "K")
+    j = te.reduce_axis(16, "j")
+    dQ = te.compute((3, 16, 8), lambda b, i, d: te.sum(Hh[b, i, j] * K[b, j, d], axis=j,
+                                                       where=j <= i), name="dQ")
+    s = codegen.create_schedule([dQ])
+    s[dQ].blas(True)
+    k = codegen.build([dQ], [Hh, K], s)
+    assert "BLAS:" in k.source
+    rng = np.random.default_rng(9)
+    feeds = [(rng.standard_normal((3, 16, 16)).astype("float32"),
+              rng.standard_normal((3, 16, 8)).astype("float32")) for _ in range(5)]
+    feeds[2][0][1, 2, 9] = np.inf  # j = 9 > i = 2: masked out
+    refs = [te.evaluate(dQ, {Hh: a, K: b}) for a, b in feeds]
+    assert np.isfinite(refs[2]).all()
+    for (a, b), ref in zip(feeds * 2, refs * 2):
+        _assert_close(k(a, b)[0], ref, "sequential")
+    errors = []
+
+    def run(t):
+        try:
+            for _ in range(20):
+                a, b = feeds[t]
+                _assert_close(k(a, b)[0], refs[t], f"thread {t}")
+        except AssertionError as exc:
+            errors.append(exc)
+    _in_threads(run, 4)
+    assert not errors, errors[0]
