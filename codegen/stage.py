@@ -30,7 +30,9 @@ materialised stage becomes:
 Default schedule of a stage the user did not order: loops in definition order,
 except for reductions, where the axis giving the most accesses that are unit
 stride or invariant in it goes innermost (the output's store counts as
-invariant in a reduction loop): a reduction axis (scalar mode) or a spatial axis (buffer mode, with
+invariant in a reduction loop; before that, an axis along which the
+reduction's data-dependent ``where`` does not vary, so that the condition is
+tested once per innermost loop: ``CONDITION_INVARIANT``): a reduction axis (scalar mode) or a spatial axis (buffer mode, with
 the reduction loops moved outside the spatial loops whose output tile is small
 so that the innermost loop has independent iterations and vectorises without
 reassociating floating-point sums). The outermost spatial loop runs in parallel

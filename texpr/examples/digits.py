@@ -23,8 +23,8 @@ backward are compiled once with ``codegen.build`` and reused for every
 mini-batch (parallel kernels by default: their convolutions and dense layers
 run as GEMMs on numpy's BLAS and compile nothing, so the first build is the
 shorter -- 3.6 s against 5.9 s for ``--serial`` on 2 quiet cores, 2026-12-01 --
-while a training step takes about as long on these small layers: 3.45 ms
-against 3.32 ms, README.md's last section). A partial last batch is padded and
+while a training step beside PyTorch took 3.0 ms against 1.7 ms for
+``--serial`` on 2026-12-05: README.md's last section). A partial last batch is padded and
 masked out of the loss (a per-sample weight), so every sample is used and no
 second kernel is built.
 
@@ -274,8 +274,8 @@ def parse_args(argv=None):
     p.set_defaults(parallel=True)
     p.add_argument("--serial", dest="parallel", action="store_false",
                    help="compile serial kernels only (every stage a loop nest, no GEMMs): a "
-                        "longer first build, a step of about the same time on this model's "
-                        "small layers; the default builds parallel ones")
+                        "longer first build, a shorter step on this model's small layers "
+                        "(README.md, Benchmarks); the default builds parallel ones")
     p.add_argument("--parallel", dest="parallel", action="store_true",
                    help="parallel kernels (the default; kept for older command lines)")
     p.add_argument("--limit", type=int, default=int(os.environ.get("TEXPR_DIGITS_LIMIT", 0)),
