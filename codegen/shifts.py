@@ -318,15 +318,20 @@ def _window_plan(op, key):
                      src_t.shape)
 
 
-def _tap_sum_plan(op, key):
-    """A tap-sum stage (codegen.tap_split): per combination of taps, the box of
-    output points where the ``where`` holds gets the taps' stage added."""
+def _tap_sum_parts(op):
+    """``(reduce, load, output axes, taps)`` of a tap-sum stage: a sum of one load
+    over its taps; else _NoPlan."""
     red = op.body[0]
     if not isinstance(red, Reduce) or red.combiner.kind != "sum" or len(red.source) != 1 \
             or not isinstance(red.source[0], Load):
         raise _NoPlan()
-    ld = red.source[0]
-    spatial, taps = list(op.axis), list(red.axes)
+    return red, red.source[0], list(op.axis), list(red.axes)
+
+
+def _tap_sum_plan(op, key):
+    """A tap-sum stage (codegen.tap_split): per combination of taps, the box of
+    output points where the ``where`` holds gets the taps' stage added."""
+    red, ld, spatial, taps = _tap_sum_parts(op)
     # the load's indices and the where's comparisons as affine forms over the
     # stage's axes (codegen.affine, checked by isl over the box), keyed by axis
     from .affine import affine_form
@@ -433,16 +438,11 @@ def _lattice_tap_sum_plan(op, key):
     load's indices, with the axes written so, affine in ``t`` (proved by isl,
     :func:`codegen.affine.affine_form`): the move adds the taps' stage into
     the output at stride ``step``."""
-    red = op.body[0]
-    if not isinstance(red, Reduce) or red.combiner.kind != "sum" or len(red.source) != 1 \
-            or not isinstance(red.source[0], Load):
-        raise _NoPlan()
+    red, ld, spatial, taps = _tap_sum_parts(op)
     from texpr.visitor import free_vars, substitute
     from .affine import affine_form
     from .contraction import _conjuncts
     from .operands import _linear
-    ld = red.source[0]
-    spatial, taps = list(op.axis), list(red.axes)
     shape = op.output(0).shape
     combos = math.prod(t.dom[1] - t.dom[0] for t in taps)
     if combos > MAX_MOVES:

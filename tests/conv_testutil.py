@@ -23,9 +23,11 @@ def conv_loss(cin=3, cout=3, stride=1, dilation=1, padding=1, k=3, size=7, dtype
     return (L, [X, W, H], y) if with_conv else (L, [X, W, H])
 
 
-def check_conv_kernel(kernel, L, ins, grads, stride, dilation, padding, seed):
+def check_conv_kernel(kernel, L, ins, grads, stride, dilation, padding, seed,
+                      output_padding=None):
     """A kernel of ``[L, dX, dW]`` (float64) against the evaluator, float64 finite
-    differences and PyTorch."""
+    differences and PyTorch (``conv_transpose2d`` where ``output_padding`` is
+    given: ``L`` is then a transposed convolution's)."""
     X, W, H = ins
     rng = np.random.default_rng(seed)
     feed = {t: rng.standard_normal(t.shape) for t in ins}
@@ -36,8 +38,15 @@ def check_conv_kernel(kernel, L, ins, grads, stride, dilation, padding, seed):
         np.testing.assert_allclose(g, numeric_gradient(L, t, feed), rtol=1e-6, atol=1e-7)
     torch = pytest.importorskip("torch")
     tx, tw = (torch.tensor(feed[t], requires_grad=True) for t in (X, W))
-    y = torch.nn.functional.conv2d(tx, tw, stride=stride, padding=padding, dilation=dilation)
-    (y * torch.tensor(feed[H])).sum().backward()
+    if output_padding is None:
+        y = torch.nn.functional.conv2d(tx, tw, stride=stride, padding=padding, dilation=dilation)
+    else:
+        y = torch.nn.functional.conv_transpose2d(tx, tw, stride=stride, padding=padding,
+                                                 output_padding=output_padding,
+                                                 dilation=dilation)
+    loss = (y * torch.tensor(feed[H])).sum()
+    loss.backward()
+    np.testing.assert_allclose(got[0], loss.item(), rtol=1e-10)
     np.testing.assert_allclose(got[1], tx.grad.numpy(), rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(got[2], tw.grad.numpy(), rtol=1e-10, atol=1e-10)
 

@@ -1008,6 +1008,12 @@ def test_padded_buffers_kept_between_runs_hold_each_runs_values(monkeypatch):
     feeds = [(rng.standard_normal((2, 3, 10, 10)).astype("float32"),
               rng.standard_normal((4, 3, 3, 3)).astype("float32")) for _ in range(6)]
     refs = [te.evaluate(y, {x: a, w: b}) for a, b in feeds]
+    _check_runs_and_threads(k, feeds, refs)
+
+
+def _check_runs_and_threads(k, feeds, refs):
+    """``k`` (two inputs) gives ``refs`` for ``feeds``: twice in turn, then from four
+    threads at once, each calling it 20 times with its own inputs."""
     for (a, b), ref in zip(feeds * 2, refs * 2):
         _assert_close(k(a, b)[0], ref, "sequential")
     errors = []
@@ -1091,16 +1097,4 @@ def test_masked_operands_kept_between_runs_hold_each_runs_values():
     feeds[2][0][1, 2, 9] = np.inf  # j = 9 > i = 2: masked out
     refs = [te.evaluate(dQ, {Hh: a, K: b}) for a, b in feeds]
     assert np.isfinite(refs[2]).all()
-    for (a, b), ref in zip(feeds * 2, refs * 2):
-        _assert_close(k(a, b)[0], ref, "sequential")
-    errors = []
-
-    def run(t):
-        try:
-            for _ in range(20):
-                a, b = feeds[t]
-                _assert_close(k(a, b)[0], refs[t], f"thread {t}")
-        except AssertionError as exc:
-            errors.append(exc)
-    _in_threads(run, 4)
-    assert not errors, errors[0]
+    _check_runs_and_threads(k, feeds, refs)
