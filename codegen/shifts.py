@@ -481,7 +481,7 @@ def _lattice_tap_sum_plan(op, key):
                     raise _NoPlan()
                 if all(ok):
                     vals.append(v)
-            del env[sp_ids[d]]
+            env.pop(sp_ids[d], None)  # (never set where the axis is empty)
             if not vals:
                 prog.append(None)
                 continue

@@ -469,10 +469,10 @@ class _Gen:
         return te.compute(shape, use, name=self.name("G"))
 
 
-def conv_activation_conv(g):
+def conv_activation_conv(g, transposed=False):
     """A 1-d convolution, a bias and an activation (relu, leaky relu, or a select
     on the value), then a second convolution (strided, dilated, masked causally,
-    or transposed): the shape whose gradients and folded activation
+    or, with ``transposed``, transposed): the shape whose gradients and folded activation
     :mod:`texpr.codegen.operands` packs into elementwise stages so that the
     convolutions run as GEMMs. Returns ``(floats, y)``; draws from ``g.rng5``
     only (and ``g.name``)."""
@@ -501,11 +501,12 @@ def conv_activation_conv(g):
     l2 = (l1 - d2 * (k2 - 1) - 1) // s2 + 1
     co, kk = te.reduce_axis(c1, "o"), te.reduce_axis(k2, "q")
     causal = r.random() < 0.3
-    # a transposed second convolution (its input read at (l + pad - q * d) // s
-    # where that divides: codegen's tap split and lattice moves), drawn from a
-    # generator of its own so that the other programs keep their draws
+    # in the conv profile (``transposed``), a transposed second convolution (its
+    # input read at (l + pad - q * d) // s where that divides: codegen's tap split
+    # and lattice moves), drawn from a generator of its own; the other profiles'
+    # programs are those they drew before
     t = random.Random(r.getstate()[1][0] * 7 + 3)
-    if t.random() < 0.35:
+    if transposed and t.random() < 0.35:
         ts, td = t.choice([1, 2, 2, 3]), t.choice([1, 1, 2])
         tk = t.randint(1, 4)
         pad = t.randint(0, td * (tk - 1))
@@ -543,7 +544,7 @@ def make_program(seed, dtype=None, reshape=True, conv=False):
     g = _Gen(seed, dtype, reshape)
     r = g.rng
     if (reshape and g.rng5.random() < 0.06) or conv:
-        floats, y = conv_activation_conv(g)
+        floats, y = conv_activation_conv(g, transposed=conv)
     else:
         floats = []
         for _ in range(r.choice([1, 1, 2])):

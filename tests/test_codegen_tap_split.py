@@ -237,6 +237,15 @@ def test_a_tap_sum_whose_valid_points_are_no_progression_keeps_its_loop_nest():
     op = ComputeOp("out", [i], (body,), "tap_split", {SPLIT: True})
     plan = shifts.plan_of(op, id)
     assert plan is not None and all(m[3] == [3] for m in plan.moves), plan.moves
+    # an empty output axis under a condition: no moves, no plan (attack helper-36:
+    # a KeyError escaped plan_of)
+    T0 = te.placeholder((3, 5), "T0", "float64")
+    k0 = te.reduce_axis(3, "k0")
+    h0 = E.iter_var(0, 0, "h0", "spatial")
+    empty = ComputeOp("empty", [h0], (te.sum(T0[k0, (h0 + 1 - k0) // 2], axis=k0,
+                                             where=(h0 + k0 + 1) % 2 == 0),),
+                      "tap_split", {SPLIT: True})
+    assert shifts.plan_of(empty, id) is None
     t = np.random.default_rng(1).standard_normal((4, 9))
     out = np.full(9, np.nan)
     plan.run({id(T): t.reshape(-1), id(op.output(0)): out})
