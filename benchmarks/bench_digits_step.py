@@ -7,7 +7,8 @@ with the same weights and batch. A *step* is the loss, the gradients of every
 weight and a plain SGD update (``w -= lr * g``):
 
 * texpr: one ``codegen.build`` kernel of the loss and its gradients (serial, as
-  the example builds it, and ``parallel=True``), then the update in numpy;
+  the example's ``--serial`` builds it, and ``parallel=True``, the example's
+  default), then the update in numpy;
 * PyTorch: forward, ``loss.backward()`` and ``torch.optim.SGD.step`` (CPU,
   ``--threads`` threads), here and again alone in a process of its own (beside
   texpr its OpenMP workers inherit ``OMP_WAIT_POLICY=PASSIVE`` and share the
