@@ -49,7 +49,7 @@ import numpy as np
 from texpr import expr as E
 from texpr.errors import TexprError
 from texpr.expr import Load, Reduce
-from texpr.simplify.isl_bridge import VarSpace, box_set
+from texpr.simplify.isl_bridge import VarSpace, box_set, isl
 
 from .contraction import ContractionUnit, ContractionUnitSource
 
@@ -250,7 +250,7 @@ def plan_of(op, key):
                 return _tap_sum_plan(op, key)
             except _NoPlan:
                 return _lattice_tap_sum_plan(op, key)
-    except _NoPlan:
+    except (_NoPlan, TexprError, isl.Error):  # (an index isl cannot take: the loop nest)
         return None
     return None
 
