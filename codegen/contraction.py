@@ -84,7 +84,7 @@ from texpr.visitor import post_order, substitute
 
 from .affine import affine_form as _affine
 from .bounds import may_refuse
-from .gemm import ContractionPlan, GemmPiece, OperandView, _TREE_OPS, _byte_view
+from .gemm import ContractionPlan, GemmPiece, OperandView, _TREE_OPS, _byte_view, _tree_nodes
 from .schedule import inline_expand
 
 __all__ = ["match", "ContractionPlan", "GemmPiece", "OperandView", "cost_ok",
@@ -704,29 +704,22 @@ def _partition(pieces, shape):
     return bool((count == 1).all())
 
 
-def _tree_nodes(t):
-    """Nodes of an expression tree (:func:`_tree`): the numpy passes its mask takes."""
-    n = 1
-    for x in t[1:]:
-        if isinstance(x, tuple) and x and isinstance(x[0], (str, type)):
-            n += _tree_nodes(x)
-        elif isinstance(x, tuple):
-            n += sum(_tree_nodes(y) for y in x if isinstance(y, tuple) and y
-                     and isinstance(y[0], (str, type)))
-    return n
-
-
 def mask_passes(plan):
-    """Element passes the GEMM path spends on data-dependent masks per run:
-    per piece, per operand view whose data masks apply on every run (not only
-    on the exact path), its elements times its masks' tree nodes (numpy
-    evaluates a mask node by node over the operand's grid)."""
+    """Element passes the GEMM path spends on data-dependent masks per run.
+
+    Args:
+        plan: a :class:`ContractionPlan`.
+    Returns an int: per piece, per operand view whose data masks apply on every
+    run (not only on the exact path: a packed operand's), its elements times
+    its masks' tree nodes -- numpy evaluates a mask node by node over the
+    operand's grid (:func:`codegen.gemm._operand`). The cost rule weighs it
+    against the GEMMs' multiply-adds (``MASK_MACS``)."""
     total = 0
     for p in plan.pieces:
         for v in (p.a, p.b):
             if v.data_masks and not getattr(v, "masks_only_non_finite", False):
                 size = math.prod(p.axes[q][1] for q in v.axes)
-                total += size * sum(_tree_nodes(t) for t in v.data_masks)
+                total += size * sum(1 for t in v.data_masks for _ in _tree_nodes(t))
     return total
 
 

@@ -656,17 +656,22 @@ def _eval_tree(t, grid, arrays, mask=None):
         return np.asarray(fn(a, b)).astype(dtype, copy=False)
 
 
-def _tree_keys(t):
-    """The buffer keys an expression tree (:func:`codegen.contraction._tree`) loads from."""
-    out = {t[1]} if t[0] in ("ld", "ldc") else set()
+def _tree_nodes(t):
+    """The nodes of an expression tree (:func:`codegen.contraction._tree`), each a
+    tuple whose first item names its kind, in pre-order."""
+    yield t
     for x in t[1:]:
         if isinstance(x, tuple) and x and isinstance(x[0], (str, type)):
-            out |= _tree_keys(x)
+            yield from _tree_nodes(x)
         elif isinstance(x, tuple):
             for y in x:
-                if isinstance(y, tuple):
-                    out |= _tree_keys(y)
-    return out
+                if isinstance(y, tuple) and y and isinstance(y[0], (str, type)):
+                    yield from _tree_nodes(y)
+
+
+def _tree_keys(t):
+    """The buffer keys an expression tree (:func:`codegen.contraction._tree`) loads from."""
+    return {n[1] for n in _tree_nodes(t) if n[0] in ("ld", "ldc")}
 
 
 def _pack(v, axes, groups):
