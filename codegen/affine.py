@@ -1,7 +1,10 @@
 """Index expressions proved affine over an iteration box, and loads addressed by them.
 
-One job: :func:`affine_form` proves (with isl) that an integer index expression
-equals ``const + sum(coef * axis)`` over a box of axes, from its values at the
+One job: integer index arithmetic over axes. :func:`eval_int` and
+:func:`eval_cond` evaluate an index expression and a condition on them
+exactly at one point; :func:`affine_form` proves (with isl) that an integer
+index expression equals ``const + sum(coef * axis)`` over a box of axes, from
+its values at the
 box's corner and one step along each axis; :func:`affine_offsets` uses it for
 the loads of a loop nest whose row-major offset is affine although their
 indices are not (a flatten or reshape: ``X[i, k // 49, k // 7 % 7, k % 7]`` is
@@ -18,7 +21,7 @@ from texpr.errors import TexprError
 from texpr.simplify.isl_bridge import isl, to_pwaff
 from texpr.visitor import post_order
 
-__all__ = ["affine_form", "affine_offsets", "eval_int"]
+__all__ = ["affine_form", "affine_offsets", "eval_int", "eval_cond"]
 
 
 def eval_int(e, env):
@@ -46,6 +49,31 @@ def eval_int(e, env):
         return min(kids)
     if isinstance(e, E.Max):
         return max(kids)
+    return None
+
+
+def eval_cond(c, env):
+    """The value of a condition over integer index arithmetic (comparisons of
+    :func:`eval_int` expressions, ``&&``, ``||``, ``!``, constants) at ``env``
+    (id(Var) -> int), a bool; None where it is anything else (a load, a float)."""
+    if isinstance(c, E.Const) and isinstance(c.value, (bool, np.bool_)):
+        return bool(c.value)
+    if isinstance(c, (E.And, E.Or)):
+        a = eval_cond(c.a, env)
+        if a is None:
+            return None
+        if isinstance(c, E.And) != a:  # False && ..., True || ...
+            return a
+        return eval_cond(c.b, env)
+    if isinstance(c, E.Not):
+        a = eval_cond(c.args[0], env)
+        return None if a is None else not a
+    if isinstance(c, E.CmpOp):
+        a, b = eval_int(c.a, env), eval_int(c.b, env)
+        if a is None or b is None:
+            return None
+        return {E.EQ: a == b, E.NE: a != b, E.LT: a < b, E.LE: a <= b, E.GT: a > b,
+                E.GE: a >= b}.get(type(c))
     return None
 
 

@@ -67,12 +67,14 @@ class ShiftPlan:
     """A stage as moves: ``out_key`` (its buffer), ``shape``, ``dtype``, ``fill``
     (zero the output first), ``moves``: ``(mode, dst_offset, shape, dst_strides,
     src_key, src_offset, src_strides)`` in elements of the flat buffers, ``mode``
-    ``"copy"``, ``"add"`` or ``"zero"`` (no source). Plain data: it pickles
-    with its kernel."""
+    ``"copy"``, ``"add"`` or ``"zero"`` (no source); ``lattice``: a tap sum whose
+    moves add at a stride (:func:`_lattice_tap_sum_plan`). Plain data: it
+    pickles with its kernel."""
 
-    def __init__(self, stage, out_key, shape, dtype, fill, moves, src_shape=None):
+    def __init__(self, stage, out_key, shape, dtype, fill, moves, src_shape=None,
+                 lattice=False):
         self.stage, self.out_key, self.shape, self.dtype = stage, out_key, tuple(shape), dtype
-        self.fill, self.moves = fill, list(moves)
+        self.fill, self.moves, self.lattice = fill, list(moves), lattice
         keys = {m[4] for m in self.moves if m[4] is not None}
         if len(keys) > 1:
             raise _NoPlan()
@@ -404,31 +406,6 @@ def _tap_sum_plan(op, key):
 LATTICE_BUDGET = 1 << 15
 
 
-def _truth(c, env):
-    """The value of a condition over integer index arithmetic at ``env`` (id(Var) ->
-    int), Python floor semantics (texpr's); None where it is anything else."""
-    if isinstance(c, E.Const) and isinstance(c.value, (bool, np.bool_)):
-        return bool(c.value)
-    if isinstance(c, E.And) or isinstance(c, E.Or):
-        a = _truth(c.a, env)
-        if a is None:
-            return None
-        if isinstance(c, E.And) and not a or isinstance(c, E.Or) and a:
-            return a
-        return _truth(c.b, env)
-    if isinstance(c, E.Not):
-        a = _truth(c.args[0], env)
-        return None if a is None else not a
-    if isinstance(c, E.CmpOp):
-        from .affine import eval_int
-        a, b = eval_int(c.a, env), eval_int(c.b, env)
-        if a is None or b is None:
-            return None
-        return {E.EQ: a == b, E.NE: a != b, E.LT: a < b, E.LE: a <= b, E.GT: a > b,
-                E.GE: a >= b}.get(type(c))
-    return None
-
-
 def _lattice_tap_sum_plan(op, key):
     """A tap-sum stage whose ``where`` holds on a residue class per tap combination
     (a transposed convolution's: ``(h + kh + 1) % 2 == 0``) and whose load
@@ -440,7 +417,7 @@ def _lattice_tap_sum_plan(op, key):
     the output at stride ``step``."""
     red, ld, spatial, taps = _tap_sum_parts(op)
     from texpr.visitor import free_vars, substitute
-    from .affine import affine_form
+    from .affine import affine_form, eval_cond
     from .contraction import _conjuncts
     from .operands import _linear
     shape = op.output(0).shape
@@ -464,8 +441,8 @@ def _lattice_tap_sum_plan(op, key):
     moves = []
     for combo in np.ndindex(*[t.dom[1] - t.dom[0] for t in taps]):
         env = {id(t): t.dom[0] + c for t, c in zip(taps, combo)}
-        if not all(_truth(c, env) for c in fixed):
-            if any(_truth(c, env) is None for c in fixed):
+        if not all(eval_cond(c, env) for c in fixed):
+            if any(eval_cond(c, env) is None for c in fixed):
                 raise _NoPlan()
             continue
         prog = []
@@ -476,7 +453,7 @@ def _lattice_tap_sum_plan(op, key):
             vals = []
             for v in range(shape[d]):
                 env[sp_ids[d]] = v
-                ok = [_truth(c, env) for c in conds]
+                ok = [eval_cond(c, env) for c in conds]
                 if any(x is None for x in ok):
                     raise _NoPlan()
                 if all(ok):
@@ -514,10 +491,8 @@ def _lattice_tap_sum_plan(op, key):
         moves.append(("add", doff, [n for _lo, _st, n in prog],
                       [st * s for (_lo, st, _n), s in zip(prog, os_)], key(ld.tensor), soff,
                       sstr))
-    plan = ShiftPlan(op.name, key(op.output(0)), shape, op.output(0).dtype, True, moves,
-                     ld.tensor.shape)
-    plan.lattice = True
-    return plan
+    return ShiftPlan(op.name, key(op.output(0)), shape, op.output(0).dtype, True, moves,
+                     ld.tensor.shape, lattice=True)
 
 
 # ---- the unit kind (codegen.units) ----------------------------------------------------------

@@ -1196,7 +1196,7 @@ def _check_kernel(qs, findings, mode="default"):
         TAP_SPLITS[0] += sum(1 for u in kernel.units if (u.stage or "").endswith("_taps"))
         SHIFT_UNITS[0] += sum(1 for u in kernel.units if u.kind == "shift")
         LATTICE_UNITS[0] += sum(1 for u in kernel.units if u.kind == "shift"
-                                and getattr(u.plan, "lattice", False))
+                                and u.plan.lattice)
         runs = [(got, "")]
         if n_blas:
             chunked = contraction_chunk_runs()

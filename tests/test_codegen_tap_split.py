@@ -282,7 +282,7 @@ def test_random_transposed_convolutions_match_the_evaluator():
         with blas_at_any_size():
             kernel = codegen.build(outs, [X, W, H])
         made += sum(u.stage.endswith("_taps") for u in kernel.units)
-        lattice += sum(u.kind == "shift" and getattr(u.plan, "lattice", False)
+        lattice += sum(u.kind == "shift" and u.plan.lattice
                        for u in kernel.units)
         rng = np.random.default_rng(seed)
         feed = {t: rng.standard_normal(t.shape) for t in (X, W, H)}
@@ -292,3 +292,28 @@ def test_random_transposed_convolutions_match_the_evaluator():
         for g, w in zip(got, te.evaluate(outs, feed)):
             assert_same_values(np.asarray(g), np.asarray(w), rtol=1e-9, atol=1e-9)
     assert made >= 4 and lattice >= 2, (made, lattice)
+
+
+def test_conditions_evaluate_exactly_with_floor_semantics():
+    # the lattice moves find each axis's valid values with codegen.affine.eval_cond
+    from texpr.codegen.affine import eval_cond
+    i = E.iter_var(-9, 9, "i", "spatial")
+    k = E.iter_var(0, 4, "k", "reduce")
+    conds = [((i + k) % 3 == 0), ((i - k) // 2 >= -1), (i < k) | (i % 2 == 1),
+             E.logical_not(i * 2 + k != 4), E.const(True), (i >= 0) & ((i // (k - 3)) == -1)]
+    py = [lambda a, b: (a + b) % 3 == 0, lambda a, b: (a - b) // 2 >= -1,
+          lambda a, b: a < b or a % 2 == 1, lambda a, b: not (a * 2 + b != 4),
+          lambda a, b: True, None]
+    for a in range(-9, 9):
+        for b in range(4):
+            env = {id(i): a, id(k): b}
+            for c, f in zip(conds, py):
+                got = eval_cond(c, env)
+                if f is None:  # a division by zero at k == 3, past a true i >= 0
+                    assert got == (None if a >= 0 and b == 3 else
+                                   (a >= 0 and a // (b - 3) == -1))
+                else:
+                    assert got == f(a, b), (c, a, b)
+    # a load is no index arithmetic
+    T = te.placeholder((4,), "T", "int64")
+    assert eval_cond(T[k] > 0, {id(k): 1}) is None
