@@ -8,6 +8,7 @@ Bad arguments raise :class:`texpr.TexprError` subclasses naming the sizes at
 fault. Families:
 
 - :mod:`.linear` -- dense, matmul, batch_matmul, bias_add, einsum
+- :mod:`.attention` -- scaled_dot_product_attention (optionally causal)
 - :mod:`.conv` -- conv1d, conv2d, conv2d_transpose
 - :mod:`.pool` -- max_pool2d, avg_pool2d, global_avg_pool2d, adaptive_avg_pool2d
 - :mod:`.activation` -- relu, leaky_relu, elu, gelu, sigmoid, tanh
@@ -22,6 +23,7 @@ fault. Families:
 """
 
 from .activation import elu, gelu, leaky_relu, relu, sigmoid, tanh
+from .attention import scaled_dot_product_attention
 from .conv import conv1d, conv2d, conv2d_transpose
 from .linear import batch_matmul, bias_add, dense, einsum, matmul
 from .loss import cross_entropy, log_softmax, logsumexp, mse_loss, softmax
@@ -37,6 +39,8 @@ from .shape import (broadcast_to, concatenate, embedding, expand_dims, flatten, 
 __all__ = [
     # linear
     "dense", "matmul", "batch_matmul", "bias_add", "einsum",
+    # attention
+    "scaled_dot_product_attention",
     # convolution
     "conv1d", "conv2d", "conv2d_transpose",
     # pooling
