@@ -46,8 +46,9 @@ from texpr.expr import Reduce
 from texpr.jacobian import quasi_affine_index
 from texpr.scan import ScanOp
 from texpr.tensor import ComputeOp, PlaceholderOp, ScatterAddOp, as_tensor_list, topo_order
-from texpr.visitor import post_order
+from texpr.visitor import post_order, substitute
 
+from .affine_index import is_scattered
 from .domain import access_is_injective, domain_count
 from .graph import accesses, is_elementwise
 
@@ -286,10 +287,12 @@ def stored_is_cheaper(op, accs, inlined=None):
         inlined: ``{id(op): Written}`` of the producers already inlined into ``op``.
     """
     w = written_out(op.body[0], op.axis, inlined)
-    if w.work == 0:
+    vals = value_loads(op.body[0])
+    view = w.work == 0 and len({id(v.tensor) for v in vals}) <= 1
+    if view and not any(isinstance(n, (E.FloorDiv, E.FloorMod)) for n in post_order(op.body[0])):
         return False
     a = len(accs)
-    if (a - 1) * (w.work + max(w.loads - 1, 0)) > a + 1:
+    if not view and (a - 1) * (w.work + max(w.loads - 1, 0)) > a + 1:
         return True
     for consumer, ld in accs:
         if not isinstance(consumer, ComputeOp):
@@ -298,9 +301,47 @@ def stored_is_cheaper(op, accs, inlined=None):
         if not reds or not _inside(ld, reds[0]):
             continue
         red = reds[0]
-        if not access_is_injective(consumer.axis + red.axes, red.where, ld.args):
+        axes = consumer.axis + red.axes
+        if view and not (len(vals) == 1 and _scattered(op, vals[0], ld, axes)):
+            continue
+        if not access_is_injective(axes, red.where, ld.args):
             return True
     return False
+
+
+def _scattered(op, value, ld, axes):
+    """Whether the view ``op`` (whose values are those of the load ``value``), read at
+    ``ld`` by a reduction over ``axes``, reads its tensor at a row-major offset
+    that is no affine function of ``axes`` although its index divides (``//``,
+    ``%``): a reshape after a transpose (attention's heads merged into
+    ``(B*T, C)``). A GEMM takes a strided view, not this one; a flatten
+    (``X[n, k // 49, k // 7 % 7, k % 7]`` is ``X.reshape(-1)[784 n + k]``) is
+    one."""
+    idx = [substitute(i, dict(zip(op.axis, ld.args))) for i in value.args]
+    return is_scattered(value.tensor, idx, axes)
+
+
+def value_loads(e):
+    """The loads of float tensors whose values ``e`` can take (not those read only by
+    a select's condition or a comparison): one for a view, a mask or a relu
+    (``select(x > 0, dy, 0)`` takes ``dy``'s), several for a concatenation
+    (``select(t < n, A[t], B[t - n])``) or a sum."""
+    out, stack, seen = [], [e], set()
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, E.Load):
+            if not dt.is_int(x.dtype) and x.dtype != "bool":
+                out.append(x)
+        elif isinstance(x, E.Select):
+            stack.extend(x.args[1:])
+        elif isinstance(x, (E.CmpOp, E.And, E.Or, E.Not)):
+            continue
+        else:
+            stack.extend(x.args)
+    return out
 
 
 def _inside(ld, red):
