@@ -29,7 +29,7 @@ Rows. One per unit (a materialised stage), in execution order:
   from the ``out``/``inp`` attributes :mod:`texpr.jacobian` gives it; the
   simplifier keeps them), ``gradient of X`` (an adjoint sum), ``operand of S
   (...)`` (a stage :mod:`codegen.operands`, :mod:`codegen.tap_split` or
-  :mod:`codegen.windows` made for stage ``S``), ... (:func:`computes`). A
+  :mod:`codegen.windows` made for stage ``S``, whose own row says what it is), ... (:func:`computes`). A
   scatter-add stage has no attributes: a gradient scatter (the adjoint of a
   gather, ``d_X__Y``, ``d_X__Y_g0``) is recognised by its name, the naming
   convention of ``docs/conventions.md``.
@@ -362,7 +362,7 @@ def _profile_of(rec, outer=None, outputs=None):
         rows.append(Row(u.stage, u.computes, u.lowering, calls, s * ms, pct(s), s * ms / calls,
                         u.macs, u.bytes, gflops, gbps))
     driver = rec.seconds - sum(rec.unit_seconds)
-    rows.append(Row("(driver)", "temporaries, outputs, Python between the units", "Python",
+    rows.append(Row("(driver)", "allocation, outputs, Python between units", "Python",
                     calls, driver * ms, pct(driver), driver * ms / calls))
     if outer is not None:
         checks = outer - rec.seconds
@@ -380,17 +380,13 @@ def unit_info(kernel):
     ops = list(getattr(program, "ops", ()))
     if len(ops) != len(kernel.units):  # (a program without its ops: names only)
         ops = [None] * len(kernel.units)
-    graph = {}
-    for op in topo_order(list(kernel.outputs)):
-        graph.setdefault(op.name, op)
-    by_name = dict(graph)
-    by_name.update({op.name: op for op in ops if op is not None})
+    names = {op.name for op in topo_order(list(kernel.outputs))}
     bufs = program.buffers
     out = []
     for unit, op in zip(kernel.units, ops):
         nbytes = sum(bufs[a].size * np.dtype(bufs[a].dtype).itemsize for a in unit.args)
         elements = sum(bufs[a].size for a in unit.args)
-        what = computes(op, by_name) if op is not None else ""
+        what = computes(op, names) if op is not None else ""
         out.append(_UnitInfo(unit.stage, what, lowering(unit, op), _macs(unit, op, elements),
                              nbytes))
     return out
@@ -465,25 +461,26 @@ _SUFFIX = re.compile(r"(_dense|_g\d+|_init)$")
 def _adjoint_name(name, known):
     """``(inp, out)`` of an adjoint named ``d_<inp>__<out>`` (optionally ending in
     ``_dense``, ``_g<k>``, ``_init``: the pieces of a scatter's adjoint,
-    :mod:`texpr.jacobian`), or None. Of several ways to split, the one whose
-    ``inp`` is a tensor of the graph (``known``) wins."""
-    if not name.startswith("d_") or "__" not in name[2:]:
+    :mod:`texpr.jacobian`), or None. Of several ways to read the name, the one
+    with the most of ``inp`` and ``out`` among the graph's tensor names
+    (``known``) wins; then a suffix is taken for a piece's."""
+    if not name.startswith("d_"):
         return None
-    base = _SUFFIX.sub("", name)[2:]
-    splits = [(base[:m.start()], base[m.end():]) for m in re.finditer("__", base)
-              if m.start() > 0 and m.end() < len(base)]
-    if not splits:
+    found = []
+    for base in (_SUFFIX.sub("", name)[2:], name[2:]):
+        found += [(base[:m.start()], base[m.end():]) for m in re.finditer("__", base)
+                  if m.start() > 0 and m.end() < len(base)]
+    if not found:
         return None
-    return next((s for s in splits if s[0] in known), splits[0])
+    return max(found, key=lambda s: (s[0] in known) + (s[1] in known))
 
 
-def computes(op, by_name=None):
+def computes(op, names=()):
     """What the stage ``op`` computes, in a few words: ``forward of dense``,
-    ``gradient of W through dense``, ``operand of S, packed for its GEMM
-    (gradient of ...)``, ... (see the module docstring). ``by_name``: the
-    graph's operations by name, to describe the stage a derived stage was made
-    for, and to prefer the right split of an adjoint's name."""
-    by_name = by_name or {}
+    ``gradient of W through dense``, ``operand of S, packed for its GEMM``, ...
+    (see the module docstring). ``names``: the names of the graph's tensors
+    (a dict or set), to split an adjoint's name ``d_<inp>__<out>`` where
+    ``inp`` is one of them."""
     tag = getattr(op, "tag", "") or ""
     attrs = getattr(op, "attrs", None) or {}
     of = attrs.get("of")
@@ -492,23 +489,15 @@ def computes(op, by_name=None):
     if tag == "adjoint_sum" and of is not None:
         return f"gradient of {of}"
     if tag in _MADE_FOR and of is not None:
-        text = _MADE_FOR[tag].format(of=of)
-        origin = by_name.get(of)
-        if origin is not None and origin is not op and getattr(origin, "tag", "") in (
-                "adjoint_contribution", "adjoint_sum"):
-            text += f" ({computes(origin, by_name)})"
-        return text
+        return _MADE_FOR[tag].format(of=of)
     if tag in ("adjoint_contribution", "adjoint_sum") or isinstance(op, ScatterAddOp):
-        named = _adjoint_name(op.name, by_name)
+        named = _adjoint_name(op.name, names)
         if named is not None:
             return f"gradient of {named[0]} through {named[1]}"
         return _OWN.get(tag, "scatter-add")
     if tag == "split_sum":
         m = re.fullmatch(r"(.+)_t\d+", op.name)
-        origin = by_name.get(m.group(1)) if m else None
-        if origin is not None:
-            return f"term of {origin.name} ({computes(origin, by_name)})"
-        return _OWN[tag]
+        return f"term of {m.group(1)}" if m else _OWN[tag]
     if tag in _OWN:
         return _OWN[tag]
     if isinstance(op, ScanOp):
