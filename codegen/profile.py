@@ -27,11 +27,12 @@ Rows. One per unit (a materialised stage), in execution order:
   of <operator>`` (the stage's tag: te.nn's operators tag their stages),
   ``gradient of W through dense`` (an adjoint contribution ``d_W__dense``,
   from the ``out``/``inp`` attributes :mod:`texpr.jacobian` gives it; the
-  simplifier keeps them), ``gradient of X`` (an adjoint sum), ``operand of S
-  (...)`` (a stage :mod:`codegen.operands`, :mod:`codegen.tap_split` or
-  :mod:`codegen.windows` made for stage ``S``, whose own row says what it is), ... (:func:`computes`). A
-  scatter-add stage has no attributes: a gradient scatter (the adjoint of a
-  gather, ``d_X__Y``, ``d_X__Y_g0``) is recognised by its name, the naming
+  simplifier keeps them), ``gradient of X`` (an adjoint sum), ``operand of
+  S, packed for its GEMM`` (a stage :mod:`codegen.operands`,
+  :mod:`codegen.tap_split` or :mod:`codegen.windows` made for stage ``S``,
+  whose own row says what it is), ... (:func:`computes`). A scatter-add
+  stage has no attributes: a gradient scatter (the adjoint of a gather,
+  ``d_X__Y``, ``d_X__Y_g0``) is recognised by its name, the naming
   convention of ``docs/conventions.md``.
 * ``lowering``: ``GEMM (MxK @ KxN)``, ``batched GEMM Bx(...)``, ``n GEMMs``
   (:mod:`codegen.contraction`), ``shift (n moves)`` (:mod:`codegen.shifts`),
@@ -51,10 +52,10 @@ Rows. One per unit (a materialised stage), in execution order:
 
 Two more rows make the rows add up to the step: ``(driver)``, the kernel's
 own Python around and between the units (the temporaries, the error flag,
-the outputs), and, for ``kernel.profile``, ``(call checks)``: the checks of
-``kernel(...)``'s arguments, before the driver runs. Their times are the wall
-time of the calls less the units' (each measured on its own clock reads), so
-the rows sum to ``wall_ms``.
+the outputs: from the driver's entry to its return, less the units), and,
+for ``kernel.profile``, ``(call checks)``: the checks of ``kernel(...)``'s
+arguments before the driver runs (the whole call's wall time less the
+driver's). So the rows sum to ``wall_ms``, the wall time of the calls.
 
 Cost. A kernel call reads one module attribute (:data:`ACTIVE`) and
 tests it; nothing is timed unless a profile is recording. While recording,
@@ -73,14 +74,14 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from texpr.errors import TexprError
+from texpr.expr import Reduce
 from texpr.scan import ScanOp
 from texpr.simplify import stage_count
 from texpr.simplify.isl_bridge import isl
 from texpr.tensor import ComputeOp, ScatterAddOp, topo_order
-from texpr.expr import Reduce
 
 __all__ = ["Row", "Profile", "Report", "profile", "report", "enable", "disable", "enabled",
-           "computes", "ACTIVE"]
+           "computes", "lowering", "unit_info", "ACTIVE"]
 
 #: the recorder of the calls being profiled, or None (the kernel's driver reads it)
 ACTIVE = None
@@ -191,6 +192,11 @@ class _Record:
         self.calls = 0
         self.seconds = 0.0
 
+    def copy(self):
+        c = _Record(self.kernel)
+        c.unit_seconds, c.calls, c.seconds = list(self.unit_seconds), self.calls, self.seconds
+        return c
+
 
 class _Recorder:
     """Records the calls of ``only`` (a Kernel), or of every kernel (None).
@@ -283,7 +289,7 @@ def report(print_table=True, file=None, reset=False):
     profiles = []
     if rec is not None:
         with rec._lock:
-            records = list(rec.records.values())
+            records = [r.copy() for r in rec.records.values()]
             if reset:
                 rec.records = {}
         profiles = [_profile_of(r) for r in records if r.calls]
