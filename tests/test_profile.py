@@ -245,3 +245,22 @@ def test_gradient_scatters_are_named_from_the_adjoint_convention():
     assert prof._adjoint_name("d_E__dense", set()) == ("E", "dense")
     assert prof._adjoint_name("d_E__dense_g0", {"E", "dense"}) == ("E", "dense")
     assert prof._adjoint_name("dense", {}) is None
+
+
+def test_a_torch_bridge_call_is_recorded():
+    # the bridge's compiled driver times nothing: while recording it takes the
+    # Python driver, so its calls have rows too
+    torch = pytest.importorskip("torch")
+    from texpr import torch as tt
+
+    X = te.placeholder((8, 5), name="X")
+    Y = te.compute((8, 5), lambda i, j: te.exp(X[i, j]) + 1.0, name="Ybridge")
+    f = tt.op(Y, [X])
+    prof.enable()
+    x = torch.ones(8, 5)
+    for _ in range(2):
+        y = f(x)
+    assert torch.allclose(y, torch.exp(x) + 1.0)
+    (p,) = [q for q in codegen.profile_report(print_table=False).profiles
+            if q.kernel == "Kernel(X -> Ybridge)"]
+    assert p.calls == 2 and [r.stage for r in p.rows] == ["Ybridge", "(driver)"]
