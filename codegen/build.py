@@ -15,6 +15,7 @@ from texpr.errors import FeedError, OutOfBoundsError, ScheduleError, TexprError
 from texpr.tensor import (PlaceholderOp, ScatterAddOp, Tensor, check_allocatable,
                           check_input_array)
 
+from . import profile as _profile
 from .lower import lower
 from .units import make_units
 from .schedule import Schedule, create_schedule, default_materialized
@@ -55,7 +56,8 @@ class Kernel:
     generated module of each unit on disk, with canonical identifiers and no
     user names; None for a GEMM unit, which has no module, and for a unit
     compiled in memory because the cache directory could not be used),
-    ``path`` (the first unit's module, or None).
+    ``path`` (the first unit's module, or None). ``kernel.profile(*arrays)``
+    times each unit (:mod:`codegen.profile`).
 
     Raises (on call): FeedError (wrong number/shape/dtype of arrays, an unknown,
     ambiguous or repeated name, a bad ``out=`` buffer, a masked array),
@@ -115,6 +117,28 @@ class Kernel:
         raises at run time (OutOfBoundsError, ...)."""
         self._execute([a.reshape(-1) for a in inputs], outputs)
 
+    def profile(self, *arrays, repeat=1, warmup=0, print_table=True, **named):
+        """Run the kernel on ``arrays`` (as ``kernel(*arrays, **named)``) ``repeat``
+        times, after ``warmup`` calls that are not timed, and time each unit
+        (:mod:`codegen.profile`).
+
+        Args:
+            arrays, named: the inputs, as for a call (a placeholder named
+                ``repeat``, ``warmup`` or ``print_table`` goes by position).
+            repeat: timed calls (an int >= 1).
+            warmup: calls run first, untimed (an int >= 0).
+            print_table: print the table (one row per unit, then the driver's
+                own time; the rows sum to the calls' wall time).
+        Returns:
+            A :class:`codegen.profile.Profile`: ``rows`` (per unit: stage, what
+            it computes, lowering, calls, total ms, % of the step, GFLOP/s or
+            GB/s), ``wall_ms``, ``outputs`` (the last call's).
+        Raises:
+            What a call raises; TexprError for a bad ``repeat`` or ``warmup``.
+        """
+        return _profile.profile(self, arrays, named, repeat=repeat, warmup=warmup,
+                                print_table=print_table)
+
     def _make_plan(self):
         """What every call repeats, computed once: per temporary buffer its size,
         dtype and the output (position) it is, if any; per output its buffer's
@@ -141,6 +165,8 @@ class Kernel:
         output computed by its own stage is written straight into its array, the
         others are copied there after the run. Returns the outputs (a tuple).
         Raises the error a unit flagged."""
+        rec = _profile.ACTIVE  # the profiler's hook (codegen.profile): None unless recording
+        t_in = rec.enter() if rec is not None else 0.0
         temps, outs = self._plan or self._make_plan()
         # a temporary that is no output is this thread's from call to call: fresh
         # large buffers cost the kernel's page faults on every call (conv2d_s1's
@@ -161,23 +187,30 @@ class Kernel:
             else:
                 args.append(np.empty(size, dtype))
         err = np.zeros(2, dtype=np.int64)  # [error code, the offending index]
-        for unit in self.units:
-            unit.run(args, err)
-            if err[0]:
-                _raise(unit, err)
+        if rec is None:
+            for unit in self.units:
+                unit.run(args, err)
+                if err[0]:
+                    _raise(unit, err)
+        else:
+            times = rec.run_units(self, args, err, _raise)
         if outs_given is None:
-            return tuple(args[s].reshape(shape) if own else args[s].reshape(shape).copy()
-                         for s, shape, own in outs)
-        result = []
-        for (s, shape, own), o in zip(outs, outs_given):
-            a = args[s].reshape(shape)
-            if o is None:
-                result.append(a if own else a.copy())
-            else:
-                if not own:
-                    np.copyto(o, a)
-                result.append(o)
-        return tuple(result)
+            result = tuple(args[s].reshape(shape) if own else args[s].reshape(shape).copy()
+                           for s, shape, own in outs)
+        else:
+            result = []
+            for (s, shape, own), o in zip(outs, outs_given):
+                a = args[s].reshape(shape)
+                if o is None:
+                    result.append(a if own else a.copy())
+                else:
+                    if not own:
+                        np.copyto(o, a)
+                    result.append(o)
+            result = tuple(result)
+        if rec is not None:
+            rec.leave(self, t_in, times)
+        return result
 
     def __reduce__(self):
         # the program (source, buffers, tensors) travels; the machine code is
