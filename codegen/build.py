@@ -16,6 +16,7 @@ from texpr.tensor import (PlaceholderOp, ScatterAddOp, Tensor, check_allocatable
                           check_input_array)
 
 from . import profile as _profile
+from .explain import explain as _explain
 from .lower import lower
 from .units import make_units
 from .schedule import Schedule, create_schedule, default_materialized
@@ -138,6 +139,24 @@ class Kernel:
         """
         return _profile.profile(self, arrays, named, repeat=repeat, warmup=warmup,
                                 print_table=print_table)
+
+    def explain(self, print_table=False):
+        """How the kernel computes its outputs: one line per unit (a materialised
+        stage, in execution order) with what it computes, its lowering (GEMM,
+        batched GEMM, shift plan, loop nest parallel, chunked or serial) and, for
+        a sum-reduction left a loop nest, why it is no GEMM (the matcher's or
+        the cost rule's reason, :mod:`codegen.contraction`), then how many
+        multiply-adds run on BLAS and how many in loop nests.
+
+        Args:
+            print_table: also print the text.
+        Returns:
+            str.
+        """
+        text = _explain(self)
+        if print_table:
+            print(text)
+        return text
 
     def _make_plan(self):
         """What every call repeats, computed once: per temporary buffer its size,
@@ -317,28 +336,37 @@ def _check_out(outputs, out, args):
     return out
 
 
-def _chooser(schedule, inlined, parallel):
+def _chooser(schedule, inlined, parallel, reasons=None):
     """``(op, key) -> plan or None``: which stages run as GEMMs (:mod:`codegen.contraction`),
     and which window and tap-sum stages as shift plans (:mod:`codegen.shifts`).
 
     A stage the user marked ``blas(True)`` must match (else ScheduleError);
     ``blas(False)`` never runs on BLAS; by default a stage without loop decisions
     (split, reorder, parallel, vectorize) in a parallel build runs on BLAS when it
-    matches and :func:`contraction.cost_ok` says it pays."""
+    matches and :func:`contraction.cost_ok` says it pays. ``reasons`` (a dict,
+    when given) gets, per sum-reduction stage name left a loop nest, why
+    (:meth:`Kernel.explain`)."""
     from . import contraction
 
     def choose(op, key):
+        plan, why = _choice(op, key)
+        if reasons is not None and plan is None and contraction.float_sum(op) is not None:
+            reasons[op.name] = why
+        return plan
+
+    def _choice(op, key):
         st = schedule[op]
         flag = st.blas_flag
         if flag is False:
-            return None
-        if flag is None and (st.ordered or st.parallel_set or st.vectorize_axes
-                             or not parallel):
-            return None
+            return None, "the schedule says blas(False)"
+        if flag is None and not parallel:
+            return None, "a serial build (parallel=False) keeps every stage a loop nest"
+        if flag is None and (st.ordered or st.parallel_set or st.vectorize_axes):
+            return None, "the schedule sets its loops (split, reorder, parallel or vectorize)"
         from .shifts import plan_of
         shift = plan_of(op, key)  # a window or tap-sum stage (codegen.shifts)
         if shift is not None:
-            return shift
+            return shift, None
         why = []
         plan = contraction.match(op, inlined, key=key, why=why)
         if plan is None:
@@ -346,10 +374,11 @@ def _chooser(schedule, inlined, parallel):
                 raise ScheduleError(f"stage {op.name}: blas(True), but it is not a contraction "
                                     f"the GEMM path runs ({why[0] if why else 'no match'}; "
                                     "see texpr.codegen.contraction)")
-            return None
-        if flag is None and not contraction.cost_ok(plan):
-            return None
-        return plan
+            return None, f"not a GEMM: {why[0] if why else 'no match'}"
+        refusal = contraction.cost_refusal(plan) if flag is None else None
+        if refusal is not None:
+            return None, f"BLAS does not pay: {refusal}"
+        return plan, None
     return choose
 
 
@@ -459,9 +488,14 @@ def _lowered(schedule, inputs, mat, inl, parallel):
 
     # the key holds texpr's source: whatever lower() returns, an entry of this key
     # was written by this very lower() (a foreign or damaged entry fails its checksum)
-    return symcache.memo("lower", list(schedule.outputs) + list(inputs), extra,
-                         lambda: lower(schedule, inputs, mat, inl, parallel=parallel,
-                                       contraction=_chooser(schedule, inl, parallel)))
+    def run():
+        reasons = {}
+        program = lower(schedule, inputs, mat, inl, parallel=parallel,
+                        contraction=_chooser(schedule, inl, parallel, reasons))
+        program.loop_reasons = reasons  # cached with it: Kernel.explain reads it
+        return program
+
+    return symcache.memo("lower", list(schedule.outputs) + list(inputs), extra, run)
 
 
 def _housekeeping(kernel):
