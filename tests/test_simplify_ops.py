@@ -226,8 +226,10 @@ def test_bugs_empty_domains():
 
 
 def test_two_consumers_fuse_into_one_reduction():
-    # X read by two convolutions: dX is the sum of two reductions, fused into one
-    # reduction over the disjoint union of their domains (no extra pass over X)
+    # X read by a convolution and a strided one: dX is the sum of two reductions.
+    # Both are contractions (products of two loads): each stays a reduction of its
+    # own, a GEMM for the code generator, and one pass over X adds them (fused into
+    # one reduction over the disjoint union of their domains, neither was a GEMM)
     X = te.placeholder((2, 3, 8, 8), "X")
     W1 = te.placeholder((4, 3, 3, 3), "W1")
     W2 = te.placeholder((4, 3, 2, 2), "W2")
@@ -238,8 +240,22 @@ def test_two_consumers_fuse_into_one_reduction():
     pairs1 = 2 * 4 * 3 * (8 * 3 - 2) ** 2
     pairs2 = 2 * 4 * 3 * (4 * 2) ** 2
     up = 2 * 4 * 8 * 8  # the adjoint of Y2: each head element read once
-    grads, (c,) = check(Z, [X], allow=pairs1 + pairs2 + up)
-    assert c == pairs1 + pairs2 + up
+    add = 2 * 3 * 8 * 8  # the sum of the two products
+    grads, (c,) = check(Z, [X], allow=pairs1 + pairs2 + up + add)
+    assert c == pairs1 + pairs2 + up + add
+
+
+def test_two_elementwise_consumers_still_fuse_into_one_reduction():
+    # the fold itself is unchanged where a part is no contraction: X read by a sum
+    # over rows and a sum over columns; dX[i, j] = H0[i] + H1[j] stays one stage
+    X = te.placeholder((6, 5), "X")
+    r, c = te.reduce_axis(5, "c"), te.reduce_axis(6, "r")
+    R = te.compute((6,), lambda i: te.sum(te.exp(X[i, r]), axis=r), name="R")
+    C = te.compute((5,), lambda j: te.sum(X[c, j] * X[c, j], axis=c), name="C")
+    Y = te.compute((11,), lambda t: te.if_then_else(t < 6, R[te.min(t, 5)],
+                                                    C[te.max(t - 6, 0)]), name="Y")
+    grads, (n,) = check(Y, [X], allow=30 + 11)
+    assert [op.name for op in simplify.materialized_stages(grads)] == ["d_X"] and n == 30
 
 
 def test_through_a_scatter_add_stage():
