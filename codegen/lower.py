@@ -39,6 +39,9 @@ Re-exported for importers of this module: ``default_order``,
 ``ExprEmitter``, ``const_str``, ``element`` (:mod:`codegen.emit`).
 """
 
+import sys
+import types
+
 import numpy as np
 
 from texpr.simplify.isl_bridge import isl
@@ -46,15 +49,40 @@ from texpr.errors import TexprError
 from texpr.printer import tensor_str
 from texpr.tensor import PlaceholderOp
 
-from .bounds import DATA_INDEX_LIMIT  # noqa: F401 - re-exported
 from .emit import ExprEmitter, _Writer, const_str, element  # noqa: F401
 from .runtime import GEMM_GUARD, IMPORT_LINE
 from . import stage as _stage
 from .cse import hoist_common_subexpressions
 from .source import buffer_identifiers, remove_dead_assignments, rename
-from .stage import (BUFFER_TILE, JAM, JAM_MOVE, MAX_LANES, MAX_RESIDUE_SPLITS,  # noqa: F401
-                    PARALLEL_MIN_POINTS, SPLIT_LANES, UNROLL, UNROLL_MAX_NODES, _StageLowering,
-                    default_order, lift_zero_guards)
+from .stage import _StageLowering, default_order, lift_zero_guards
+from . import bounds as _bounds
+
+#: the tuning constants this module used to copy from :mod:`codegen.stage` (and
+#: :mod:`codegen.bounds`): they are read there, where they are used, and setting
+#: them here sets them there (a copy set here changed nothing)
+_FORWARDED = {name: _stage for name in (
+    "BUFFER_TILE", "JAM", "JAM_MOVE", "MAX_LANES", "MAX_RESIDUE_SPLITS",
+    "PARALLEL_MIN_POINTS", "SPLIT_LANES", "UNROLL", "UNROLL_MAX_NODES")}
+_FORWARDED["DATA_INDEX_LIMIT"] = _bounds
+
+
+def __getattr__(name):
+    owner = _FORWARDED.get(name)
+    if owner is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(owner, name)
+
+
+class _ForwardingModule(types.ModuleType):
+    def __setattr__(self, name, value):
+        owner = _FORWARDED.get(name)
+        if owner is not None:
+            setattr(owner, name, value)
+        else:
+            super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _ForwardingModule
 
 __all__ = ["lower", "Program", "BufferInfo", "UnitSource", "default_order", "ExprEmitter",
            "const_str", "element", "lift_zero_guards"]

@@ -48,6 +48,7 @@ import hashlib
 import io
 import os
 import pickle
+import re
 import sys
 import tempfile
 import warnings
@@ -299,8 +300,64 @@ def _source_fingerprint():
 def _key(kind, canon):
     from . import __version__
 
-    head = f"texpr symbolic cache {FORMAT}\n{kind}\n{__version__}\n{_source_fingerprint()}\n"
+    head = (f"texpr symbolic cache {FORMAT}\n{kind}\n{__version__}\n{_source_fingerprint()}\n"
+            f"{settings_changed()!r}\n")
     return hashlib.sha256((head + canon.text).encode("utf-8")).hexdigest()
+
+
+#: module name -> {NAME: default value} of its tuning constants, read from its source
+_DEFAULTS = {}
+
+
+def _defaults(module):
+    """The tuning constants of ``module`` as its source assigns them: every top-level
+    one-line ``NAME = <literal>`` with an upper-case name (``CHEAP_TREE_NODES =
+    96``, ``BLAS_MIN_FLOP = 1 << 17``), evaluated as constant arithmetic on
+    literals (anything else is no tuning constant)."""
+    name = module.__name__
+    got = _DEFAULTS.get(name)
+    if got is not None:
+        return got
+    got = {}
+    path = getattr(module, "__file__", None)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, TypeError, ValueError):
+        text = ""
+    for m in _CONSTANT.finditer(text):
+        try:
+            value = eval(m.group(2), {"__builtins__": {}})  # noqa: S307 - no names: literals
+        except Exception:  # noqa: BLE001 - not a literal
+            continue
+        if isinstance(value, (bool, int, float, str, tuple, type(None))):
+            got[m.group(1)] = value
+    _DEFAULTS[name] = got
+    return got
+
+
+_CONSTANT = re.compile(r"^([A-Z][A-Z0-9_]*) = ([-+*/()<>. 0-9a-zA-Z_\"']+?)\s*(?:#.*)?$",
+                       re.MULTILINE)
+
+
+def settings_changed():
+    """The tuning constants of texpr's loaded modules that differ from their source's
+    value, sorted ``(module, name, value)``: a program changes with them, so they
+    are part of every key (a module not loaded yet has its defaults, which the
+    source fingerprint covers). ``contraction.BLAS_MIN_FLOP = 1 << 60`` set at
+    run time gives other keys than the default: no lowered program of the
+    default is loaded for it (or the reverse)."""
+    out = []
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "texpr" or name.startswith("texpr.")):
+            continue
+        for knob, default in _defaults(module).items():
+            value = getattr(module, knob, default)
+            if not isinstance(value, (bool, int, float, str, tuple, type(None))):
+                continue  # state, not a setting (the profiler's recorder)
+            if value != default or type(value) is not type(default):
+                out.append((name, knob, repr(value)))
+    return sorted(out)
 
 
 # ---- pickling with the caller's objects by position ------------------------------------
