@@ -89,6 +89,10 @@ CASES.update({
     "batch_matmul": _binary(te.nn.batch_matmul, (2, 3, 4), (2, 4, 2)),
     "bias_add": _binary(te.nn.bias_add, (2, 3, 4), (3,)),
     "einsum": _binary(lambda a, b: te.nn.einsum("ij,jk->ik", a, b), (3, 4), (4, 2)),
+    "scaled_dot_product_attention": _case(
+        lambda: (lambda q, k, v: (te.nn.scaled_dot_product_attention(q, k, v, causal=True),
+                                  [q, k, v]))(
+            _ph((2, 3, 2), "q"), _ph((2, 3, 2), "k"), _ph((2, 3, 2), "v"))),
     "conv1d": _binary(lambda x, w: te.nn.conv1d(x, w, stride=2, padding=1), (1, 2, 7), (3, 2, 3)),
     "conv2d_transpose": _binary(lambda x, w: te.nn.conv2d_transpose(x, w, stride=2),
                                 (1, 2, 3, 3), (2, 3, 3, 3)),

@@ -17,7 +17,7 @@ SMALL = dict(batch=2, seq=8, vocab=11, d=16, heads=2, layers=2)
 def _names(layers):
     per = ["ln1.w", "ln1.b", "attn.qkv.w", "attn.qkv.b", "attn.proj.w", "attn.proj.b",
            "ln2.w", "ln2.b", "mlp.fc.w", "mlp.fc.b", "mlp.proj.w", "mlp.proj.b"]
-    return (["tok_emb.w", "pos_emb.w"] + [f"h{l}.{n}" for l in range(layers) for n in per]
+    return (["tok_emb.w", "pos_emb.w"] + [f"h{i}.{n}" for i in range(layers) for n in per]
             + ["ln_f.w", "ln_f.b", "head.w"])
 
 

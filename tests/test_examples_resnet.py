@@ -14,7 +14,7 @@ from texpr.examples.resnet import ResNet
 SMALL = dict(batch=2, width=4, image=8, classes=10)
 
 
-def _names(width):
+def _names():
     block = ["conv1.w", "bn1.w", "bn1.b", "conv2.w", "bn2.w", "bn2.b"]
     return (["stem.conv.w", "stem.bn.w", "stem.bn.b"]
             + [f"block1.{n}" for n in block] + [f"block2.{n}" for n in block]
@@ -24,7 +24,7 @@ def _names(width):
 
 def test_layout():
     m = ResNet(dtype="float64", **SMALL)
-    assert list(m.weights) == _names(4)
+    assert list(m.weights) == _names()
     assert m.x.shape == (2, 3, 8, 8) and m.x.dtype == "float64"
     assert m.labels.shape == (2,) and m.labels.dtype == "int64"
     assert m.logits.shape == (2, 10) and m.loss.shape == () and m.loss.dtype == "float64"
