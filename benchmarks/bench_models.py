@@ -201,8 +201,8 @@ def print_table(rows):
     """The results as a markdown table (medians in ms; "alone": a process of its own)."""
     nan = float("nan")
     print("\n| model | texpr ms | torch eager | torch.compile | JAX jit | texpr alone "
-          "| torch alone | compile alone | JAX alone | best peer | texpr ÷ best | texpr alone ÷ best "
-          "| cold build s | warm build s | peak RSS MB |")
+          "| torch alone | compile alone | JAX alone | best peer | texpr ÷ best "
+          "| texpr alone ÷ best | cold build s | warm build s | peak RSS MB |")
     print("|---|" + "---|" * 14)
     for r in rows:
         g = lambda k: r.get(k) or nan  # noqa: E731

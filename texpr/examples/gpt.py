@@ -39,8 +39,8 @@ import time
 import numpy as np
 
 import texpr as te
-from texpr.examples.gpt_data import (TRAIN_FILES, VOCAB, TextData, eval_windows,
-                                     random_windows)
+from texpr.examples.gpt_data import (HELD_OUT_FILES, TRAIN_FILES, VOCAB, TextData,
+                                     eval_windows, random_windows)
 from texpr.examples.gpt_model import GPT
 
 #: the prompt the sample continues (unless ``--prompt``)
@@ -243,9 +243,11 @@ def train(args, out=sys.stdout):
 
     t_start = time.perf_counter()
     data = TextData.from_stdlib(limit=args.limit)
-    print(f"text: {data.n_train_chars:,} training characters ({len(TRAIN_FILES)} standard-"
-          f"library modules), {data.n_val_chars:,} held out; vocabulary {data.vocab.size} "
-          f"(64 characters + other)", file=out)
+    part = f"the first {args.limit:,} characters of " if args.limit else ""
+    print(f"text: {data.n_train_chars:,} training characters ({part}{len(TRAIN_FILES)} "
+          f"standard-library modules), {data.n_val_chars:,} held out ({part}"
+          f"{' and '.join(HELD_OUT_FILES)}); vocabulary {data.vocab.size} "
+          f"({data.vocab.size - 1} characters + other)", file=out)
     print("building the model and its gradients, compiling the kernels with Numba "
           "(cached on disk: only the first run with these settings compiles) ...",
           file=out, flush=True)
@@ -281,6 +283,9 @@ def train(args, out=sys.stdout):
                   f"{rate:,.0f} tokens/s", file=out, flush=True)
     bar.close()
     t_trained = time.perf_counter()
+    recent = float(np.mean(losses[-20:]))
+    print(f"training loss (mean of the last 20 steps): {recent:.3f} nats = "
+          f"{recent / math.log(2):.3f} bits per character", file=out)
 
     val = eval_windows(data.val, args.batch, args.seq, args.val_batches)
     nats = float(np.mean([forward(i, t, *[params[n] for n in names])[0] for i, t in val]))
