@@ -20,6 +20,9 @@ upsample_nearest pixel_shuffle cumsum cumprod sum mean max min""".split()
 #: the recurrent operators issue 13 adds
 ISSUE_OPERATORS += "rnn_cell lstm_cell gru_cell rnn lstm gru".split()
 
+#: the attention the mini-GPT example needs
+ISSUE_OPERATORS += ["scaled_dot_product_attention"]
+
 
 def test_all_lists_every_operator():
     assert sorted(nn.__all__) == sorted(ISSUE_OPERATORS)
@@ -46,6 +49,8 @@ FLOAT32_CALLS = {
     "batch_matmul": lambda: nn.batch_matmul(f32((2, 2, 3)), f32((2, 3, 4), "B")),
     "bias_add": lambda: nn.bias_add(f32((2, 3)), f32((3,), "b")),
     "einsum": lambda: nn.einsum("ij,jk->ik", f32((2, 3)), f32((3, 4), "B")),
+    "scaled_dot_product_attention": lambda: nn.scaled_dot_product_attention(
+        f32((2, 3, 4)), f32((2, 5, 4), "K"), f32((2, 5, 3), "V"), causal=True),
     "conv1d": lambda: nn.conv1d(f32((1, 2, 6)), f32((3, 2, 3), "W"), padding=1),
     "conv2d": lambda: nn.conv2d(f32((1, 2, 6, 6)), f32((3, 2, 3, 3), "W"), padding=1),
     "conv2d_transpose": lambda: nn.conv2d_transpose(f32((1, 2, 3, 3)), f32((2, 3, 3, 3), "W"),

@@ -84,8 +84,8 @@ class GPT:
         pos = P("pos_emb.w", (T, d))
         emb = nn.embedding(nn.reshape(self.idx, (N,), name="idx_flat"), tok, name="tok_emb")
         x = te.compute((N, d), lambda n, c: emb[n, c] + pos[n % T, c], name="emb")
-        for l in range(layers):
-            p = f"h{l}"
+        for layer in range(layers):
+            p = f"h{layer}"
             ln1 = nn.layer_norm(x, d, P(f"{p}.ln1.w", (d,)), P(f"{p}.ln1.b", (d,)),
                                 name=f"{p}_ln1")
             qkv = nn.dense(ln1, P(f"{p}.attn.qkv.w", (3 * d, d)),

@@ -89,8 +89,8 @@ def gpt_loss(weights, idx, targets, heads):
     dh = d // heads
     layers = len({k.split(".")[0] for k in w if k.startswith("h") and k[1:2].isdigit()})
     x = F.embedding(idx, w["tok_emb.w"]) + w["pos_emb.w"][:T]
-    for l in range(layers):
-        p = f"h{l}"
+    for layer in range(layers):
+        p = f"h{layer}"
         h = F.layer_norm(x, (d,), w[f"{p}.ln1.w"], w[f"{p}.ln1.b"], eps=1e-5)
         q, k, v = F.linear(h, w[f"{p}.attn.qkv.w"], w[f"{p}.attn.qkv.b"]).split(d, dim=2)
         q, k, v = (t.view(B, T, heads, dh).transpose(1, 2) for t in (q, k, v))

@@ -47,7 +47,7 @@ class ResNet:
         Args:
             batch: the batch size B. dtype: the float dtype of inputs and weights.
             width: channels of the first stage (the second has ``2 * width``).
-            image: the input's height and width (even, so the stride-2 stage halves it).
+            image: the input's height and width (the stride-2 stage gives ``ceil(image / 2)``).
             classes: the number of classes.
         Raises:
             TexprError: from ``te.placeholder``/``te.nn`` for bad sizes or dtype.
