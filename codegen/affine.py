@@ -5,7 +5,9 @@ One job: integer index arithmetic over axes. :func:`eval_int` and
 exactly at one point; :func:`affine_form` proves (with isl) that an integer
 index expression equals ``const + sum(coef * axis)`` over a box of axes, from
 its values at the
-box's corner and one step along each axis; :func:`affine_offsets` uses it for
+box's corner and one step along each axis (both live in
+:mod:`texpr.simplify.affine_index`, which the materialisation policy shares);
+:func:`affine_offsets` uses it for
 the loads of a loop nest whose row-major offset is affine although their
 indices are not (a flatten or reshape: ``X[i, k // 49, k // 7 % 7, k % 7]`` is
 ``X.reshape(-1)[784 i + k]``), so that the loop nest computes one affine
@@ -18,38 +20,11 @@ import numpy as np
 
 from texpr import expr as E
 from texpr.errors import TexprError
-from texpr.simplify.isl_bridge import isl, to_pwaff
+from texpr.simplify.affine_index import affine_form, eval_int, flat_offset
+from texpr.simplify.isl_bridge import isl
 from texpr.visitor import post_order
 
 __all__ = ["affine_form", "affine_offsets", "eval_int", "eval_cond"]
-
-
-def eval_int(e, env):
-    """The value of an integer index expression at ``env`` (id(Var) -> int), Python
-    floor semantics; None where it is not plain integer arithmetic."""
-    if isinstance(e, E.Const):
-        return int(e.value) if isinstance(e.value, (int, np.integer)) and not isinstance(
-            e.value, bool) else None
-    if isinstance(e, E.Var):
-        return env.get(id(e))
-    kids = [eval_int(a, env) for a in e.args]
-    if any(k is None for k in kids):
-        return None
-    if isinstance(e, E.Add):
-        return kids[0] + kids[1]
-    if isinstance(e, E.Sub):
-        return kids[0] - kids[1]
-    if isinstance(e, E.Mul):
-        return kids[0] * kids[1]
-    if isinstance(e, E.FloorDiv):
-        return None if kids[1] == 0 else kids[0] // kids[1]
-    if isinstance(e, E.FloorMod):
-        return None if kids[1] == 0 else kids[0] % kids[1]
-    if isinstance(e, E.Min):
-        return min(kids)
-    if isinstance(e, E.Max):
-        return max(kids)
-    return None
 
 
 def eval_cond(c, env):
@@ -77,39 +52,6 @@ def eval_cond(c, env):
     return None
 
 
-def affine_form(e, axes, space, box):
-    """``(coefs, const)`` with ``e == const + sum(coefs[k] * axes[k])`` on ``box``
-    (proved by isl), or None. The candidate comes from the values at the box's
-    corner and one step along each axis."""
-    pa = to_pwaff(e, space)
-    if pa is None:
-        return None
-    base = {id(a): a.dom[0] for a in axes}
-    v0 = eval_int(e, base)
-    if v0 is None:
-        return None
-    coefs = []
-    for a in axes:
-        if a.dom[1] - a.dom[0] < 2:
-            coefs.append(0)
-            continue
-        env = dict(base)
-        env[id(a)] = a.dom[0] + 1
-        v1 = eval_int(e, env)
-        if v1 is None:
-            return None
-        coefs.append(v1 - v0)
-    const = v0 - sum(c * a.dom[0] for c, a in zip(coefs, axes))
-    ce = E.const(int(const))
-    for c, a in zip(coefs, axes):
-        if c:
-            ce = ce + a * int(c)
-    cand = to_pwaff(ce, space)
-    if not pa.ne_set(cand).intersect(box).is_empty():
-        return None
-    return coefs, const
-
-
 def affine_offsets(exprs, axes, space, box, skip=()):
     """``{id(load): offset}`` for the loads in ``exprs`` whose row-major offset
     into their tensor is, over ``box``, the affine expression ``offset`` of
@@ -129,11 +71,8 @@ def affine_offsets(exprs, axes, space, box, skip=()):
             if any(isinstance(x, E.Load) or (isinstance(x, E.Var) and id(x) not in known)
                    for x in nodes):
                 continue
-            flat = n.args[0]
-            for ix, size in zip(n.args[1:], n.tensor.shape[1:]):
-                flat = flat * int(size) + ix
             try:
-                found = affine_form(flat, axes, space, box)
+                found = affine_form(flat_offset(n.tensor, n.args), axes, space, box)
             except (TexprError, isl.Error):
                 continue
             if found is None:

@@ -15,6 +15,8 @@ from texpr.errors import FeedError, OutOfBoundsError, ScheduleError, TexprError
 from texpr.tensor import (PlaceholderOp, ScatterAddOp, Tensor, check_allocatable,
                           check_input_array)
 
+from . import profile as _profile
+from .explain import explain as _explain
 from .lower import lower
 from .units import make_units
 from .schedule import Schedule, create_schedule, default_materialized
@@ -55,7 +57,8 @@ class Kernel:
     generated module of each unit on disk, with canonical identifiers and no
     user names; None for a GEMM unit, which has no module, and for a unit
     compiled in memory because the cache directory could not be used),
-    ``path`` (the first unit's module, or None).
+    ``path`` (the first unit's module, or None). ``kernel.profile(*arrays)``
+    times each unit (:mod:`codegen.profile`).
 
     Raises (on call): FeedError (wrong number/shape/dtype of arrays, an unknown,
     ambiguous or repeated name, a bad ``out=`` buffer, a masked array),
@@ -115,6 +118,46 @@ class Kernel:
         raises at run time (OutOfBoundsError, ...)."""
         self._execute([a.reshape(-1) for a in inputs], outputs)
 
+    def profile(self, *arrays, repeat=1, warmup=0, print_table=True, **named):
+        """Run the kernel on ``arrays`` (as ``kernel(*arrays, **named)``) ``repeat``
+        times, after ``warmup`` calls that are not timed, and time each unit
+        (:mod:`codegen.profile`).
+
+        Args:
+            arrays, named: the inputs, as for a call (a placeholder named
+                ``repeat``, ``warmup`` or ``print_table`` goes by position).
+            repeat: timed calls (an int >= 1).
+            warmup: calls run first, untimed (an int >= 0).
+            print_table: print the table (one row per unit, then the driver's
+                own time; the rows sum to the calls' wall time).
+        Returns:
+            A :class:`codegen.profile.Profile`: ``rows`` (per unit: stage, what
+            it computes, lowering, calls, total ms, % of the step, GFLOP/s or
+            GB/s), ``wall_ms``, ``outputs`` (the last call's).
+        Raises:
+            What a call raises; TexprError for a bad ``repeat`` or ``warmup``.
+        """
+        return _profile.profile(self, arrays, named, repeat=repeat, warmup=warmup,
+                                print_table=print_table)
+
+    def explain(self, print_table=False):
+        """How the kernel computes its outputs: one line per unit (a materialised
+        stage, in execution order) with what it computes, its lowering (GEMM,
+        batched GEMM, shift plan, loop nest parallel, chunked or serial) and, for
+        a sum-reduction left a loop nest, why it is no GEMM (the matcher's or
+        the cost rule's reason, :mod:`codegen.contraction`), then how many
+        multiply-adds run on BLAS and how many in loop nests.
+
+        Args:
+            print_table: also print the text.
+        Returns:
+            str.
+        """
+        text = _explain(self)
+        if print_table:
+            print(text)
+        return text
+
     def _make_plan(self):
         """What every call repeats, computed once: per temporary buffer its size,
         dtype and the output (position) it is, if any; per output its buffer's
@@ -141,6 +184,8 @@ class Kernel:
         output computed by its own stage is written straight into its array, the
         others are copied there after the run. Returns the outputs (a tuple).
         Raises the error a unit flagged."""
+        rec = _profile.ACTIVE  # the profiler's hook (codegen.profile): None unless recording
+        t_in = rec.enter() if rec is not None else 0.0
         temps, outs = self._plan or self._make_plan()
         # a temporary that is no output is this thread's from call to call: fresh
         # large buffers cost the kernel's page faults on every call (conv2d_s1's
@@ -161,23 +206,30 @@ class Kernel:
             else:
                 args.append(np.empty(size, dtype))
         err = np.zeros(2, dtype=np.int64)  # [error code, the offending index]
-        for unit in self.units:
-            unit.run(args, err)
-            if err[0]:
-                _raise(unit, err)
+        if rec is None:
+            for unit in self.units:
+                unit.run(args, err)
+                if err[0]:
+                    _raise(unit, err)
+        else:
+            times = rec.run_units(self, args, err, _raise)
         if outs_given is None:
-            return tuple(args[s].reshape(shape) if own else args[s].reshape(shape).copy()
-                         for s, shape, own in outs)
-        result = []
-        for (s, shape, own), o in zip(outs, outs_given):
-            a = args[s].reshape(shape)
-            if o is None:
-                result.append(a if own else a.copy())
-            else:
-                if not own:
-                    np.copyto(o, a)
-                result.append(o)
-        return tuple(result)
+            result = tuple(args[s].reshape(shape) if own else args[s].reshape(shape).copy()
+                           for s, shape, own in outs)
+        else:
+            result = []
+            for (s, shape, own), o in zip(outs, outs_given):
+                a = args[s].reshape(shape)
+                if o is None:
+                    result.append(a if own else a.copy())
+                else:
+                    if not own:
+                        np.copyto(o, a)
+                    result.append(o)
+            result = tuple(result)
+        if rec is not None:
+            rec.leave(self, t_in, times)
+        return result
 
     def __reduce__(self):
         # the program (source, buffers, tensors) travels; the machine code is
@@ -284,28 +336,37 @@ def _check_out(outputs, out, args):
     return out
 
 
-def _chooser(schedule, inlined, parallel):
+def _chooser(schedule, inlined, parallel, reasons=None):
     """``(op, key) -> plan or None``: which stages run as GEMMs (:mod:`codegen.contraction`),
     and which window and tap-sum stages as shift plans (:mod:`codegen.shifts`).
 
     A stage the user marked ``blas(True)`` must match (else ScheduleError);
     ``blas(False)`` never runs on BLAS; by default a stage without loop decisions
     (split, reorder, parallel, vectorize) in a parallel build runs on BLAS when it
-    matches and :func:`contraction.cost_ok` says it pays."""
+    matches and :func:`contraction.cost_ok` says it pays. ``reasons`` (a dict,
+    when given) gets, per sum-reduction stage name left a loop nest, why
+    (:meth:`Kernel.explain`)."""
     from . import contraction
 
     def choose(op, key):
+        plan, why = _choice(op, key)
+        if reasons is not None and plan is None and contraction.float_sum(op) is not None:
+            reasons[op.name] = why
+        return plan
+
+    def _choice(op, key):
         st = schedule[op]
         flag = st.blas_flag
         if flag is False:
-            return None
-        if flag is None and (st.ordered or st.parallel_set or st.vectorize_axes
-                             or not parallel):
-            return None
+            return None, "the schedule says blas(False)"
+        if flag is None and not parallel:
+            return None, "a serial build (parallel=False) keeps every stage a loop nest"
+        if flag is None and (st.ordered or st.parallel_set or st.vectorize_axes):
+            return None, "the schedule sets its loops (split, reorder, parallel or vectorize)"
         from .shifts import plan_of
         shift = plan_of(op, key)  # a window or tap-sum stage (codegen.shifts)
         if shift is not None:
-            return shift
+            return shift, None
         why = []
         plan = contraction.match(op, inlined, key=key, why=why)
         if plan is None:
@@ -313,10 +374,11 @@ def _chooser(schedule, inlined, parallel):
                 raise ScheduleError(f"stage {op.name}: blas(True), but it is not a contraction "
                                     f"the GEMM path runs ({why[0] if why else 'no match'}; "
                                     "see texpr.codegen.contraction)")
-            return None
-        if flag is None and not contraction.cost_ok(plan):
-            return None
-        return plan
+            return None, f"not a GEMM: {why[0] if why else 'no match'}"
+        refusal = contraction.cost_refusal(plan) if flag is None else None
+        if refusal is not None:
+            return None, f"BLAS does not pay: {refusal}"
+        return plan, None
     return choose
 
 
@@ -426,9 +488,14 @@ def _lowered(schedule, inputs, mat, inl, parallel):
 
     # the key holds texpr's source: whatever lower() returns, an entry of this key
     # was written by this very lower() (a foreign or damaged entry fails its checksum)
-    return symcache.memo("lower", list(schedule.outputs) + list(inputs), extra,
-                         lambda: lower(schedule, inputs, mat, inl, parallel=parallel,
-                                       contraction=_chooser(schedule, inl, parallel)))
+    def run():
+        reasons = {}
+        program = lower(schedule, inputs, mat, inl, parallel=parallel,
+                        contraction=_chooser(schedule, inl, parallel, reasons))
+        program.loop_reasons = reasons  # cached with it: Kernel.explain reads it
+        return program
+
+    return symcache.memo("lower", list(schedule.outputs) + list(inputs), extra, run)
 
 
 def _housekeeping(kernel):

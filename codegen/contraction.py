@@ -725,17 +725,26 @@ def mask_passes(plan):
 
 def cost_ok(plan):
     """The cost rule of the module docstring: whether BLAS pays for ``plan``."""
+    return cost_refusal(plan) is None
+
+
+def cost_refusal(plan):
+    """Why the cost rule keeps ``plan`` off BLAS (a short phrase), or None when BLAS
+    pays (:func:`cost_ok`)."""
     if plan.flop < BLAS_MIN_FLOP:
-        return False
-    if plan.flop / 2 < MASK_MACS * mask_passes(plan):
-        return False
+        return f"too small for BLAS ({plan.flop:,.0f} FLOP < BLAS_MIN_FLOP {BLAS_MIN_FLOP:,})"
+    passes = mask_passes(plan)
+    if plan.flop / 2 < MASK_MACS * passes:
+        return (f"fewer multiply-adds ({plan.flop / 2:,.0f}) than the element passes of its "
+                f"data masks ({passes:,})")
     if plan.flop / 2 * BLAS_MIN_EFFICIENCY > plan.points:
-        return False
+        return (f"the GEMMs would multiply {plan.flop / 2:,.0f} terms for "
+                f"{plan.points:,} points of the domain")
     for p in plan.pieces:
         _b, m, n, k = p.gemm_dims()
         if min(m, n, k) < BLAS_MIN_DIM:
-            return False
-    return True
+            return f"a GEMM dimension below BLAS_MIN_DIM ({m}x{k} @ {k}x{n})"
+    return None
 
 
 # ---- the unit kind (codegen.units) ----------------------------------------------------------

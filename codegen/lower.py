@@ -149,11 +149,14 @@ class Program:
     ``source`` (readable Python text: the units with buffers named after their
     tensors and each stage's definition in a comment, then the driver
     ``kernel``), ``stages`` (names of the materialised stages), ``parallel``
-    (whether some unit uses prange)."""
+    (whether some unit uses prange), ``ops`` (the materialised operations, one
+    per unit, in unit order: what each unit computes, for
+    :mod:`codegen.profile`)."""
 
-    def __init__(self, source, buffers, units, stages, parallel):
+    def __init__(self, source, buffers, units, stages, parallel, ops=()):
         self.source, self.buffers, self.units = source, buffers, units
         self.stages, self.parallel = stages, parallel
+        self.ops = list(ops)
 
 
 class _UnitBuffers(dict):
@@ -376,4 +379,4 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
     parts.append("\n".join(driver))
     source = "\n\n\n".join(parts) + "\n"
     return Program(source, order, units, [op.name for op in mat_ops],
-                   any(u.parallel for u in units))
+                   any(u.parallel for u in units), mat_ops)

@@ -39,7 +39,9 @@ Safety:
   :func:`describe` returns None (the caller keeps the kernel's Python driver)
   for a unit whose compiled overload is not exactly that, with more than
   :data:`MAX_ARGS` arguments, a unit that is not a numba unit (a GEMM), or a
-  chunked unit (:mod:`codegen.chunks`: its parts are launched from Python);
+  chunked unit (:mod:`codegen.chunks`: its parts are launched from Python),
+  or while kernel calls are profiled (:mod:`codegen.profile`: the Python
+  driver times each unit);
 * XLA has checked the operands' shapes and dtypes against the call's declared
   types, and the PyTorch bridge checks its tensors, so every buffer has the
   size the units were compiled for;
@@ -59,6 +61,7 @@ from numba.extending import intrinsic
 from texpr.jax_ffi import array_view
 
 from . import forksafe as _forksafe
+from . import profile as _profile
 from .compile import _array_type
 from .units import NumbaUnit
 
@@ -451,6 +454,9 @@ def describe(kernel, on_error_address=0):
     inside numba, and unit -1 with code -2 when the temporaries could not be
     allocated.
     """
+    if _profile.ACTIVE is not None:
+        # (calls are being profiled: the Python driver times each unit, this one cannot)
+        return None
     addresses = []
     for u in kernel.units:
         if not isinstance(u, NumbaUnit) or u.chunks:

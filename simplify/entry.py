@@ -7,7 +7,7 @@ on a miss, so that a process whose graphs are all cached never imports it.
 
 from texpr.tensor import as_tensor_list
 
-from .record import SimplifyRecord
+from .record import SimplifyRecord, record_of
 
 __all__ = ["simplify", "simplify_with_record"]
 
@@ -41,7 +41,7 @@ def simplify_with_record(tensors, cache=True):
     Raises:
         as :func:`simplify`.
     """
-    tensors = as_tensor_list(tensors, "simplify", allow_single=False)
+    tensors = shared_forward(as_tensor_list(tensors, "simplify", allow_single=False))
     if cache:
         from texpr import symcache
 
@@ -53,6 +53,38 @@ def simplify_with_record(tensors, cache=True):
         return symcache.memo("simplify", tensors, [tensors],
                              lambda: _run(tensors), check=check)
     return _run(tensors)
+
+
+def shared_forward(tensors):
+    """``tensors`` with each one that a kept record of another of them simplified
+    (``te.differentiate`` simplifies its output with the adjoints, first)
+    replaced by that simplified form.
+
+    A training step is built as ``[loss] + grads``: ``loss`` is the user's raw
+    graph, the gradients read the forward stages of the graph ``differentiate``
+    simplified. Simplified apart, the two copies of the forward need not stay
+    equal (a stage inlined into the loss's reduction is materialised for the
+    backward pass), and the kernel computed the forward twice. The
+    replacement makes it one program: the loss reads the very stages the
+    gradients read.
+    """
+    records = []
+    for t in tensors:
+        r = record_of(t)
+        if r is not None and all(r is not q for q in records):
+            records.append(r)
+    if not records:
+        return tensors
+    out = list(tensors)
+    for n, t in enumerate(out):
+        if record_of(t) is not None:
+            continue
+        for r in records:
+            hit = [m for m, x in enumerate(r.inputs) if x is t]
+            if hit:
+                out[n] = r.outputs[hit[0]]
+                break
+    return out
 
 
 def _run(tensors):

@@ -17,7 +17,8 @@ elementwise re-indexing stages that read them (tail accesses).
   An adjoint sum ``C[i] = P1[i] + P2[i]`` of two such reductions (a tensor
   read by two consumers) becomes ONE reduction over the disjoint union of their
   domains (an extra axis ``t`` tells the parts apart), so the sum costs the
-  parts' points and nothing more.
+  parts' points and nothing more -- unless two of the parts are contractions
+  (products of two loads): each is a GEMM on its own, their union none.
 
   The fold weighs iteration counts. Terms with the same condition and the same
   load of ``P`` are one part: the local derivative of ``S = sigmoid(X) * X``
@@ -38,6 +39,7 @@ from texpr.expr import Load, iter_var
 from texpr.tensor import ComputeOp, ScatterAddOp, topo_order
 from texpr.visitor import loads, post_order, substitute, transform
 
+from .affine_index import is_scattered
 from .domain import Domain, access_is_injective, domain_count
 from .isl_bridge import DomainError, isl
 from .graph import accesses, is_elementwise, is_sum_stage, rebuild, remap_loads
@@ -211,9 +213,14 @@ def inline_tail_accesses(tensors):
         if not _fold_pays(orig, parts, [r for _c, _l, r in terms],
                           [ld.tensor for _c, ld, _r in terms]):
             return None
+        if any(_is_contraction(src) and is_scattered(ld.tensor, ld.args, orig.axis)
+               for (src, _w, _a, _c), (_cs, ld, _r) in zip(parts, terms)):
+            return None  # a GEMM whose result a transpose-reshape reads: no GEMM folded
         if len(parts) == 1:
             source, where, axes, comb = parts[0]
             body = E.make_reduce(comb, (source,), axes, where, 0)
+        elif sum(_is_contraction(src) for src, _w, _a, _c in parts) >= 2:
+            return None  # each a GEMM as it is; fused, none (a select picks the operands)
         else:
             try:
                 body = _fuse_parts(op.axis, parts)
@@ -224,6 +231,24 @@ def inline_tail_accesses(tensors):
         return ComputeOp(op.name, op.axis, (body,), op.tag, op.attrs).output(0)
 
     return rebuild(tensors, fn)
+
+
+def _is_contraction(source):
+    """Whether a reduction's summand is a product of two loads of float tensors (and
+    constants): a contraction the code generator runs as a GEMM. The union of
+    two of them (:func:`_fuse_parts`: the qkv split's adjoint adds the three
+    products of attention's backward pass) is a reduction whose operands a
+    select picks, which no GEMM reads: they stay reductions of their own."""
+    factors, stack = [], [source]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, E.Mul):
+            stack.extend(x.args)
+        elif isinstance(x, E.Cast):
+            stack.append(x.args[0])
+        elif not isinstance(x, E.Const):
+            factors.append(x)
+    return len(factors) == 2 and all(isinstance(f, Load) for f in factors)
 
 
 def _factor_out(value, ld):

@@ -39,14 +39,16 @@ symbolic ``card``, so 10^8-point domains cost milliseconds.
 
 import numpy as np
 
+from texpr import dtypes as dt
 from texpr import expr as E
 from texpr.errors import TexprError
 from texpr.expr import Reduce
 from texpr.jacobian import quasi_affine_index
 from texpr.scan import ScanOp
 from texpr.tensor import ComputeOp, PlaceholderOp, ScatterAddOp, as_tensor_list, topo_order
-from texpr.visitor import post_order
+from texpr.visitor import post_order, substitute
 
+from .affine_index import is_scattered
 from .domain import access_is_injective, domain_count
 from .graph import accesses, is_elementwise
 
@@ -72,16 +74,30 @@ _CHEAP_KINDS = (E.Const, E.Var, E.Add, E.Sub, E.Mul, E.Min, E.Max, E.EQ, E.NE, E
 
 class Written:
     """A stage's body written out as a tree (:func:`written_out`): ``size`` nodes,
-    and ``uses[d]`` occurrences of the stage's ``d``-th axis, each of which an
-    inlined load replaces by its ``d``-th index."""
+    ``uses[d]`` occurrences of the stage's ``d``-th axis, each of which an
+    inlined load replaces by its ``d``-th index, ``work`` float operations
+    (arithmetic, ``min``/``max`` and intrinsic calls on float values; index
+    arithmetic, comparisons and selects are free) and ``loads`` loads of
+    tensors (each occurrence counted)."""
 
-    __slots__ = ("size", "uses")
+    __slots__ = ("size", "uses", "work", "loads")
 
-    def __init__(self, size, uses):
-        self.size, self.uses = size, tuple(uses)
+    def __init__(self, size, uses, work=0, loads=0):
+        self.size, self.uses, self.work, self.loads = size, tuple(uses), work, loads
 
     def __repr__(self):
-        return f"Written(size={self.size}, uses={self.uses})"
+        return (f"Written(size={self.size}, uses={self.uses}, work={self.work}, "
+                f"loads={self.loads})")
+
+
+_WORK_KINDS = (E.Add, E.Sub, E.Mul, E.Div, E.Min, E.Max)
+
+
+def _is_work(n):
+    """Whether ``n`` is a float operation of :attr:`Written.work`."""
+    if isinstance(n, E.Call):
+        return not _free_call(n)
+    return isinstance(n, _WORK_KINDS) and not dt.is_int(n.dtype) and n.dtype != "bool"
 
 
 def written_out(body, axes=(), inlined=None):
@@ -93,7 +109,7 @@ def written_out(body, axes=(), inlined=None):
     inlined = inlined or {}
     pos = {id(a): d for d, a in enumerate(axes)}
     zero = (0,) * len(axes)
-    size, uses = {}, {}
+    size, uses, work, loads = {}, {}, {}, {}
     for n in post_order(body):
         w = inlined.get(id(n.tensor.op)) if isinstance(n, E.Load) else None
         if w is not None:
@@ -101,14 +117,19 @@ def written_out(body, axes=(), inlined=None):
             k = w.size + sum(c * (size[id(i)] - 1) for c, i in zip(w.uses, n.args))
             u = [sum(c * uses[id(i)][d] for c, i in zip(w.uses, n.args))
                  for d in range(len(axes))]
+            wk = w.work + sum(c * work[id(i)] for c, i in zip(w.uses, n.args))
+            ld = w.loads + sum(c * loads[id(i)] for c, i in zip(w.uses, n.args))
         else:
             k = 1 + sum(size[id(c)] for c in n.args)
             u = [sum(uses[id(c)][d] for c in n.args) for d in range(len(axes))]
             if id(n) in pos:
                 u[pos[id(n)]] += 1
+            wk = int(_is_work(n)) + sum(work[id(c)] for c in n.args)
+            ld = int(isinstance(n, E.Load)) + sum(loads[id(c)] for c in n.args)
         size[id(n)] = k
         uses[id(n)] = tuple(u) if axes else zero
-    return Written(size[id(body)], uses[id(body)])
+        work[id(n)], loads[id(n)] = wk, ld
+    return Written(size[id(body)], uses[id(body)], work[id(body)], loads[id(body)])
 
 
 def tree_size(body, inlined=None):
@@ -213,7 +234,7 @@ def should_inline(op, accs, output_ids, inlined=None):
     if not all(_index_stays_checked(op, ld) for _c, ld in accs):
         return False
     if is_cheap(op.body[0], inlined):
-        return True
+        return not stored_is_cheaper(op, accs, inlined)
     if id(op.output(0)) in output_ids:
         return False
     if len(accs) != 1:
@@ -237,6 +258,95 @@ def should_inline(op, accs, output_ids, inlined=None):
     return access_is_injective(consumer.axis + red.axes, red.where, ld.args)
 
 
+
+
+def stored_is_cheaper(op, accs, inlined=None):
+    """Whether the cheap elementwise stage ``op`` is materialised all the same
+    (the materialisation policy's cost rules, docs/stages.md):
+
+    * **a reduction re-reads it** (its load in a reduction is not injective on
+      the reduction's domain: every element is read at several taps, as a
+      matmul or convolution reads its operands) and its body does float work
+      (:attr:`Written.work`: a residual add, a bias, BatchNorm's scale, an
+      adjoint sum). Inlined, the work is done again at every tap, and the
+      operand is no load the GEMM path can take: stored, it is done once and
+      the contraction reads a buffer. Index arithmetic, selects and
+      comparisons (padding, masks, relu, gathers, re-indexings) do no work and
+      stay inlined: the GEMM path reads them as views and masks, and the
+      simplifier lifts their conditions into the reduction's domain;
+    * **several accesses recompute it**: ``A`` distinct loads read it and
+      ``(A - 1) * (work + loads - 1) > A + 1``: recomputing its work and the
+      extra loads at each access costs more than one pass that stores it and
+      ``A`` reads. This stores a residual stream once per layer (inlined, each
+      layer re-read the whole sum of the earlier ones: code that grew with
+      depth, and no two layers alike), and leaves alone a mask read twice.
+
+    Args:
+        op: an elementwise ComputeOp with a cheap body (:func:`is_cheap`).
+        accs: its accesses ``[(consumer_op, Load)]``.
+        inlined: ``{id(op): Written}`` of the producers already inlined into ``op``.
+    """
+    w = written_out(op.body[0], op.axis, inlined)
+    vals = value_loads(op.body[0])
+    view = w.work == 0 and len({id(v.tensor) for v in vals}) <= 1
+    if view and not any(isinstance(n, (E.FloorDiv, E.FloorMod)) for n in post_order(op.body[0])):
+        return False
+    a = len(accs)
+    if not view and (a - 1) * (w.work + max(w.loads - 1, 0)) > a + 1:
+        return True
+    for consumer, ld in accs:
+        if not isinstance(consumer, ComputeOp):
+            continue
+        reds = [b for b in consumer.body if isinstance(b, Reduce)]
+        if not reds or not _inside(ld, reds[0]):
+            continue
+        red = reds[0]
+        axes = consumer.axis + red.axes
+        if view and not (len(vals) == 1 and _scattered(op, vals[0], ld, axes)):
+            continue
+        if not access_is_injective(axes, red.where, ld.args):
+            return True
+    return False
+
+
+def _scattered(op, value, ld, axes):
+    """Whether the view ``op`` (whose values are those of the load ``value``), read at
+    ``ld`` by a reduction over ``axes``, reads its tensor at a row-major offset
+    that is no affine function of ``axes`` although its index divides (``//``,
+    ``%``): a reshape after a transpose (attention's heads merged into
+    ``(B*T, C)``). A GEMM takes a strided view, not this one; a flatten
+    (``X[n, k // 49, k // 7 % 7, k % 7]`` is ``X.reshape(-1)[784 n + k]``) is
+    one."""
+    idx = [substitute(i, dict(zip(op.axis, ld.args))) for i in value.args]
+    return is_scattered(value.tensor, idx, axes)
+
+
+def value_loads(e):
+    """The loads of float tensors whose values ``e`` can take (not those read only by
+    a select's condition or a comparison): one for a view, a mask or a relu
+    (``select(x > 0, dy, 0)`` takes ``dy``'s), several for a concatenation
+    (``select(t < n, A[t], B[t - n])``) or a sum."""
+    out, stack, seen = [], [e], set()
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, E.Load):
+            if not dt.is_int(x.dtype) and x.dtype != "bool":
+                out.append(x)
+        elif isinstance(x, E.Select):
+            stack.extend(x.args[1:])
+        elif isinstance(x, (E.CmpOp, E.And, E.Or, E.Not)):
+            continue
+        else:
+            stack.extend(x.args)
+    return out
+
+
+def _inside(ld, red):
+    """Whether the load ``ld`` occurs in the reduction ``red`` (its sources or ``where``)."""
+    return any(n is ld for n in post_order(red))
 
 
 def inlined_stages(tensors, output_ids=None):

@@ -45,10 +45,22 @@ def test_a_chain_of_cheap_stages_is_not_written_out_geometrically(depth):
 
 
 def test_the_bound_is_what_keeps_it_small(monkeypatch):
-    # without the tree bound (any DAG of 48 cheap nodes inlines) the same chain grows
+    # without the tree bound (any DAG of 48 cheap nodes inlines) and the policy's cost
+    # rules (stored_is_cheaper: each stage reads its producer three times, with work)
+    # the same chain grows
+    monkeypatch.setenv("TEXPR_SYMBOLIC_CACHE", "0")  # the cache keys no module constant
     monkeypatch.setattr(materialize, "CHEAP_TREE_NODES", 10 ** 9)
+    monkeypatch.setattr(materialize, "stored_is_cheaper", lambda *a, **k: False)
     X, t, loss = _chain(8)
     assert _largest_tree(simplify.simplify([loss])) > 3 ** 8
+
+
+def test_the_cost_rule_alone_keeps_it_small(monkeypatch):
+    # the materialisation policy stores a stage whose accesses recompute more than
+    # storing it costs: the chain stays small without the tree bound
+    monkeypatch.setattr(materialize, "CHEAP_TREE_NODES", 10 ** 9)
+    X, t, loss = _chain(8)
+    assert _largest_tree(simplify.simplify([loss])) < 100
 
 
 def _reflect_chain(depth, n=4):

@@ -74,14 +74,20 @@ class DifferentiationResult:
         simplify_record: the record of the simplification ``differentiate`` ran
             (a ``texpr.simplify.SimplifyRecord``), or None when it ran none
             (``simplify=False``).
+        value: the differentiated output, simplified in the same run as the
+            adjoints (so it shares their forward stages), or None when no
+            simplification ran. ``texpr.codegen.build([output] + grads, ...)``
+            uses it in place of ``output``: the forward is computed once.
     """
 
-    def __init__(self, result, adjoints, adjoint_summands, head=None, simplify_record=None):
+    def __init__(self, result, adjoints, adjoint_summands, head=None, simplify_record=None,
+                 value=None):
         self.result = list(result)
         self.adjoints = adjoints
         self.adjoint_summands = adjoint_summands
         self.head = head
         self.simplify_record = simplify_record
+        self.value = value
 
     def explain(self, tensors=None):
         """What the simplification did: the iteration count before and after every

@@ -84,23 +84,35 @@ def differentiate(output, inputs=None, head=None, manual=None, simplify=True):
             return symcache.memo(
                 "differentiate", roots + ([] if head is None else [head]),
                 ["inputs", inputs, "head", head],
-                lambda: _simplified(accumulate(output, inputs, head, manual)),
+                lambda: _simplified(accumulate(output, inputs, head, manual), output),
                 check=lambda r: None if isinstance(r, DifferentiationResult) else "not a result",
-                after_load=_kept)
-    return _simplified(accumulate(output, inputs, head, manual))
+                after_load=lambda r: _kept(r, output))
+    return _simplified(accumulate(output, inputs, head, manual), output)
 
 
-def _kept(res):
+def _kept(res, output):
     """A loaded result: its record attached to its stages again (the caller's own
-    stages among them, e.g. a head, are not pickled with it)."""
-    importlib.import_module("texpr.simplify").keep_record(res.simplify_record)
+    stages among them, e.g. a head, are not pickled with it), and the caller's
+    ``output`` named as the graph the record's first tensor simplified (its
+    pickled copy is another object), so that a build of ``[output] + grads``
+    finds the simplified value (:func:`texpr.simplify.simplify`)."""
+    record = res.simplify_record
+    if record is not None and record.inputs:
+        record.inputs[0] = output
+    importlib.import_module("texpr.simplify").keep_record(record)
     return res
 
 
-def _simplified(res):
-    """The raw result ``res`` of :func:`accumulate` simplified, with its record kept."""
+def _simplified(res, output):
+    """The raw result ``res`` of :func:`accumulate` simplified, with its record kept.
+
+    ``output`` is simplified in the same run, first: its forward stages and the
+    adjoints' are then the same objects, and ``res.value`` is its simplified
+    form. A build of ``[output] + grads`` computes the forward once (the
+    simplifier replaces ``output`` by ``res.value``: one program for the value
+    and the gradients)."""
     simplify_pkg = importlib.import_module("texpr.simplify")
-    order, seen = [], set()
+    order, seen = [output], {id(output)}
     for t in list(res.result) + list(res.adjoints.values()):
         if id(t) not in seen:
             seen.add(id(t))
@@ -111,7 +123,7 @@ def _simplified(res):
     result = [by_id[id(t)] for t in res.result]
     adjoints = {t: by_id[id(a)] for t, a in res.adjoints.items()}
     return DifferentiationResult(result, adjoints, res.adjoint_summands, res.head,
-                                 simplify_record=record)
+                                 simplify_record=record, value=by_id[id(output)])
 
 
 def jvp(outputs, inputs, tangents, simplify=True):

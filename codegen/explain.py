@@ -1,0 +1,37 @@
+"""``kernel.explain()``: how a compiled kernel computes its outputs, as text.
+
+One job: describe, without running it, each unit of a :class:`codegen.build.Kernel`
+(one per materialised stage, in execution order): what it computes and how it
+is lowered (the profiler's columns, :func:`codegen.profile.unit_info`), and for
+a contraction (a sum whose domain has more points than its buffers have
+elements: the profiler's multiply-adds) that stayed a loop nest, why no GEMM
+runs it (the reason the
+build's chooser recorded: the matcher's, :func:`codegen.contraction.match`, or
+the cost rule's, :func:`codegen.contraction.cost_refusal`, or the schedule's).
+The last lines add up the multiply-adds that run on BLAS and in loop nests.
+"""
+
+from .profile import unit_info
+
+__all__ = ["explain"]
+
+
+def explain(kernel):
+    """The text of ``kernel.explain()`` (see the module docstring)."""
+    info = unit_info(kernel)
+    reasons = getattr(kernel._program, "loop_reasons", None) or {}
+    width = max([len(u.stage) for u in info] + [5])
+    lines = [f"{kernel!r}", f"{'stage':{width}s}  lowering / computes"]
+    blas = loops = 0
+    for unit, u in zip(kernel.units, info):
+        lines.append(f"{u.stage:{width}s}  {u.lowering}: {u.computes}")
+        if u.macs is not None:
+            if unit.kind == "blas":
+                blas += u.macs
+            else:
+                loops += u.macs
+        why = reasons.get(u.stage) if unit.kind == "numba" and u.macs is not None else None
+        if why:
+            lines.append(f"{'':{width}s}    stays a loop nest ({u.macs:,} multiply-adds; {why})")
+    lines.append(f"multiply-adds: {blas:,} on BLAS, {loops:,} in loop nests")
+    return "\n".join(lines)
