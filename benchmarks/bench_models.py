@@ -27,7 +27,9 @@ texpr's build seconds *cold* (a process of its own with a fresh, empty
 TEXPR_CACHE_DIR per model: symbolic differentiation, simplification and numba
 compilation) and *warm* (this process, the same cache directory), the peak
 resident memory of that cold process (``ru_maxrss``: the build and one step),
-and the peers' first-call seconds (torch.compile's and XLA's compilation).
+and the peers' first-call seconds (torch.compile's and XLA's compilation;
+Inductor keeps its own disk cache, /tmp/torchinductor_$USER, so a second run's
+torch.compile figure is warm).
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_models.py
     python benchmarks/bench_models.py --models gpt2l --repeat 20 --skip-compile
