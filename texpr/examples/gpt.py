@@ -336,7 +336,12 @@ def main(argv=None):
     baseline, 1 when it does not."""
     args = parse_args(argv)
     result = train(args)
-    return 0 if result["val_bits"] < result["bigram_bits"] else 1
+    if result["val_bits"] < result["bigram_bits"]:
+        return 0
+    print(f"texpr-gpt: the validation loss ({result['val_bits']:.3f} bits per character) does "
+          f"not beat the bigram baseline ({result['bigram_bits']:.3f}): exit status 1",
+          file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":
