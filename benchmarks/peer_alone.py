@@ -14,6 +14,12 @@ from bench_suite's cache directory), so that all three are also compared with
 no other framework in the process. Prints one JSON line: ``{case: median ms}``.
 
     python benchmarks/peer_alone.py --peer torch --cases dense,conv2d_s1 --repeat 9
+
+``--suite models`` does the same for bench_models.py's whole-model training steps
+(benchmarks/model_cases.py: ``resnet``, ``gpt2l``, ``gpt8l``), where the peers are
+``torch`` (eager), ``torch_compile``, ``jax`` and ``texpr``.
+
+    python benchmarks/peer_alone.py --suite models --peer torch_compile --cases gpt2l
 """
 
 import argparse
@@ -31,15 +37,37 @@ from cases import (jax_value_and_grad, make_cases, median_ms, random_inputs,  # 
                    torch_value_and_grad)
 
 
+def models_alone(args):
+    """``{model: median ms}`` of the peer's training step of each model of ``args.cases``."""
+    from model_cases import MODELS, PEERS
+
+    out = {}
+    for n in [n for n in args.cases.split(",") if n] or list(MODELS):
+        case = MODELS[n]()
+        if args.peer == "texpr":
+            from bench_models import texpr_step
+            run = texpr_step(case)[1]
+        else:
+            run = PEERS[args.peer](case)
+        run()
+        out[n] = median_ms(run, args.repeat)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--peer", choices=("jax", "torch", "texpr"), required=True)
+    ap.add_argument("--peer", choices=("jax", "torch", "torch_compile", "texpr"), required=True)
+    ap.add_argument("--suite", choices=("ops", "models"), default="ops",
+                    help="the gradient suite's operators (cases.py, the default) or the "
+                         "example models' training steps (model_cases.py)")
     ap.add_argument("--cases", default="")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
-    if args.peer == "torch":
+    if args.peer == "torch_compile" and args.suite != "models":
+        ap.error("--peer torch_compile times the models only (--suite models)")
+    if args.peer in ("torch", "torch_compile"):
         import torch
         torch.set_num_threads(args.threads)
     if args.peer == "texpr":
@@ -50,6 +78,11 @@ def main(argv=None):
         threadpool_limits(args.threads)
     except ImportError:
         pass
+    if args.suite == "models":
+        out = models_alone(args)
+        assert args.peer == "texpr" or "texpr.codegen" not in sys.modules
+        print(json.dumps(out))
+        return
     cases = make_cases(args.scale)
     names = [n for n in args.cases.split(",") if n] or list(cases)
     out = {}
