@@ -432,18 +432,24 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
     simp, rule = _simplifier()
     if schedule is None:
         outs = list(simp(outs))
-        packed = []
+        packed, parts = [], []
         if parallel:  # (serial builds keep every stage on loop nests)
             from .operands import pack_operands
             from .tap_split import split_taps
             from .windows import window_operands
+            from .split_reductions import split_reductions
             outs, packed = pack_operands(outs)
             outs, split, packed = split_taps(outs, keep=packed)
             outs, windows, packed = window_operands(outs, keep=packed + split)
             packed = packed + windows
+            outs, parts = split_reductions(outs)
         schedule = create_schedule(outs)
         for op in packed:  # a GEMM reads it: computed once, not inlined at every tap
             schedule[op].compute_root()
+        for op in parts:  # the slices in parallel, each a contiguous run of the reduction
+            st = schedule[op]
+            st.reorder(*st.leaf_axes)
+            st.parallel(op.axis[0])
     else:
         if not isinstance(schedule, Schedule):
             raise ScheduleError(f"build: schedule must come from create_schedule, got {schedule!r}")

@@ -440,6 +440,7 @@ _MADE_FOR = {
     "packed_operand": "operand of {of}, packed for its GEMM",
     "tap_split": "taps of {of}, one GEMM",
     "window": "window of {of}",
+    "split_reduction": "partial reductions of {of}, split across cores",
     "argmax": "argmax of {of}, for its gradient",
     "reduction_rest": "partial reductions of {of}, for its gradient",
     "prefix_scan": "prefix scan of {of}",
