@@ -18,7 +18,9 @@ The interface every unit kind implements (the driver relies on nothing else):
   ``key`` (content key or None), ``path`` (module on disk or None),
   ``compile_seconds``, ``from_disk_cache``, ``from_memory_cache``,
   ``compiled`` (True when this build compiled it: numba ran, here or in a
-  worker).
+  worker). Optional: ``calls_blas`` (a numba unit whose code calls a BLAS,
+  besides the ``"blas"`` kind: the kernel then parks the BLAS's worker
+  threads after a call, :mod:`codegen.parking`).
 
 Adding a kind (e.g. a contraction run by a library call instead of a loop
 nest): give its description in ``Program.units`` a ``kind`` of its own, write
@@ -57,6 +59,8 @@ class NumbaUnit:
         # a parallel unit keeps its text: in a child forked after numba's GNU
         # OpenMP layer started, it runs its serial twin (codegen.forksafe)
         self.parallel = "@njit(parallel=True" in desc.module_source
+        # a scan step run as np.dot (codegen.scan_gemm) calls SciPy's BLAS
+        self.calls_blas = "np.dot(" in desc.module_source
         self._desc = desc if self.parallel else None
         self._serial = None
         # a chunked unit (codegen.chunks): the extent of the axis its parts cut
