@@ -165,3 +165,41 @@ check(kernel(x, w, h))
 print(json.dumps({"parks": parking._PARKS[0]}))
 """, {"TEXPR_PARK_BLAS": "0"})
     assert out["parks"] == 0
+
+
+def test_parallel_units_run_on_one_thread_while_the_machine_is_oversubscribed(monkeypatch):
+    # with the load average above the cores, a parallel unit (a chunked one here)
+    # runs on the calling thread alone (OpenMP's spinning wait at a region's end
+    # cost a time slice per unit); the values are the same, and numba's thread
+    # count is restored after the call, also when the unit raises
+    import numba
+    import numpy as np
+
+    import texpr as te
+    from texpr import codegen
+    from texpr.codegen import chunks, gemm, stage, units
+
+    monkeypatch.setenv("TEXPR_SYMBOLIC_CACHE", "0")
+    for knob, v in (("PARALLEL_MIN_POINTS", 1), ("PARALLEL_POINTS", 1), ("PARALLEL_MIN_WORK", 0)):
+        monkeypatch.setattr(stage, knob, v)
+    X = te.placeholder((64, 48), "X", "float64")
+    Y = te.compute((64, 48), lambda i, j: te.exp(X[i, j]) * 2.0 + X[i, (j + 1) % 48], name="Y")
+    kernel = codegen.build([Y], [X])
+    assert [u.chunks for u in kernel.units] == [64]  # one chunked unit, 64 rows
+    x = np.random.default_rng(0).standard_normal((64, 48))
+    want = te.evaluate([Y], {X: x})[0]
+    seen = []
+    real = chunks.threads
+    monkeypatch.setattr(chunks, "threads", lambda: seen.append(numba.get_num_threads()) or real())
+    before = numba.get_num_threads()
+    for loaded in (False, True):
+        monkeypatch.setattr(gemm, "_oversubscribed", lambda loaded=loaded: loaded)
+        np.testing.assert_allclose(kernel(x)[0], want, rtol=1e-13, atol=0)
+        assert numba.get_num_threads() == before
+    assert before == 1 or (seen[0] == before and seen[-1] == 1)
+    with units.one_thread():
+        assert numba.get_num_threads() == 1
+    with pytest.raises(RuntimeError):
+        with units.one_thread():
+            raise RuntimeError("inside")
+    assert numba.get_num_threads() == before
