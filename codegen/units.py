@@ -122,8 +122,9 @@ def one_thread():
     of two runs: maxpool2 0.9 and 16.0 ms, avgpool3s2 16.0 and 16.0 ms with
     2 threads waiting by default; 1.6-2.8 and 1.7-2.9 ms with OpenMP waiting
     passively, as texpr once set it for the whole process; 1.8-1.9 and
-    1.7-1.8 ms on one thread). A unit run by the bridges' compiled driver
-    (:mod:`codegen.native_call`) keeps its threads."""
+    1.7-1.8 ms on one thread). The PyTorch bridge's compiled driver
+    (:class:`codegen.native_call.Runner`) does the same for a whole call; a
+    kernel XLA calls (the JAX bridge) keeps its threads."""
     numba = _compile.numba
     before = numba.get_num_threads()
     if before == 1:
