@@ -8,26 +8,32 @@ The PyTorch step is bench_digits_step.py's (the digits CNN, batch 64: forward,
   code generator (as PyTorch's users run it);
 * **beside texpr**, in one process that imports ``texpr.codegen`` first (so
   that numba, texpr's chunked units and PyTorch share one GNU OpenMP runtime,
-  the case where a process-wide OpenMP setting reaches PyTorch), right after a
-  call of a texpr kernel: the digits step's kernel (``parallel=True``, small
-  GEMMs) or the value and gradient of bench_suite's ``dense`` case (256x784 @
-  784x128 float32: GEMMs OpenBLAS runs on its worker threads; texpr's
-  ``GEMM_THREADS`` is set to ``--gemm-threads``, 1 by default: one call on the
-  BLAS's own threads, what the default picks on a machine whose load average
-  is below its cores, fixed here so that a loaded machine measures the same
-  path); also right
-  after a busy wait of about a texpr step's length (``pause``: what any
-  neighbour that leaves PyTorch's workers idle for 2 ms costs it) and back to
-  back (``solo``), in rounds that alternate the four.
+  the case where a process-wide OpenMP setting reaches PyTorch), right after:
 
-Each configuration runs in a fresh process:
+  - ``solo``: another PyTorch step (back to back);
+  - ``pause``: a busy wait of about a texpr digits step's length (what any
+    neighbour that leaves PyTorch's workers idle for 2 ms costs it);
+  - ``digits``: the digits step's texpr kernel (``parallel=True``; its GEMMs
+    are too small for OpenBLAS's workers);
+  - ``dense``: the value and gradient of bench_suite's ``dense`` case (256x784
+    @ 784x128 float32, GEMMs OpenBLAS runs on its workers), which parks them
+    when it returns (codegen/parking.py);
+  - ``dense, no park``: the same kernel with parking off for the call
+    (``codegen.parking.ENABLED``): the workers spin about 0.1 s.
 
-* ``now``: texpr as it is (no OpenMP setting; OpenBLAS's workers parked after
-  a kernel call that woke them, codegen/parking.py);
+  Blocks of ``--steps`` pairs (neighbour, then the timed PyTorch step) rotate
+  over the five in each of ``--rounds`` rounds, with 0.15 s of sleep after a
+  block so that no spinning worker reaches the next. texpr's ``GEMM_THREADS``
+  is ``--gemm-threads``, 1 by default: one call on the BLAS's own threads,
+  what texpr's default picks on a machine whose load average is below its
+  cores, fixed here so that a loaded machine measures the same path.
+
+Each configuration runs in a fresh process, with PyTorch alone run again
+between them (the load drifts):
+
+* ``now``: texpr as it is (no OpenMP setting);
 * ``torch-first``: the same, with PyTorch imported before texpr (numba then
   loads a second GNU OpenMP runtime: two thread pools share the cores);
-* ``no-park``: ``TEXPR_PARK_BLAS=0`` (OpenBLAS's workers spin about 0.1 s
-  after each threaded GEMM);
 * ``passive``: ``OMP_WAIT_POLICY=PASSIVE`` in the environment, what importing
   texpr's code generator set for the whole process before (issue 48).
 
@@ -54,10 +60,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = {
     "now": {},
     "torch-first": {},
-    "no-park": {"TEXPR_PARK_BLAS": "0"},
     "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
 }
-NEIGHBOURS = ("solo", "pause", "digits", "dense")
+NEIGHBOURS = ("solo", "pause", "digits", "dense", "dense, no park")
 
 
 def _digits_setup(batch):
@@ -110,23 +115,38 @@ def worker(args):
         t = time.perf_counter()
         while time.perf_counter() - t < pause_s:
             pass
-    before = {"solo": None, "pause": pause, "digits": digits_step, "dense": dense}
+    from texpr.codegen import parking
+
+    def spinning():  # the dense kernel with OpenBLAS's workers left to spin
+        parking.ENABLED = False
+        try:
+            dense()
+        finally:
+            parking.ENABLED = True
+    before = {"solo": None, "pause": pause, "digits": digits_step, "dense": dense,
+              "dense, no park": spinning}
     after = {k: [] for k in NEIGHBOURS}
-    own = {"digits": [], "dense": []}
+    own = {k: [] for k in own_keys()}
     for r in range(args.rounds):
-        for k in NEIGHBOURS[r % 4:] + NEIGHBOURS[:r % 4]:
+        for k in NEIGHBOURS[r % len(NEIGHBOURS):] + NEIGHBOURS[:r % len(NEIGHBOURS)]:
             for _ in range(args.steps):
                 if before[k] is not None:
                     t = _timed(before[k])
                     if k in own:
                         own[k].append(t)
                 after[k].append(_timed(torch_step))
-    from texpr.codegen import parking
+            time.sleep(0.15)  # OpenBLAS's workers stop spinning before the next block
     out = {f"torch after {k}": _ms(v) for k, v in after.items()}
     out.update({f"texpr {k}": _ms(v) for k, v in own.items()})
     out["parks"] = parking._PARKS[0]
+    out["load"] = os.getloadavg()[0]
     out["OMP_WAIT_POLICY"] = os.environ.get("OMP_WAIT_POLICY")
     print(json.dumps(out))
+
+
+def own_keys():
+    """The texpr kernels timed in a worker."""
+    return ("digits", "dense", "dense, no park")
 
 
 def _timed(fn):
@@ -180,13 +200,17 @@ def main(argv=None):
     ref = float(np.median(alone))
     print(f"  torch alone (own process): {ref:.3f} ms (median of {len(alone)} processes: "
           + ", ".join(f"{a:.3f}" for a in alone) + ")")
-    head = "".join(f"{'after ' + k:>16s}" for k in NEIGHBOURS)
-    print(f"  {'config':12s}{head}{'texpr digits':>14s}{'texpr dense':>13s}  parks")
+    print("  PyTorch's step, ms (and / alone), right after:")
+    print(f"  {'config':12s}" + "".join(f"{k:>17s}" for k in NEIGHBOURS) + "   load")
     for name, r in rows.items():
-        cells = "".join(f"{r['torch after ' + k]:7.3f} {r['torch after ' + k] / ref:5.2f}x  "
+        cells = "".join(f"{r['torch after ' + k]:9.3f} {r['torch after ' + k] / ref:5.2f}x "
                         for k in NEIGHBOURS)
-        print(f"  {name:12s}{cells}{r['texpr digits']:10.3f} ms{r['texpr dense']:9.3f} ms"
-              f"  {r['parks']}")
+        print(f"  {name:12s}{cells}  {r['load']:.1f}")
+    print("  texpr's kernels, ms:")
+    print(f"  {'config':12s}" + "".join(f"{k:>17s}" for k in own_keys()) + "   parks")
+    for name, r in rows.items():
+        print(f"  {name:12s}" + "".join(f"{r['texpr ' + k]:17.3f}" for k in own_keys())
+              + f"   {r['parks']}")
     print(f"  (PyTorch's step in ms and / alone; the target beside texpr is <= 1.1x; load "
           f"average now {os.getloadavg()[0]:.2f})")
 
