@@ -37,6 +37,16 @@ between them (the load drifts):
 * ``passive``: ``OMP_WAIT_POLICY=PASSIVE`` in the environment, what importing
   texpr's code generator set for the whole process before (issue 48).
 
+Measured 2026-12-07 on the 2-core machine while other jobs kept its load
+average at 4-6 (no quiet window that day; 8 rounds x 10 steps): PyTorch alone
+0.87 ms; beside texpr (``now``) 0.93 ms back to back (1.07x), 1.01 after a
+pause (1.16x), 1.42 after the digits kernel (1.63x), 1.58 after the dense
+kernel (1.81x) and 3.93 after the dense kernel with parking off (4.52x); with
+``OMP_WAIT_POLICY=PASSIVE`` (texpr's setting before) 3.0-8.0 ms (3.4-9.2x).
+Figures at that load move by 20-50% from run to run, and one process in ten
+ran PyTorch's step at about 200 ms (alone too), so rerun on a quiet machine
+before quoting a ratio against the issue's target.
+
 Printed: medians in ms, PyTorch's step beside texpr / alone (the issue's
 target: at most 1.1), and texpr's own kernel times per configuration (they
 must not regress). Run quietly and without the machine's OpenBLAS overrides::
