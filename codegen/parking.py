@@ -66,8 +66,8 @@ def note_blas_woken():
 
 
 def parkable_libraries():
-    """The OpenBLAS libraries (pthreads server, more than one thread) that
-    threadpoolctl finds loaded in this process, as ``{filepath: shutdown}``
+    """The OpenBLAS libraries (pthreads server) that threadpoolctl finds loaded
+    in this process, as ``{filepath: shutdown}``
     (``shutdown``: their ``blas_thread_shutdown_``, a :class:`ctypes.PyDLL`
     function). Libraries loaded later are found at a later call. Empty without
     threadpoolctl."""
