@@ -11,8 +11,9 @@ weight and a plain SGD update (``w -= lr * g``):
   default), then the update in numpy;
 * PyTorch: forward, ``loss.backward()`` and ``torch.optim.SGD.step`` (CPU,
   ``--threads`` threads), here and again alone in a process of its own (beside
-  texpr its OpenMP workers inherit ``OMP_WAIT_POLICY=PASSIVE`` and share the
-  cores with numba's: see benchmarks/peer_alone.py); the ratios are printed
+  texpr its OpenMP workers share the cores with numba's: see
+  benchmarks/peer_alone.py, and benchmarks/bench_neighbours.py for PyTorch's
+  step beside texpr against alone); the ratios are printed
   against both, "PyTorch's best" being the faster.
 
 The steps alternate, ``--repeat`` rounds, and the medians are printed with the

@@ -13,9 +13,11 @@ the ratios texpr/JAX and texpr/torch, the largest difference from torch
 empty cache directory, numba compiles) and *warm* (a second process with the
 same cache directory loads the machine code). Each peer is also timed alone, in
 a process of its own that never loads texpr's code generator
-(benchmarks/peer_alone.py: beside texpr, PyTorch's OpenMP workers inherit
-``OMP_WAIT_POLICY=PASSIVE`` and share the cores with numba's, and ran small
-backward passes up to several times slower); the ratios "best peer" take the
+(benchmarks/peer_alone.py: beside texpr and JAX, PyTorch's OpenMP workers share
+the cores with numba's, OpenBLAS's and XLA's; until 2026-12-07 they also
+inherited the ``OMP_WAIT_POLICY=PASSIVE`` texpr set, and ran small backward
+passes up to several times slower: benchmarks/bench_neighbours.py); the
+ratios "best peer" take the
 fastest figure of a peer, in this process or alone. Then the forward and
 both gradients as separate kernels, in ms and GFLOP/s.
 

@@ -1,12 +1,12 @@
 """One framework (JAX, PyTorch, or texpr) timed alone in its own process: bench_suite.py's worker.
 
-bench_suite.py times texpr, JAX and PyTorch alternating in one process. That
-process imports texpr's code generator, which sets ``OMP_WAIT_POLICY=PASSIVE``
-for numba's OpenMP workers (texpr/codegen/compile.py), and numba's, OpenBLAS's,
-XLA's and PyTorch's thread pools share two cores there. PyTorch's OpenMP
-workers then sleep between the many small operations of a backward pass: the
-digits CNN's training step took 0.7-1.0 ms in a PyTorch-only process and
-2.8-9 ms beside texpr (2026-12-01, this machine). So bench_suite also runs each
+bench_suite.py times texpr, JAX and PyTorch alternating in one process, where
+numba's, OpenBLAS's, XLA's and PyTorch's thread pools share two cores. Until
+2026-12-07 importing texpr's code generator also set ``OMP_WAIT_POLICY=PASSIVE``
+for the whole process, and PyTorch's OpenMP workers then slept between the
+many small operations of a backward pass: the digits CNN's training step took
+0.7-1.0 ms in a PyTorch-only process and 2.8-9 ms beside texpr (2026-12-01,
+this machine; benchmarks/bench_neighbours.py measures it now). So bench_suite also runs each
 peer here, in a fresh process that never imports texpr's code generator, with
 the same cases, inputs, head and thread count, and compares texpr with the
 better of the two figures; texpr alone too (``--peer texpr``, its kernels loaded

@@ -15,6 +15,7 @@ from texpr.errors import FeedError, OutOfBoundsError, ScheduleError, TexprError
 from texpr.tensor import (PlaceholderOp, ScatterAddOp, Tensor, check_allocatable,
                           check_input_array)
 
+from . import parking as _parking
 from . import profile as _profile
 from .explain import explain as _explain
 from .lower import lower
@@ -84,6 +85,12 @@ class Kernel:
         self.path = self.paths[0] if self.paths else None
         self._bufs = program.buffers
         self._plan = None
+        # a kernel that calls a BLAS (GEMM units, a scan's np.dot) parks the BLAS's
+        # workers when a call ends, so that they do not spin beside the process's
+        # next work (codegen.parking)
+        self._parks = any(u.kind == "blas" or getattr(u, "calls_blas", False)
+                          for u in self.units)
+        self._calls_blas = any(getattr(u, "calls_blas", False) for u in self.units)
         # per thread: the temporaries of the last call, reused by the next one
         self._spare = threading.local()
 
@@ -206,13 +213,19 @@ class Kernel:
             else:
                 args.append(np.empty(size, dtype))
         err = np.zeros(2, dtype=np.int64)  # [error code, the offending index]
-        if rec is None:
-            for unit in self.units:
-                unit.run(args, err)
-                if err[0]:
-                    _raise(unit, err)
-        else:
-            times = rec.run_units(self, args, err, _raise)
+        try:
+            if rec is None:
+                for unit in self.units:
+                    unit.run(args, err)
+                    if err[0]:
+                        _raise(unit, err)
+            else:
+                times = rec.run_units(self, args, err, _raise)
+        finally:
+            if self._parks:
+                if self._calls_blas:  # a scan's np.dot: its sizes are not known here
+                    _parking.note_blas_woken()
+                _parking.park_blas_threads()
         if outs_given is None:
             result = tuple(args[s].reshape(shape) if own else args[s].reshape(shape).copy()
                            for s, shape, own in outs)

@@ -76,22 +76,24 @@ import time
 import types as _pytypes
 import warnings
 
-# numba's OpenMP workers spin while waiting by default; on a machine whose cores
-# are shared (with other processes, or with torch's/JAX's thread pools in the same
-# process) a spinning worker that loses its core stalls every parallel loop by a
-# time slice (measured: 10-50x slower kernels). Waiting passively costs little
-# on an idle machine. A user's own setting wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# No OpenMP setting is made here. numba's ``omp`` layer, PyTorch and texpr's
+# chunked units (codegen.chunks) share one GNU OpenMP runtime in a process
+# (libgomp.so.1, loaded once), so its wait policy is the whole process's: texpr
+# once set OMP_WAIT_POLICY=PASSIVE on import, against its own OpenMP workers
+# spinning beside OpenBLAS's, and PyTorch's eager step then ran 1.5-2.7x slower
+# beside texpr than alone (issue 48; the digits step 2.0-2.3 ms against
+# 0.9-1.0 ms). libgomp's default spins a few milliseconds, then sleeps; the
+# spinner that held a core for 0.1 s after each call was OpenBLAS's, and texpr
+# now parks it after a kernel call instead (codegen.parking).
+import numba
+import numpy as np
+from numba.core import types
 
-import numba  # noqa: E402
-import numpy as np  # noqa: E402
-from numba.core import types  # noqa: E402
+from texpr import cache as _cache
+from texpr.errors import TexprError, TexprWarning
 
-from texpr import cache as _cache  # noqa: E402
-from texpr.errors import TexprError, TexprWarning  # noqa: E402
-
-from . import runtime as _runtime  # noqa: E402
-from . import unit_files as _files  # noqa: E402
+from . import runtime as _runtime
+from . import unit_files as _files
 
 __all__ = ["CompileError", "CacheWarning", "cache_dir", "compile_source", "compile_units",
            "clear_memory_cache", "stats", "estimate_seconds", "split_units"]

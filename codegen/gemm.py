@@ -43,6 +43,8 @@ from texpr import expr as E
 from texpr.errors import TexprError
 from texpr.evaluate import int_arith_exactly
 
+from . import parking as _parking
+
 __all__ = ["ContractionPlan", "GemmPiece", "OperandView",
            "GEMM_THREADS", "GEMM_SPLIT_MIN", "CHUNK_MIN_BYTES", "CHUNK_BYTES", "CHUNKED"]
 
@@ -190,7 +192,19 @@ class ContractionPlan:
             spaces = _WORKSPACES.plans = weakref.WeakKeyDictionary()
         workspace = spaces.setdefault(self, {})
         with _blas_threads_limited():
+            if _MODE.parts <= 1 and self._wakes_blas():
+                _parking.note_blas_woken()
             self._run_pieces(out, arrays_a, arrays_b, scale, add, workspace)
+
+    def _wakes_blas(self):
+        """Whether a GEMM of this plan is large enough for OpenBLAS to run it on
+        its worker threads (:data:`codegen.parking.THREADED_MNK`), which then spin
+        until parked."""
+        wakes = getattr(self, "_wakes", None)
+        if wakes is None:
+            wakes = self._wakes = any(m * n * k > _parking.THREADED_MNK
+                                      for _, m, n, k in (p.gemm_dims() for p in self.pieces))
+        return wakes
 
     def _run_pieces(self, out, arrays_a, arrays_b, scale, add, workspace=None):
         if add:

@@ -63,7 +63,8 @@ from texpr.jax_ffi import array_view
 from . import forksafe as _forksafe
 from . import profile as _profile
 from .compile import _array_type
-from .units import NumbaUnit
+from .gemm import _oversubscribed
+from .units import NumbaUnit, one_thread
 
 __all__ = ["describe", "ffi_handler", "handler_address", "runner", "Runner", "MAX_ARGS"]
 
@@ -539,7 +540,12 @@ class Runner:
             k.run_into(arrays[:len(k.inputs)], arrays[len(k.inputs):])
             return
         io = np.array(pointers + self._tail, dtype=np.int64)
-        if self._entry(self.desc, io):
+        if self._parallel and _oversubscribed():
+            with one_thread():  # (see codegen.units.one_thread)
+                failed = self._entry(self.desc, io)
+        else:
+            failed = self._entry(self.desc, io)
+        if failed:
             from .build import unit_error
 
             code, value, u = int(io[-3]), int(io[-2]), int(io[-1])

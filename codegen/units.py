@@ -18,7 +18,9 @@ The interface every unit kind implements (the driver relies on nothing else):
   ``key`` (content key or None), ``path`` (module on disk or None),
   ``compile_seconds``, ``from_disk_cache``, ``from_memory_cache``,
   ``compiled`` (True when this build compiled it: numba ran, here or in a
-  worker).
+  worker). Optional: ``calls_blas`` (a numba unit whose code calls a BLAS,
+  besides the ``"blas"`` kind: the kernel then parks the BLAS's worker
+  threads after a call, :mod:`codegen.parking`).
 
 Adding a kind (e.g. a contraction run by a library call instead of a loop
 nest): give its description in ``Program.units`` a ``kind`` of its own, write
@@ -27,13 +29,15 @@ a class with the interface above, and register a factory
 their compilation can run concurrently; other kinds are built one by one.
 """
 
+import contextlib
 import operator
 
 from . import chunks as _chunks
 from . import compile as _compile
 from . import forksafe as _forksafe
+from . import gemm as _gemm
 
-__all__ = ["NumbaUnit", "FACTORIES", "make_units"]
+__all__ = ["NumbaUnit", "FACTORIES", "make_units", "one_thread"]
 
 
 class NumbaUnit:
@@ -57,6 +61,8 @@ class NumbaUnit:
         # a parallel unit keeps its text: in a child forked after numba's GNU
         # OpenMP layer started, it runs its serial twin (codegen.forksafe)
         self.parallel = "@njit(parallel=True" in desc.module_source
+        # a scan step run as np.dot (codegen.scan_gemm) calls SciPy's BLAS
+        self.calls_blas = "np.dot(" in desc.module_source
         self._desc = desc if self.parallel else None
         self._serial = None
         # a chunked unit (codegen.chunks): the extent of the axis its parts cut
@@ -71,6 +77,13 @@ class NumbaUnit:
             self._pick = operator.itemgetter(*self.args)
 
     def run(self, arrays, err):
+        if (self.chunks or self.parallel) and _gemm._oversubscribed():
+            with one_thread():
+                self._run(arrays, err)
+            return
+        self._run(arrays, err)
+
+    def _run(self, arrays, err):
         if self.chunks:
             _chunks.run(self, self._pick(arrays), err)
             return
@@ -90,6 +103,38 @@ class NumbaUnit:
 
     def __repr__(self):
         return f"NumbaUnit({self.stage!r}, args={self.args}, key={self.key})"
+
+
+@contextlib.contextmanager
+def one_thread():
+    """numba's thread count in this thread held at 1 (restored on exit): the
+    parallel units (prange loops and chunked units alike) run on the calling
+    thread alone.
+
+    Used while the machine is oversubscribed (:func:`codegen.gemm._oversubscribed`:
+    the load average above the usable CPUs plus a half). GNU OpenMP, whose
+    team runs both kinds of unit, makes a thread that finishes its share wait
+    at the region's end by spinning first (its default wait policy, which is
+    the whole process's and PyTorch's too, so texpr leaves it alone): on
+    cores other processes want, the thread it waits for has lost its core and
+    every parallel unit takes a time slice (measured 2026-12-07 at a load
+    average of 8-10 on 2 cores, benchmarks/peer_alone.py --peer texpr, medians
+    of two runs: maxpool2 0.9 and 16.0 ms, avgpool3s2 16.0 and 16.0 ms with
+    2 threads waiting by default; 1.6-2.8 and 1.7-2.9 ms with OpenMP waiting
+    passively, as texpr once set it for the whole process; 1.8-1.9 and
+    1.7-1.8 ms on one thread). The PyTorch bridge's compiled driver
+    (:class:`codegen.native_call.Runner`) does the same for a whole call; a
+    kernel XLA calls (the JAX bridge) keeps its threads."""
+    numba = _compile.numba
+    before = numba.get_num_threads()
+    if before == 1:
+        yield
+        return
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)
 
 
 def _contraction_unit(desc):
