@@ -388,9 +388,8 @@ def _chooser(schedule, inlined, parallel, reasons=None):
                                     f"the GEMM path runs ({why[0] if why else 'no match'}; "
                                     "see texpr.codegen.contraction)")
             return None, f"not a GEMM: {why[0] if why else 'no match'}"
-        refusal = contraction.cost_refusal(plan) if flag is None else None
-        if refusal is not None:
-            return None, f"BLAS does not pay: {refusal}"
+        if flag is None and not contraction.cost_ok(plan):
+            return None, f"BLAS does not pay: {contraction.cost_refusal(plan) or 'the cost rule'}"
         return plan, None
     return choose
 

@@ -94,10 +94,18 @@ _WORK_KINDS = (E.Add, E.Sub, E.Mul, E.Div, E.Min, E.Max)
 
 
 def _is_work(n):
-    """Whether ``n`` is a float operation of :attr:`Written.work`."""
+    """Whether ``n`` is a float operation of :attr:`Written.work`. A product with a
+    constant and a negation are not: a contraction's summand may hold constant
+    factors, which the GEMM path folds into its scale."""
     if isinstance(n, E.Call):
         return not _free_call(n)
-    return isinstance(n, _WORK_KINDS) and not dt.is_int(n.dtype) and n.dtype != "bool"
+    if not isinstance(n, _WORK_KINDS) or dt.is_int(n.dtype) or n.dtype == "bool":
+        return False
+    if isinstance(n, E.Mul) and any(isinstance(a, E.Const) for a in n.args):
+        return False
+    if isinstance(n, E.Sub) and isinstance(n.args[0], E.Const) and n.args[0].value == 0:
+        return False
+    return True
 
 
 def written_out(body, axes=(), inlined=None):
