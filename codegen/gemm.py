@@ -184,13 +184,19 @@ class ContractionPlan:
         return out
 
     def _run_into(self, out, arrays_a, arrays_b, scale, add):
-        # this thread's zero-padded buffers of this plan, kept from run to run
+        # this thread's zero-padded buffers of this plan, kept from run to run; taken
+        # out for the run and put back after it: a run re-entering this plan on this
+        # thread (a signal handler or callback calling the kernel) finds none and
+        # allocates its own instead of overwriting those this run still reads
         spaces = getattr(_WORKSPACES, "plans", None)
         if spaces is None:
             spaces = _WORKSPACES.plans = weakref.WeakKeyDictionary()
-        workspace = spaces.setdefault(self, {})
+        workspace = spaces.pop(self, None)
+        if workspace is None:
+            workspace = {}
         with _blas_threads_limited():
             self._run_pieces(out, arrays_a, arrays_b, scale, add, workspace)
+        spaces[self] = workspace
 
     def _run_pieces(self, out, arrays_a, arrays_b, scale, add, workspace=None):
         if add:
