@@ -28,6 +28,8 @@ from texpr.tensor import ComputeOp, topo_order
 from texpr.testing import random_feed
 from texpr.visitor import post_order
 
+from fork_testutil import FORKS_WITHOUT_JAX
+
 nn = te.nn
 
 
@@ -427,6 +429,7 @@ def test_relu_mlp_gradients(dtype):
     check_plans(outs, feed)
 
 
+@FORKS_WITHOUT_JAX
 def test_plan_runs_in_a_forked_child():
     """The GEMM worker pool is made again in a forked process (the child inherits
     the pool object but not its threads)."""
