@@ -121,9 +121,10 @@ class Tensor(NeedsValue):
         return load(self, _no_negative_constants(self, indices))
 
     def __repr__(self):
-        from .printer import tensor_str
+        from .printer import REPR_WIDTH, tensor_str
 
-        return tensor_str(self)
+        # a long definition (a gradient's) wraps: one line of 900 characters was unreadable
+        return tensor_str(self, width=REPR_WIDTH)
 
     def __bool__(self):
         return True
