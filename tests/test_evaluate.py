@@ -417,3 +417,25 @@ def test_a_guarded_nested_reduction_is_evaluated_only_where_its_branch_is_taken(
     assert lifted_ok.op.attrs.get("texpr.nested_reduction")
     np.testing.assert_array_equal(te.evaluate(lifted_ok, feed), x.sum(axis=1))
     np.testing.assert_array_equal(te.evaluate(ok, feed), 2.0 * x.sum(axis=1))
+
+
+def test_feed_by_placeholder_name_as_kernels_take_them():
+    # kernels take kernel(X=x); te.evaluate took only Tensor keys (issue 52, friction)
+    X = te.placeholder((2, 3), name="X", dtype="float64")
+    W = te.placeholder((3,), name="W", dtype="float64")
+    Y = te.compute((2,), lambda i: X[i, 0] * W[1], name="Y")
+    x, w = np.arange(6.0).reshape(2, 3), np.array([1.0, 2.0, 3.0])
+    want = x[:, 0] * 2.0
+    np.testing.assert_array_equal(te.evaluate(Y, {"X": x, "W": w}), want)
+    np.testing.assert_array_equal(te.evaluate(Y, {"X": x, W: w}), want)
+    with pytest.raises(te.FeedError, match=r"no placeholder of the graph is named 'Z' "
+                                           r"\(placeholders: W, X\)"):
+        te.evaluate(Y, {"Z": x, W: w})
+    with pytest.raises(te.FeedError, match="fed twice"):
+        te.evaluate(Y, {"X": x, X: x, W: w})
+    X2 = te.placeholder((2,), name="X", dtype="float64")
+    Y2 = te.compute((2,), lambda i: X[i, 0] + X2[i], name="Y2")
+    with pytest.raises(te.FeedError, match="several placeholders are named 'X'"):
+        te.evaluate(Y2, {"X": x})
+    with pytest.raises(te.FeedError, match="feed key must be a placeholder Tensor or its name"):
+        te.evaluate(Y, {0: x, W: w})

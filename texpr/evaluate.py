@@ -603,19 +603,52 @@ def _check_feed(op, feed_by_id):
     return check_input_array(t, feed_by_id[id(t)], "evaluate", convert=True)
 
 
+def _feed_by_id(feed, order):
+    """``feed`` keyed by the placeholders' ids; a str key names a placeholder of the
+    graph ``order`` (its operations)."""
+    out = {}
+    by_name = None
+    for k, v in feed.items():
+        if isinstance(k, str):
+            if by_name is None:
+                by_name = {}
+                for op in order:
+                    if isinstance(op, PlaceholderOp):
+                        by_name.setdefault(op.output(0).name, []).append(op.output(0))
+            found = by_name.get(k, [])
+            if not found:
+                raise FeedError(f"evaluate: no placeholder of the graph is named {k!r} "
+                                f"(placeholders: {', '.join(sorted(by_name)) or 'none'})")
+            if len(found) > 1:
+                raise FeedError(f"evaluate: several placeholders are named {k!r}; feed "
+                                "them by the placeholder tensors")
+            k = found[0]
+        elif not isinstance(k, Tensor):
+            raise FeedError(f"evaluate: a feed key must be a placeholder Tensor or its name, "
+                            f"got {type(k).__name__}")
+        if id(k) in out:
+            raise FeedError(f"evaluate: placeholder {k.name} is fed twice (by the tensor "
+                            "and by its name)")
+        out[id(k)] = v
+    return out
+
+
 def evaluate(outputs, feed):
     """Run a tensor graph on numpy arrays.
 
     Args:
         outputs: a Tensor or a list of Tensors.
-        feed: dict Tensor -> numpy array for every placeholder the outputs
+        feed: dict placeholder -> numpy array for every placeholder the outputs
             depend on (shape and dtype exactly as declared; Python lists and
-            scalars are converted to the declared dtype).
+            scalars are converted to the declared dtype). A key may be the
+            placeholder itself or its name (a str), as a kernel takes
+            ``kernel(X=x)``.
     Returns:
         One numpy array (for a Tensor) or a list of arrays, with the declared
         shapes and dtypes.
     Raises:
-        FeedError: a missing placeholder or a value of the wrong shape/dtype.
+        FeedError: a missing placeholder or a value of the wrong shape/dtype; a
+            name that no placeholder of the graph has, or that several have.
         OutOfBoundsError: an unguarded load outside its tensor.
         TexprError: integer division by zero.
     """
@@ -626,10 +659,11 @@ def evaluate(outputs, feed):
             raise TexprError(f"evaluate: outputs must be Tensors, got {type(o).__name__}")
     if not isinstance(feed, dict):
         raise FeedError("evaluate: feed must be a dict Tensor -> numpy array")
-    feed_by_id = {id(k): v for k, v in feed.items()}
+    order = topo_order(outs)
+    feed_by_id = _feed_by_id(feed, order)
     values = {}
     with np.errstate(all="ignore"):
-        for op in topo_order(outs):
+        for op in order:
             if isinstance(op, PlaceholderOp):
                 arrays = [_check_feed(op, feed_by_id)]
             elif isinstance(op, ComputeOp) and op.attrs.get(NESTED_REDUCTION):
