@@ -197,10 +197,15 @@ class Kernel:
         # a temporary that is no output is this thread's from call to call: fresh
         # large buffers cost the kernel's page faults on every call (conv2d_s1's
         # value and gradient: 1,700 faults per call; every stage writes its whole
-        # buffer, so a reused one holds nothing stale that is read)
-        spare = getattr(self._spare, "bufs", None)
+        # buffer, so a reused one holds nothing stale that is read). They are taken
+        # out of the thread's slot for the call (one C-level pop: atomic for a
+        # signal handler) and put back after the units ran: a call re-entering this
+        # kernel on this thread (a signal handler, a callback) finds the slot empty
+        # and allocates its own instead of overwriting those the call it
+        # interrupts still reads (after an error they are dropped)
+        spare = vars(self._spare).pop("bufs", None)
         if spare is None:
-            spare = self._spare.bufs = {}
+            spare = {}
         for j, (size, dtype, k) in enumerate(temps):
             o = None if outs_given is None or k is None else outs_given[k]
             if o is not None:
@@ -226,6 +231,7 @@ class Kernel:
                 if self._calls_blas:  # a scan's np.dot: its sizes are not known here
                     _parking.note_blas_woken()
                 _parking.park_blas_threads()
+        self._spare.bufs = spare  # (after an error, they are dropped)
         if outs_given is None:
             result = tuple(args[s].reshape(shape) if own else args[s].reshape(shape).copy()
                            for s, shape, own in outs)

@@ -90,6 +90,7 @@ import numpy as np
 from numba.core import types
 
 from texpr import cache as _cache
+from texpr.envvars import env_number
 from texpr.errors import TexprError, TexprWarning
 
 from . import runtime as _runtime
@@ -603,20 +604,15 @@ def _workers_allowed():
     """``$TEXPR_COMPILE_WORKERS`` (0 disables the workers), else ``os.cpu_count()``
     (one fewer, at least one, when this process compiles too:
     :data:`PARENT_COMPILES`)."""
-    v = os.environ.get("TEXPR_COMPILE_WORKERS", "").strip()
-    if not v:
+    v = env_number("TEXPR_COMPILE_WORKERS", None, integer=True)
+    if v is None:  # unset, or not a count (then with a warning)
         return max(1, (os.cpu_count() or 1) - (1 if PARENT_COMPILES else 0))
-    try:
-        return max(0, int(v))
-    except ValueError:
-        return 0
+    return v
 
 
 def _timeout():
-    try:
-        return max(0.0, float(os.environ.get("TEXPR_COMPILE_TIMEOUT", _DEFAULT_TIMEOUT)))
-    except ValueError:
-        return _DEFAULT_TIMEOUT
+    """``$TEXPR_COMPILE_TIMEOUT`` seconds (a finite number >= 0), else 600."""
+    return env_number("TEXPR_COMPILE_TIMEOUT", _DEFAULT_TIMEOUT)
 
 
 def _worker_compile(d, key, source, arg_specs, entry):

@@ -89,7 +89,8 @@ from .schedule import inline_expand
 
 __all__ = ["match", "ContractionPlan", "GemmPiece", "OperandView", "cost_ok",
            "ContractionUnitSource", "ContractionUnit", "float_sum",
-           "BLAS_MIN_FLOP", "BLAS_MIN_DIM", "BLAS_MIN_EFFICIENCY", "MASK_MACS", "mask_passes"]
+           "BLAS_MIN_FLOP", "BLAS_MIN_DIM", "BLAS_MIN_EFFICIENCY", "MASK_MACS", "mask_passes",
+           "PAD_MAX_RATIO", "PAD_MIN_ELEMENTS"]
 
 #: below this many floating-point operations (all GEMMs of a stage) the loop nest runs:
 #: a GEMM stage costs about 45 us of Python and numpy calls whatever its size, a
@@ -116,6 +117,15 @@ MAX_CLASSES = 1024
 MASK_MACS = 1
 #: a piece whose box holds more than 1/this times its domain's points tries taps
 TAP_EFFICIENCY = 0.5
+#: the zero-padded copy of an operand (:class:`codegen.gemm.OperandView`) may hold
+#: at most this many times the elements of the operand, of what the GEMMs read of
+#: it and of the output together (or :data:`PAD_MIN_ELEMENTS`): a padding sized by
+#: the user's extents (``conv2d(..., stride=10**6, padding=10**6)`` padded a 5 x 5
+#: image to 2,000,005 x 2,000,005, 175 TiB) leaves the stage its loop nest, which
+#: reads the operand in place; under ``blas(True)`` the build raises ScheduleError
+PAD_MAX_RATIO = 4
+#: padded copies up to this many elements are always allowed (8 MB of float64)
+PAD_MIN_ELEMENTS = 1 << 20
 
 
 class _NoMatch(Exception):
@@ -664,6 +674,7 @@ def match(op, inlined=(), key=None, why=None):
             # of its extent, or fewer under a condition): a GEMM would drop it
             if any(p.axes[q][2] != "spatial" and p.axes[q][1] != 1 for q in p.roles()[6]):
                 raise _NoMatch("a reduction axis that neither operand reads")
+        _check_padding(pieces, op.output(0))
     except _NoMatch as exc:
         if why is not None:
             why.append(exc.args[0])
@@ -683,6 +694,28 @@ def match(op, inlined=(), key=None, why=None):
     out = op.output(0)
     return ContractionPlan(op.name, key(out), out.shape, dtype, scale, pieces,
                            not _partition(pieces, out.shape))
+
+
+def _check_padding(pieces, out):
+    """Raise _NoMatch when a piece's zero-padded operand copy would exceed its
+    bound (:data:`PAD_MAX_RATIO`, :data:`PAD_MIN_ELEMENTS`); ``pieces`` still
+    name their operands by tensor."""
+    out_elements = math.prod(out.shape)
+    for p in pieces:
+        for v in (p.a, p.b):
+            if v.pad is None:
+                continue
+            padded = math.prod(v.padded_shape())
+            reads = math.prod(p.axes[q][1] for q in v.axes)
+            bound = max(PAD_MIN_ELEMENTS, PAD_MAX_RATIO * (math.prod(v.shape) + reads
+                                                          + out_elements))
+            if padded > bound:
+                name = getattr(v.key, "name", v.key)
+                raise _NoMatch(
+                    f"its operand {name} {v.shape} would be copied zero-padded to "
+                    f"{v.padded_shape()} ({padded:,} elements), more than {PAD_MAX_RATIO} "
+                    f"times the operand, its {reads:,} elements read and the output "
+                    "(PAD_MAX_RATIO); the loop nest reads it in place", "padding")
 
 
 def _partition(pieces, shape):

@@ -40,7 +40,7 @@ import weakref
 import numpy as np
 
 from texpr import expr as E
-from texpr.errors import TexprError
+from texpr.errors import TexprError, in_stage
 from texpr.evaluate import int_arith_exactly
 
 from . import parking as _parking
@@ -164,7 +164,17 @@ class ContractionPlan:
         Where an operand holds an infinity or a NaN, the terms that involve one
         are classified exactly (see :meth:`_non_finite`): the result is the loop
         nest's, whatever the BLAS does with ``0 * inf`` and whatever padding
-        or mask surrounds the value."""
+        or mask surrounds the value.
+
+        Raises TexprError (its message ``stage NAME: ...``, as the loop nest's)
+        for integer division by zero or integer overflow in a data-dependent
+        condition, where the evaluator raises."""
+        try:
+            return self._run(arrays)
+        except TexprError as exc:
+            raise in_stage(self.stage, exc) from None
+
+    def _run(self, arrays):
         out = arrays[self.out_key].reshape(-1)
         keys = {v.key for p in self.pieces for v in (p.a, p.b)}
         # a sum that overflows is inf (or NaN where both infinities meet), as in
@@ -186,15 +196,21 @@ class ContractionPlan:
         return out
 
     def _run_into(self, out, arrays_a, arrays_b, scale, add):
-        # this thread's zero-padded buffers of this plan, kept from run to run
+        # this thread's zero-padded buffers of this plan, kept from run to run; taken
+        # out for the run and put back after it: a run re-entering this plan on this
+        # thread (a signal handler or callback calling the kernel) finds none and
+        # allocates its own instead of overwriting those this run still reads
         spaces = getattr(_WORKSPACES, "plans", None)
         if spaces is None:
             spaces = _WORKSPACES.plans = weakref.WeakKeyDictionary()
-        workspace = spaces.setdefault(self, {})
+        workspace = spaces.pop(self, None)
+        if workspace is None:
+            workspace = {}
         with _blas_threads_limited():
             if _MODE.parts <= 1 and self._wakes_blas():
                 _parking.note_blas_woken()
             self._run_pieces(out, arrays_a, arrays_b, scale, add, workspace)
+        spaces[self] = workspace
 
     def _wakes_blas(self):
         """Whether a GEMM of this plan is large enough for OpenBLAS to run it on
@@ -658,12 +674,14 @@ def _eval_tree(t, grid, arrays, mask=None):
         a, b = a.astype(dtype, copy=False), b.astype(dtype, copy=False)
     if kind in (E.FloorDiv, E.FloorMod) and dtype.kind in "iu":
         if np.any(_tree_mask(mask, b == 0)):
-            raise TexprError("contraction: integer division by zero in a condition")
+            raise TexprError("integer division by zero in a condition of the contraction "
+                             "(its GEMM path)")
         b = np.where(b == 0, np.ones((), b.dtype), b)
     if kind in _TREE_EXACT_INT and dtype.kind in "iu":
         out, exact = int_arith_exactly(kind, a, b, dtype, mask)
         if exact is not None:
-            raise TexprError(f"contraction: integer arithmetic in a condition reaches {exact}, "
+            raise TexprError(f"integer arithmetic in a condition of the contraction (its GEMM "
+                             f"path) reaches {exact}, "
                              f"outside {dtype.name} (it would wrap around)")
         return out.astype(dtype, copy=False)
     with np.errstate(all="ignore"):

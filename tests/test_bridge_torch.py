@@ -338,3 +338,47 @@ def test_torch_func_transforms_are_refused_clearly(transform):
     with pytest.raises(te.TexprError, match="torch.func transforms"):
         run()
     torch.testing.assert_close(f(x, w), torch.tanh(x @ w.T), rtol=1e-12, atol=1e-12)
+
+
+def test_dropped_ops_and_their_backward_specs_are_released():
+    # texpr.bridge.SPECS held every op's spec (and backward spec, kernels) for the
+    # life of the process: 100 ops made and dropped kept 200 entries (issue 52,
+    # kind 5). It holds them weakly; a recorded graph keeps its spec alive until
+    # its backward has run, even when the op itself is gone
+    import gc
+    import weakref
+
+    from texpr import bridge
+
+    gc.collect()
+    before = len(bridge.SPECS)
+    x, w = _args((4, 5), (3, 5), seed=11)
+    want_y = torch.tanh(x @ w.T)
+    want = torch.autograd.grad(want_y.sum(), (x, w))
+    refs = []
+    for _ in range(30):
+        Y, X, W = _dense_tanh()
+        f = tt.op(Y, [X, W])
+        y = f(x, w)
+        torch.testing.assert_close(y, want_y, rtol=1e-12, atol=1e-12)
+        got = torch.autograd.grad(y.sum(), (x, w))
+        for g, r in zip(got, want):
+            torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12)
+        refs += [weakref.ref(f.spec), weakref.ref(f.spec.backward())]
+        del f, y, Y, X, W
+    # an op dropped before its graph's backward: the graph keeps the spec
+    Y, X, W = _dense_tanh()
+    f = tt.op(Y, [X, W])
+    y = f(x, w)
+    kept = weakref.ref(f.spec)
+    del f, Y, X, W
+    gc.collect()
+    assert kept() is not None
+    got = torch.autograd.grad(y.sum(), (x, w))
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12)
+    del y, got
+    gc.collect()
+    assert kept() is None
+    assert [r for r in refs if r() is not None] == []
+    assert len(bridge.SPECS) == before

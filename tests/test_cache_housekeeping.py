@@ -142,4 +142,10 @@ def test_writing_a_symbolic_entry_enforces_the_bound(cache_dir, monkeypatch):
 ])
 def test_size_limit_parsing(monkeypatch, text, want):
     monkeypatch.setenv("TEXPR_CACHE_SIZE_LIMIT", text)
-    assert cache.size_limit() == want
+    if text == "lots":  # the default, with a warning (tests/test_envvars.py)
+        from texpr import envvars
+        envvars._WARNED.clear()
+        with pytest.warns(envvars.SettingWarning, match="TEXPR_CACHE_SIZE_LIMIT='lots'"):
+            assert cache.size_limit() == want
+    else:
+        assert cache.size_limit() == want

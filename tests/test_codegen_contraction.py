@@ -9,6 +9,7 @@ evaluator; stages that are not contractions keep their loop nests.
 """
 
 import itertools
+import math
 import pickle
 import random
 import re
@@ -23,8 +24,11 @@ from texpr.codegen import contraction as C
 from texpr.codegen import gemm as G
 from texpr.codegen.schedule import create_schedule, default_materialized, inline_expand
 from texpr.errors import ScheduleError
+from texpr.tensor import ComputeOp, topo_order
 from texpr.testing import random_feed
 from texpr.visitor import post_order
+
+from fork_testutil import FORKS_WITHOUT_JAX
 
 nn = te.nn
 
@@ -425,6 +429,7 @@ def test_relu_mlp_gradients(dtype):
     check_plans(outs, feed)
 
 
+@FORKS_WITHOUT_JAX
 def test_plan_runs_in_a_forked_child():
     """The GEMM worker pool is made again in a forked process (the child inherits
     the pool object but not its threads)."""
@@ -690,9 +695,11 @@ def test_integer_data_masks_refuse_and_skip_as_the_evaluator():
     assert not np.array_equal(want, base[A] @ base[B])  # the mask drops terms
     wraps = {t: v.copy() for t, v in base.items()}
     wraps[N][0, 0], wraps[D][0, 0] = lo, -1
-    with pytest.raises(te.TexprError, match="would wrap around"):
+    with pytest.raises(te.TexprError, match="^stage Y: .*would wrap around"):
         te.evaluate(Y, wraps)
-    with pytest.raises(te.TexprError, match="would wrap around"):
+    # the GEMM path names the stage as the evaluator and the loop nest do (it said
+    # "contraction: ...": issue 52, kind 6)
+    with pytest.raises(te.TexprError, match="^stage Y: .*would wrap around"):
         kernel(*args(wraps))
 
 
@@ -747,7 +754,8 @@ def test_a_condition_that_may_raise_is_evaluated_where_the_evaluator_evaluates_i
     if raised is None:  # the guard variant: D == 0 is excluded wherever it occurs
         np.testing.assert_array_equal(kernel(*[bad[t] for t in ins])[0], te.evaluate(Y, bad))
     else:
-        with pytest.raises(te.TexprError, match="division by zero"):
+        assert str(raised).startswith("stage Y: ")
+        with pytest.raises(te.TexprError, match="^stage Y: integer division by zero"):
             kernel(*[bad[t] for t in ins])
 
 
@@ -1098,3 +1106,59 @@ def test_masked_operands_kept_between_runs_hold_each_runs_values():
     refs = [te.evaluate(dQ, {Hh: a, K: b}) for a, b in feeds]
     assert np.isfinite(refs[2]).all()
     _check_runs_and_threads(k, feeds, refs)
+
+
+# ---- allocations sized by the user's extents (issue 52, kind 3) -------------------------
+
+EXTREME_CONVS = [dict(stride=10 ** 6, padding=10 ** 6), dict(stride=1, padding=600),
+                 dict(stride=10 ** 5, padding=10 ** 5, dilation=3),
+                 dict(stride=(1, 10 ** 6), padding=(1, 10 ** 6)),
+                 dict(stride=7, padding=50, dilation=40)]
+
+
+@pytest.mark.parametrize("cfg", EXTREME_CONVS, ids=lambda c: "-".join(f"{k}{v}" for k, v in
+                                                                      c.items()))
+def test_a_plan_never_pads_an_operand_beyond_its_bound(cfg):
+    # every padded copy a plan makes is bounded by its operand, what the GEMMs read
+    # and the output (C.PAD_MAX_RATIO), or the stage is no contraction and keeps its
+    # loop nest: extreme strides, paddings and dilations, the stage and its gradients
+    x = te.placeholder((1, 2, 5, 5), "X", "float64")
+    w = te.placeholder((3, 2, 3, 3), "W", "float64")
+    y = nn.conv2d(x, w, **cfg)
+    head = te.placeholder(y.shape, "H", "float64")
+    dx, dw = te.differentiate(y, [x, w], head=head)
+    for t in (y, dx, dw):
+        for op in topo_order([t]):
+            if not isinstance(op, ComputeOp):
+                continue
+            plan = C.match(op)
+            if plan is None:
+                continue
+            out = math.prod(op.output(0).shape)
+            for p in plan.pieces:
+                for v in (p.a, p.b):
+                    if v.pad is None:
+                        continue
+                    reads = math.prod(p.axes[q][1] for q in v.axes)
+                    # (the defaults of C.PAD_MAX_RATIO and C.PAD_MIN_ELEMENTS)
+                    bound = 4 * (math.prod(v.shape) + reads + out)
+                    assert math.prod(v.padded_shape()) <= max(1 << 20, bound), \
+                        (op.name, v.key, v.padded_shape())
+
+
+def test_huge_padding_under_blas_true_is_refused_at_build_and_the_default_is_right():
+    # conv2d(stride=10**6, padding=10**6) asked a 175 TiB padded copy of numpy at
+    # call time (a raw _ArrayMemoryError); now blas(True) is refused at build time
+    # naming the stage and the copy, and the default build runs the loop nest
+    x = te.placeholder((1, 2, 5, 5), "X", "float64")
+    w = te.placeholder((3, 2, 3, 3), "W", "float64")
+    y = nn.conv2d(x, w, stride=10 ** 6, padding=10 ** 6)
+    s = create_schedule([y])
+    s[y].blas(True)
+    with pytest.raises(ScheduleError, match=r"stage conv2d: blas\(True\).*zero-padded to "
+                                            r"\(.*2000005.*PAD_MAX_RATIO"):
+        codegen.build([y], [x, w], s)
+    k = codegen.build([y], [x, w])
+    assert "BLAS:" not in k.source
+    feed = random_feed([x, w], seed=3)
+    np.testing.assert_allclose(k(feed[x], feed[w])[0], te.evaluate(y, feed), rtol=1e-12)

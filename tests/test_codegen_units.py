@@ -18,6 +18,8 @@ import texpr as te
 from texpr import codegen
 from texpr.codegen import compile as cmp
 
+from fork_testutil import FORKS_WITHOUT_JAX
+
 
 @pytest.fixture
 def fresh(tmp_path, monkeypatch):
@@ -453,6 +455,7 @@ def _build_in_a_child(tag):
     kernel(*_feed())
 
 
+@FORKS_WITHOUT_JAX
 @pytest.mark.parametrize("method", ["spawn", "fork"])
 def test_a_multiprocessing_child_that_started_workers_exits(method, tmp_path, monkeypatch):
     """A process that multiprocessing started (a DDP rank) runs no atexit handlers:

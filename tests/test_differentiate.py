@@ -450,6 +450,39 @@ def test_manual_wrong_shape_is_an_error():
         te.differentiate(loss, [a], manual={(flat, a): bad})
 
 
+def test_manual_result_of_another_dtype_is_an_error():
+    # as JAX's custom_vjp: a float32 contribution in a float64 graph would round
+    # the gradient (and, alone on the path, make it float32); it is refused with
+    # the edge and both dtypes, never cast silently
+    a, flat, loss, c = _flatten_case()
+
+    def as_float32(out, inp, head):
+        g = flatten_grad(out, inp, head)
+        return te.compute(g.shape, lambda *i: te.cast(g[i], "float32"), name="G32")
+
+    with pytest.raises(te.DTypeError, match=r"\(Flat, A\).*G32 of dtype float32; "
+                                             r"expected float64"):
+        te.differentiate(loss, [a], manual={(flat, a): as_float32})
+    # a float32 graph refuses a float64 result the same way
+    a32 = ph((3, 4), "A32", "float32")
+    flat32 = te.compute((12,), lambda i: a32[i // 4, i % 4], name="Flat32")
+    y32 = te.compute((), lambda: flat32[0] * 2.0, name="Y32")
+    as_float64 = lambda out, inp, head: te.compute(  # noqa: E731
+        inp.shape, lambda i, j: te.cast(te.if_then_else(te.all(i == 0, j == 0), head[0], 0.0),
+                                        "float64"), name="G64")
+    with pytest.raises(te.DTypeError, match=r"\(Flat32, A32\).*float64; expected float32"):
+        te.differentiate(y32, [a32], manual={(flat32, a32): as_float64})
+    # the result in the expected dtype is taken, and the gradient keeps the input's
+    ok = lambda out, inp, head: te.compute(  # noqa: E731
+        inp.shape, lambda i, j: te.if_then_else(te.all(i == 0, j == 0), head[0], 0.0),
+        name="G32ok")
+    (d,) = te.differentiate(y32, [a32], manual={(flat32, a32): ok}, simplify=False)
+    assert d.dtype == "float32"
+    want = np.zeros((3, 4), "float32")
+    want[0, 0] = 2.0
+    np.testing.assert_array_equal(te.evaluate(d, {a32: np.ones((3, 4), "float32")}), want)
+
+
 # ---- second order --------------------------------------------------------------------------
 
 

@@ -365,3 +365,77 @@ def test_a_shared_load_raises_where_a_later_mask_reaches_outside_the_tensor():
                                   [4 + 2, 1 + 1, 8 + 4])
     with pytest.raises(te.OutOfBoundsError, match=r"X.*index \(-5,\).*i=0"):
         te.evaluate(Z, {X: x, I: np.array([-5, 0, 3])})
+
+
+def test_a_guarded_nested_reduction_is_evaluated_only_where_its_branch_is_taken():
+    # te.compute lifts a nested reduction into a stage of its own; te.evaluate
+    # computed it over its whole grid and refused X[i - 1, d] at i = 0, "guard the
+    # load with te.if_then_else", which the program does (issue 52, kind 7). The
+    # compiled kernel runs it only where the guard holds; so does the evaluator now
+    from texpr.codegen import build
+
+    X = te.placeholder((4, 3), name="X", dtype="float64")
+    G = te.placeholder((4,), name="G", dtype="float64")
+    d = te.reduce_axis(3, name="d")
+    e = te.reduce_axis(3, name="e")
+    j = te.reduce_axis(4, name="j")
+    # the issue's case
+    Y = te.compute((4,), lambda i: te.if_then_else(i >= 1, te.sum(X[i - 1, d], axis=d), 0.0),
+                   name="Y")
+    # the else branch (the build takes a guarded nested sum whose other branch is
+    # zero; a data-dependent guard, another branch (a tensor, a nonzero constant) or
+    # a nested max, V below, are the evaluator's alone: the build's bounds proof
+    # refuses their lifted stage's load today)
+    Z = te.compute((4,), lambda i: te.if_then_else(
+        i >= 2, 0.0, te.sum(X[3 - 2 * i, e] * X[3 - 2 * i, e], axis=e)), name="Z")
+    # nested in a reduction, guarded by its axis j (the evaluator's alone too)
+    W = te.compute((4,), lambda i: te.sum(te.if_then_else(
+        j >= i, te.sum(X[j - i, d] * 2.0, axis=d), 0.0), axis=j) + 0.5, name="W")
+    x = np.arange(12.0).reshape(4, 3) + 1.0
+    feed = {X: x}
+    y, z, w = te.evaluate([Y, Z, W], feed)  # Z's sum runs at i = 0, 1: rows 3 and 1
+    np.testing.assert_array_equal(y, [0.0, 6.0, 15.0, 24.0])
+    np.testing.assert_array_equal(z, [100.0 + 121.0 + 144.0, 16.0 + 25.0 + 36.0, 0.0, 0.0])
+    want_w = [0.5 + sum(2.0 * x[jj - i].sum() for jj in range(i, 4)) for i in range(4)]
+    np.testing.assert_allclose(w, want_w, rtol=1e-15)
+    kernel = build([Y, Z], [X])
+    for got, want in zip(kernel(x), (y, z)):
+        np.testing.assert_allclose(got, want, rtol=1e-15)
+    # where the branch is taken, an index outside still raises, naming the stage
+    V = te.compute((4,), lambda i: te.if_then_else(
+        G[i] > 0, 1.0, te.max(X[3 - 2 * i, e], axis=e)), name="V")
+    np.testing.assert_array_equal(te.evaluate(V, {X: x, G: np.array([-1.0, -1.0, 1.0, 1.0])}),
+                                  [12.0, 6.0, 1.0, 1.0])
+    with pytest.raises(te.OutOfBoundsError, match=r"stage V\.red0: load `X\[3 - 2 \* i, e\]`"):
+        te.evaluate(V, {X: x, G: np.array([-1.0, -1.0, -1.0, 1.0])})
+    # the lifted stage asked for itself is computed whole (and raises at i = 0)
+    (lifted,) = Y.op.input_tensors()
+    with pytest.raises(te.OutOfBoundsError, match=r"stage Y\.red0"):
+        te.evaluate(lifted, feed)
+    ok = te.compute((4,), lambda i: te.sum(X[i, d], axis=d) * 2.0, name="Ok")
+    (lifted_ok,) = ok.op.input_tensors()
+    assert lifted_ok.op.attrs.get("texpr.nested_reduction")
+    np.testing.assert_array_equal(te.evaluate(lifted_ok, feed), x.sum(axis=1))
+    np.testing.assert_array_equal(te.evaluate(ok, feed), 2.0 * x.sum(axis=1))
+
+
+def test_feed_by_placeholder_name_as_kernels_take_them():
+    # kernels take kernel(X=x); te.evaluate took only Tensor keys (issue 52, friction)
+    X = te.placeholder((2, 3), name="X", dtype="float64")
+    W = te.placeholder((3,), name="W", dtype="float64")
+    Y = te.compute((2,), lambda i: X[i, 0] * W[1], name="Y")
+    x, w = np.arange(6.0).reshape(2, 3), np.array([1.0, 2.0, 3.0])
+    want = x[:, 0] * 2.0
+    np.testing.assert_array_equal(te.evaluate(Y, {"X": x, "W": w}), want)
+    np.testing.assert_array_equal(te.evaluate(Y, {"X": x, W: w}), want)
+    with pytest.raises(te.FeedError, match=r"no placeholder of the graph is named 'Z' "
+                                           r"\(placeholders: W, X\)"):
+        te.evaluate(Y, {"Z": x, W: w})
+    with pytest.raises(te.FeedError, match="fed twice"):
+        te.evaluate(Y, {"X": x, X: x, W: w})
+    X2 = te.placeholder((2,), name="X", dtype="float64")
+    Y2 = te.compute((2,), lambda i: X[i, 0] + X2[i], name="Y2")
+    with pytest.raises(te.FeedError, match="several placeholders are named 'X'"):
+        te.evaluate(Y2, {"X": x})
+    with pytest.raises(te.FeedError, match="feed key must be a placeholder Tensor or its name"):
+        te.evaluate(Y, {0: x, W: w})

@@ -18,7 +18,10 @@ from texpr.codegen import compile as cmp
 from texpr.codegen import forksafe
 from texpr.codegen import stage
 
+from fork_testutil import FORKS_WITHOUT_JAX
 from test_gemm_chunks import _run_in_child
+
+pytestmark = FORKS_WITHOUT_JAX
 
 
 COLS = 512

@@ -17,6 +17,7 @@ import pytest
 import texpr as te
 from texpr import codegen
 from texpr.codegen import gemm as G
+from fork_testutil import FORKS_WITHOUT_JAX
 from test_codegen_contraction import _count_chunked
 
 nn = te.nn
@@ -101,6 +102,7 @@ def _run_in_child(fn, timeout=60):
     return got
 
 
+@FORKS_WITHOUT_JAX
 def test_a_chunked_gemm_runs_in_a_child_forked_while_another_thread_runs_one(monkeypatch):
     """_blas_one_thread's process-wide lock (_ONE_THREAD[0]) is taken by every
     chunked run on two worker threads, also in the default mode (GEMM_THREADS=0

@@ -112,6 +112,43 @@ def test_printer_is_deterministic_and_readable():
     assert te.graph_str(Y) != te.graph_str(Y2)
 
 
+def test_a_long_definition_prints_wrapped_and_the_same_text_unwrapped():
+    # a printed gradient was one line of about 900 characters (issue 52): repr and
+    # print wrap at te.printer.REPR_WIDTH, and joining the lines' words gives back
+    # the one-line text (the canonical and default forms, the cache's, never wrap)
+    from texpr.printer import REPR_WIDTH, wrap_text
+
+    x = te.placeholder((1, 2, 6, 6), name="X", dtype="float64")
+    w = te.placeholder((2, 2, 3, 3), name="W", dtype="float64")
+    y = te.nn.conv2d_transpose(x, w, stride=2, padding=1)
+    h = te.placeholder(y.shape, name="H", dtype="float64")
+    dx, dw = te.differentiate(y, [x, w], head=h)
+    deep = te.compute((4,), lambda i: te.if_then_else(
+        te.all(i >= 1, i <= 2), te.exp(x[0, 0, i, i] * 2.0 + x[0, 1, i, 5 - i]) * 3.0
+        + te.tanh(x[0, 0, i + 1, i] - x[0, 1, i - 1, i]) / (1.0 + x[0, 0, 0, i] * x[0, 0, 0, i]),
+        te.sqrt(te.abs(x[0, 1, i, i]) + 1.0)), name="Deep")
+    for t in (dx, dw, deep):
+        flat = te.tensor_str(t)
+        assert "\n" not in flat and len(flat) > REPR_WIDTH
+        shown = repr(t)
+        assert shown == str(t) == te.tensor_str(t, width=REPR_WIDTH)
+        lines = shown.split("\n")
+        assert len(lines) > 2
+        assert max(len(line) for line in lines) <= REPR_WIDTH
+        squash = lambda s: "".join(s.split())  # noqa: E731
+        assert squash(shown) == squash(flat)
+        assert lines[0].startswith(flat.split(" = ")[0] + " = ")
+        assert lines[-1].endswith("  # float64")
+    # a binary chain breaks before its loosest operator, each operand indented
+    assert wrap_text("a + bbbbbbbbbb * c + dddddddddd", width=16) == \
+        "a\n+ bbbbbbbbbb * c\n+ dddddddddd"
+    assert wrap_text("f(aaaa, g(bbbb, cccc))", width=12) == \
+        "f(\n    aaaa,\n    g(\n        bbbb,\n        cccc\n    )\n)"
+    # short definitions print as before (one line)
+    X = te.placeholder((4,), name="X")
+    assert repr(te.compute((4,), lambda i: X[i] * 2.0, name="Y")) == "Y[i<4] = X[i] * 2.0  # float32"
+
+
 def test_nested_reduction_is_lifted_into_its_own_stage():
     X = te.placeholder((3, 4), name="X")
     k = te.reduce_axis(4, "k")

@@ -346,3 +346,35 @@ def test_a_manual_rule_is_not_cached(cache_dir):
         inp.shape, lambda i, j: te.const(0.0, "float64"), name="zero")})
     assert _delta(before)["hit"] == 0
     assert not list((cache_dir / "symbolic").glob("differentiate-*.pkl"))
+
+
+def test_a_directory_in_the_place_of_an_entry_warns_once_naming_it(cache_dir):
+    # a directory where one entry should be gave 2 warnings on every run, one
+    # saying the whole cache "cannot be used" (issue 52, kind 8): one warning
+    # naming the entry, the result recomputed (right), the other entries served
+    cold, _ = _differentiate()
+    path = _entry(cache_dir, "differentiate")
+    path.unlink()
+    path.mkdir()
+    (path / "something").write_text("not texpr's")
+    _differentiate(0.25)  # another graph: its entry is written beside it
+    for rnd in range(2):
+        before = _counts()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            res, (L, X, W, Y) = _differentiate()
+            _differentiate(0.25)
+        ours = [str(w.message) for w in caught
+                if issubclass(w.category, symcache.SymbolicCacheWarning)]
+        assert len(ours) == (1 if rnd == 0 else 0), ours
+        if rnd == 0:
+            assert str(path) in ours[0] and "is a directory" in ours[0]
+            assert "cannot be used" not in ours[0]
+        delta = _delta(before)
+        assert delta["hit"] >= 1  # the other graph's entry (and its simplify's)
+        assert delta["discard"] == 0
+        feed = random_feed([L], seed=4)
+        np.testing.assert_allclose(te.evaluate(res.result[0], feed),
+                                   numeric_gradient(L, X, feed), rtol=1e-6, atol=1e-8)
+        assert graph_str(res.result) == graph_str(cold.result)
+    assert (path / "something").read_text() == "not texpr's"

@@ -51,7 +51,7 @@ solves the equalities; this module does not simplify.
 """
 
 from . import dtypes as dt
-from .errors import NotDifferentiableError, ShapeError, TexprError
+from .errors import DTypeError, NotDifferentiableError, ShapeError, TexprError
 from .expr import all_of, const, iter_var, select
 from .jacobian import check_head, contribution
 from .scan import ScanOp, check_not_in_a_body
@@ -213,12 +213,15 @@ def accumulate(output, inputs=None, head=None, manual=None):
             to ``inp`` (``out``'s adjoint ``head``); either key may be ``None``
             (wildcard); the most specific entry wins. ``fn`` must return a
             Tensor (zeros for an edge that contributes nothing): ``None`` is an
-            error, not a silent zero.
+            error, not a silent zero; its dtype must be ``promote(head.dtype,
+            out.dtype)``, the automatic contribution's.
     Returns:
         DifferentiationResult.
     Raises:
         NotDifferentiableError: ``output`` or an input is not a float tensor.
         ShapeError: ``head`` or a manual result has the wrong shape.
+        DTypeError: a manual result's dtype is not the automatic contribution's,
+            ``promote(head.dtype, out.dtype)`` (it is never cast).
         TexprError: a manual entry matches no edge, or a manual function returns
             None or a non-Tensor (the message names the edge); bad arguments.
     """
@@ -280,7 +283,7 @@ def accumulate(output, inputs=None, head=None, manual=None):
                 fn = manual.lookup(out, inp)
                 if fn is not None:
                     c = fn(out, inp, h)
-                    _check_manual(c, out, inp, prefix)
+                    _check_manual(c, out, inp, prefix, h)
                 else:
                     c = contribution(out, inp, h, cache)
                 if c is not None:
@@ -333,7 +336,13 @@ def _finalize(t, summands, adjoints):
     adjoints[t] = parts[0] if len(parts) == 1 else _sum_stage(t, parts, f"d_{t.name}")
 
 
-def _check_manual(c, out, inp, prefix):
+def _check_manual(c, out, inp, prefix, head):
+    """Refuse a manual function's result ``c`` for the edge ``(out, inp)`` (``out``'s
+    adjoint ``head``) that is not a Tensor of shape ``prefix + inp.shape`` and of
+    the automatic contribution's dtype, ``promote(head.dtype, out.dtype)``: as JAX's
+    ``custom_vjp`` refuses a backward result of another dtype, the gradient's
+    dtype never changes silently (a float32 result in a float64 graph would
+    round every gradient through it)."""
     if c is None:
         # a function that forgot its ``return`` would silently drop the edge
         raise TexprError(
@@ -349,3 +358,11 @@ def _check_manual(c, out, inp, prefix):
         raise ShapeError(
             f"differentiate: the manual function for ({out.name}, {inp.name}) returned "
             f"{c.name} of shape {c.shape}; expected prefix + {inp.name}.shape = {want}")
+    dtype = dt.promote(head.dtype, out.dtype)
+    if c.dtype != dtype:
+        raise DTypeError(
+            f"differentiate: the manual function for the edge ({out.name}, {inp.name}) "
+            f"returned {c.name} of dtype {c.dtype}; expected {dtype}, the dtype of the "
+            f"automatic contribution (the head is {head.dtype}, {out.name} is {out.dtype}); "
+            f"a manual result is never cast: build it in {dtype}, or cast it with "
+            f"te.cast(x, '{dtype}') where the rounding is intended")

@@ -14,6 +14,7 @@ This module imports neither torch nor jax; it is framework-neutral.
 
 import itertools
 import threading
+import weakref
 
 from . import dtypes as dt
 from .errors import FeedError, TexprError
@@ -28,8 +29,11 @@ _KEYS = itertools.count()
 #: the symbolic machinery (sympy, islpy, the symbolic cache) runs in one thread
 #: at a time. Reentrant: building a backward spec may build kernels.
 BUILD_LOCK = threading.RLock()
-#: key -> OpSpec (frameworks refer to a spec by its int key inside traced graphs)
-SPECS = {}
+#: key -> OpSpec (frameworks refer to a spec by its int key inside traced graphs).
+#: Weak: a spec lives as long as its op (texpr.torch.TorchOp holds it) or an
+#: autograd graph that recorded it (the bridge's context objects hold it);
+#: dropping an op frees its spec, backward spec and kernels
+SPECS = weakref.WeakValueDictionary()
 
 
 class OpSpec:
@@ -38,8 +42,8 @@ class OpSpec:
     Attributes: ``outputs``, ``inputs`` (lists of Tensors), ``single`` (the
     caller gave one output Tensor: the op returns a tensor, not a tuple),
     ``float_inputs`` / ``float_outputs`` (their positions: the differentiable
-    ones), ``key`` (an int naming this spec in :data:`SPECS`), ``who`` (the
-    name used in errors).
+    ones), ``key`` (an int naming this spec in :data:`SPECS`, while the spec
+    lives: that registry holds it weakly), ``who`` (the name used in errors).
 
     Raises (construction): TexprError for outputs that are not Tensors or
     inputs that are not distinct placeholders.

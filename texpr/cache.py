@@ -38,6 +38,8 @@ import shutil
 import sys
 import time
 
+from .envvars import env_number
+
 __all__ = ["cache_dir", "info", "clear", "enforce_size_bound", "size_limit", "touch",
            "SYMBOLIC_SUBDIR", "DEFAULT_SIZE_LIMIT"]
 
@@ -46,7 +48,6 @@ SYMBOLIC_SUBDIR = "symbolic"
 #: the default size bound in bytes (2 GB)
 DEFAULT_SIZE_LIMIT = 2 * 1024 ** 3
 _KERNEL_PREFIX = "texpr_k_"
-_SUFFIXES = {"": 1, "B": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4}
 
 
 def cache_dir(create=True):
@@ -68,22 +69,12 @@ def cache_dir(create=True):
 
 def size_limit():
     """The size bound in bytes from ``$TEXPR_CACHE_SIZE_LIMIT`` (default 2 GB);
-    None when it is ``0`` (no bound). An unparsable value gives the default."""
-    text = os.environ.get("TEXPR_CACHE_SIZE_LIMIT", "").strip().upper()
-    if not text:
-        return DEFAULT_SIZE_LIMIT
-    if text.endswith("IB"):
-        text = text[:-2]
-    elif text.endswith("B") and len(text) > 1 and text[-2] in _SUFFIXES:
-        text = text[:-1]
-    unit = text[-1] if text[-1] in _SUFFIXES and not text[-1].isdigit() else ""
-    try:
-        value = float(text[:len(text) - len(unit)])
-    except ValueError:
-        return DEFAULT_SIZE_LIMIT
-    if value <= 0:
-        return None
-    return int(value * _SUFFIXES[unit])
+    None when it is ``0`` (no bound). A value that is not a finite size >= 0
+    (text, ``inf``, ``nan``, ``1e400``, a negative one) gives the default, with
+    one :class:`texpr.envvars.SettingWarning`."""
+    value = env_number("TEXPR_CACHE_SIZE_LIMIT", DEFAULT_SIZE_LIMIT, sizes=True,
+                       expected="a byte size >= 0 (suffixes K, M, G, T; 0: no bound)")
+    return None if value == 0 else value
 
 
 def touch(path):

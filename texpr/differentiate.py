@@ -29,7 +29,11 @@ def differentiate(output, inputs=None, head=None, manual=None, simplify=True):
             ``prefix + inp.shape``), replacing the automatic one. Either key may
             be ``None`` (a wildcard); the most specific entry wins. ``fn``
             returning ``None`` raises ``TexprError`` naming the edge (return a
-            stage of zeros for an edge that contributes nothing).
+            stage of zeros for an edge that contributes nothing). Its result
+            must have the automatic contribution's dtype, ``promote(head.dtype,
+            out.dtype)`` (float64 in a float64 graph): another dtype raises
+            ``DTypeError`` naming the edge and both dtypes, as JAX's
+            ``custom_vjp`` refuses one; it is never cast silently.
         simplify: hand the adjoints to the Jacobian simplifier
             (:func:`texpr.simplify.simplify`, docs/pipeline.md) before returning
             them, and keep the record of that run (``res.explain()``,
@@ -52,6 +56,8 @@ def differentiate(output, inputs=None, head=None, manual=None, simplify=True):
     Raises:
         NotDifferentiableError: ``output``, ``head`` or an input is not a float tensor.
         ShapeError: ``head`` (or a manual function's result) has the wrong shape.
+        DTypeError: a manual function's result has another dtype than the
+            automatic contribution's.
         TexprError: a manual entry matches no edge of the graph, or a manual
             function returns None or a non-Tensor; bad arguments.
 

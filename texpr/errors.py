@@ -75,3 +75,18 @@ class ScanBodyInputError(ScanError, NotDifferentiableError):
     """A stage of a scan's body (its update among them) or its state placeholder was
     given to ``te.differentiate`` or ``te.jvp`` as an input: it has no value of its
     own outside the scan, so no derivative either."""
+
+
+def in_stage(stage, exc):
+    """``exc`` (a TexprError) as an error of the stage named ``stage``: the same
+    class, its message starting ``stage NAME: `` as the evaluator's and the loop
+    nest's do (unchanged when it already names a stage). Every lowering raises
+    its run-time errors through it, so a user reads which stage failed whichever
+    way it ran."""
+    msg = str(exc)
+    if msg.startswith("stage "):
+        return exc
+    try:
+        return type(exc)(f"stage {stage}: {msg}")
+    except Exception:  # noqa: BLE001 - a class that takes other arguments
+        return TexprError(f"stage {stage}: {msg}")

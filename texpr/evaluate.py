@@ -10,7 +10,10 @@ Semantics it pins down:
 * ``//`` and ``%`` floor (Python's); integer division by zero is an error.
 * ``select`` evaluates each branch only where it is taken (under a mask), so
   the untaken branch can neither fail (out-of-bounds load) nor warn; ``&&`` and
-  ``||`` short-circuit the same way.
+  ``||`` short-circuit the same way. A reduction nested in a body (lifted into a
+  stage of its own by ``te.compute``) is evaluated only at the points its
+  consumer reads under that mask: a guarded nested reduction
+  ``if_then_else(i >= 1, sum(X[i - 1, d]), 0)`` never runs at ``i = 0``.
 * An unguarded load outside its tensor raises :class:`OutOfBoundsError` naming
   the tensor, the index expression, the bad index and the point.
 * A reduction over an empty domain gives the reducer's identity.
@@ -30,8 +33,8 @@ from .expr import (Add, And, Call, Cast, Const, Div, EQ, FloorDiv, FloorMod, GE,
                    INT_PRESERVING, Load, Max, Min, Mul, NE, Not, Or, Reduce, Select, Sub, Var)
 from .printer import expr_str
 from .scan import ScanOp
-from .tensor import (ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, check_allocatable,
-                     check_input_array, topo_order)
+from .tensor import (NESTED_REDUCTION, ComputeOp, PlaceholderOp, ScatterAddOp, Tensor,
+                     check_allocatable, check_input_array, topo_order)
 
 #: elements of one chunk's index grid (stage points times reduction points)
 CHUNK_ELEMENTS = 1 << 23
@@ -254,11 +257,17 @@ class _StageEval:
     def _load(self, e, mask):
         t = e.tensor
         arr = self.values.get(id(t))
+        idx = None
+        if isinstance(arr, _Deferred):
+            # a nested reduction's stage: computed at the points read here
+            idx = [self(i, mask) for i in e.args]
+            arr = arr.at(t, idx, mask)
         if arr is None:
             raise TexprError(
                 f"stage {self.stage_name}: reads {t.name}, which is not computed before it "
                 "(the graph has a cycle, or a body was changed after te.compute built it)")
-        idx = [self(i, mask) for i in e.args]
+        if idx is None:
+            idx = [self(i, mask) for i in e.args]
         if not idx:
             return arr[()]
         shape = np.broadcast_shapes(*(i.shape for i in idx), *(() if mask is None else (mask.shape,)))
@@ -420,9 +429,11 @@ def _eval_compute(op, values):
     return outs
 
 
-def _eval_rows(op, values, outs, start, stop):
+def _eval_rows(op, values, outs, start, stop, points=None):
     """Evaluate the rows ``start <= axis0 < stop`` of the compute stage ``op`` into
-    ``outs`` (the whole stage for a scalar)."""
+    ``outs`` (the whole stage for a scalar). ``points`` (a reduction's stage only):
+    None, or a bool array over those rows: the reduction runs only there (its
+    condition, sources and combine), other points get its identity."""
     shape = op.shape
     n = len(shape)
     body = op.body
@@ -446,8 +457,11 @@ def _eval_rows(op, values, outs, start, stop):
     grid_shape = chunk_shape + red_extents
     where = red.where
     mask = None
+    if points is not None:
+        mask = np.broadcast_to(points.reshape(points.shape + (1,) * len(red_axes)), grid_shape)
     if not (isinstance(where, Const) and where.value is True):
-        mask = np.broadcast_to(ev(where), grid_shape)
+        cond = np.broadcast_to(ev(where, mask), grid_shape)
+        mask = cond if mask is None else cond & mask
     srcs = [ev(s, mask) for s in red.source]
     red_dims = tuple(range(n, ndim))
     if red.combiner.kind != "custom":
@@ -458,6 +472,70 @@ def _eval_rows(op, values, outs, start, stop):
         res = _reduce_custom(ev, red.combiner, srcs, mask, grid_shape, n)
         for o, r in zip(outs, res):
             o[sl] = r
+
+
+class _Deferred:
+    """A nested reduction's stage (:data:`texpr.tensor.NESTED_REDUCTION`), computed
+    where its consumers read it: :meth:`at` evaluates the points a load reads
+    (under its mask) that no earlier load read, :meth:`full` all of them."""
+
+    def __init__(self, op, values):
+        self.op, self.values = op, values
+        for t in op.outputs:
+            check_allocatable(t, "evaluate")
+        self.outs = [np.zeros(op.shape, dtype=d) for d in op.dtypes]
+        self.done = np.zeros(op.shape, dtype=bool)
+
+    def at(self, t, idx, mask):
+        """The array of output ``t``, right at the points ``idx`` (index arrays,
+        one per dimension) where ``mask`` (None: everywhere) holds."""
+        if not idx:  # a scalar stage: needed if the load is reached anywhere
+            self._compute(np.asarray(mask is None or bool(np.any(mask))) & ~self.done)
+            return self.outs[t.value_index]
+        shape = np.broadcast_shapes(*(i.shape for i in idx),
+                                    *(() if mask is None else (mask.shape,)))
+        pts = [np.broadcast_to(i, shape) for i in idx]
+        if mask is not None:
+            m = np.broadcast_to(mask, shape)
+            pts = [p[m] for p in pts]
+        ok = np.ones(np.shape(pts[0]), dtype=bool)
+        for p, n in zip(pts, self.op.shape):
+            ok &= (p >= 0) & (p < n)  # (a load outside raises in _load, as any other)
+        needed = np.zeros(self.op.shape, dtype=bool)
+        needed[tuple(p[ok] for p in pts)] = True
+        self._compute(needed & ~self.done)
+        return self.outs[t.value_index]
+
+    def full(self, t):
+        """The array of output ``t``, every point computed."""
+        self._compute(~self.done)
+        return self.outs[t.value_index]
+
+    def _compute(self, points):
+        op = self.op
+        if not np.any(points):
+            return
+        if not op.shape:  # a scalar stage
+            _eval_rows(op, self.values, self.outs, 0, 1)
+            self.done[()] = True
+            return
+        red_extents = tuple(a.extent for a in op.body[0].axes)
+        per_row = int(np.prod(op.shape[1:] + red_extents, dtype=np.int64))
+        rows = max(1, CHUNK_ELEMENTS // max(per_row, 1))
+        fresh = [np.zeros(op.shape, dtype=d) for d in op.dtypes]
+        for start in range(0, op.shape[0], rows):
+            stop = min(start + rows, op.shape[0])
+            if np.any(points[start:stop]):
+                _eval_rows(op, self.values, fresh, start, stop, points[start:stop])
+        for o, f in zip(self.outs, fresh):
+            np.copyto(o, f, where=points)
+        self.done |= points
+
+
+def _value(values, t):
+    """The array of tensor ``t`` in ``values`` (a deferred stage computed whole)."""
+    v = values[id(t)]
+    return v.full(t) if isinstance(v, _Deferred) else v
 
 
 def _eval_scan(op, values):
@@ -472,7 +550,7 @@ def _eval_scan(op, values):
     states = [np.empty(t.shape, dtype=t.dtype) for t in op.outputs]
     local = dict(values)
     for st, s, init in zip(states, op.state_placeholder, op.init):
-        st[:L] = values[id(init)]
+        st[:L] = _value(values, init)
         local[id(s)] = st
     update_of = {id(u): st for u, st in zip(op.update, states)}
     bufs = {}
@@ -494,7 +572,7 @@ def _eval_scan(op, values):
 
 def _eval_scatter(op, values):
     check_allocatable(op.output(0), "evaluate")
-    out = (np.array(values[id(op.init)], dtype=op.dtypes[0], copy=True) if op.init is not None
+    out = (np.array(_value(values, op.init), dtype=op.dtypes[0], copy=True) if op.init is not None
            else np.zeros(op.shape, dtype=op.dtypes[0]))
     dom = tuple(a.extent for a in op.axis)
     if any(d == 0 for d in dom):
@@ -525,19 +603,52 @@ def _check_feed(op, feed_by_id):
     return check_input_array(t, feed_by_id[id(t)], "evaluate", convert=True)
 
 
+def _feed_by_id(feed, order):
+    """``feed`` keyed by the placeholders' ids; a str key names a placeholder of the
+    graph ``order`` (its operations)."""
+    out = {}
+    by_name = None
+    for k, v in feed.items():
+        if isinstance(k, str):
+            if by_name is None:
+                by_name = {}
+                for op in order:
+                    if isinstance(op, PlaceholderOp):
+                        by_name.setdefault(op.output(0).name, []).append(op.output(0))
+            found = by_name.get(k, [])
+            if not found:
+                raise FeedError(f"evaluate: no placeholder of the graph is named {k!r} "
+                                f"(placeholders: {', '.join(sorted(by_name)) or 'none'})")
+            if len(found) > 1:
+                raise FeedError(f"evaluate: several placeholders are named {k!r}; feed "
+                                "them by the placeholder tensors")
+            k = found[0]
+        elif not isinstance(k, Tensor):
+            raise FeedError(f"evaluate: a feed key must be a placeholder Tensor or its name, "
+                            f"got {type(k).__name__}")
+        if id(k) in out:
+            raise FeedError(f"evaluate: placeholder {k.name} is fed twice (by the tensor "
+                            "and by its name)")
+        out[id(k)] = v
+    return out
+
+
 def evaluate(outputs, feed):
     """Run a tensor graph on numpy arrays.
 
     Args:
         outputs: a Tensor or a list of Tensors.
-        feed: dict Tensor -> numpy array for every placeholder the outputs
+        feed: dict placeholder -> numpy array for every placeholder the outputs
             depend on (shape and dtype exactly as declared; Python lists and
-            scalars are converted to the declared dtype).
+            scalars are converted to the declared dtype). A key may be the
+            placeholder itself or its name (a str), as a kernel takes
+            ``kernel(X=x)``.
     Returns:
         One numpy array (for a Tensor) or a list of arrays, with the declared
         shapes and dtypes.
     Raises:
-        FeedError: a missing placeholder or a value of the wrong shape/dtype.
+        FeedError: a missing placeholder or a value of the wrong shape/dtype; a
+            name that no placeholder of the graph has, or that several have.
         OutOfBoundsError: an unguarded load outside its tensor.
         TexprError: integer division by zero.
     """
@@ -548,12 +659,15 @@ def evaluate(outputs, feed):
             raise TexprError(f"evaluate: outputs must be Tensors, got {type(o).__name__}")
     if not isinstance(feed, dict):
         raise FeedError("evaluate: feed must be a dict Tensor -> numpy array")
-    feed_by_id = {id(k): v for k, v in feed.items()}
+    order = topo_order(outs)
+    feed_by_id = _feed_by_id(feed, order)
     values = {}
     with np.errstate(all="ignore"):
-        for op in topo_order(outs):
+        for op in order:
             if isinstance(op, PlaceholderOp):
                 arrays = [_check_feed(op, feed_by_id)]
+            elif isinstance(op, ComputeOp) and op.attrs.get(NESTED_REDUCTION):
+                arrays = [_Deferred(op, values)] * len(op.outputs)
             elif isinstance(op, ComputeOp):
                 arrays = _eval_compute(op, values)
             elif isinstance(op, ScatterAddOp):
@@ -564,5 +678,6 @@ def evaluate(outputs, feed):
                 raise TexprError(f"evaluate: unknown operation {type(op).__name__}")
             for t, a in zip(op.outputs, arrays):
                 values[id(t)] = a
-    results = [values[id(o)] for o in outs]
+    with np.errstate(all="ignore"):
+        results = [_value(values, o) for o in outs]
     return results[0] if single else results

@@ -70,6 +70,9 @@ def _native_handler(kernel):
 #: process (JAX's persistent cache) finds no target, never one of this
 #: process's handlers or descriptors under a reused name
 _TOKEN = os.urandom(6).hex()
+#: what the registered FFI targets' addresses point into (handlers, descriptors,
+#: kernels): XLA keeps a target for the life of the process, so they are kept too
+_FFI_KEPT = []
 
 
 def _host_call(spec, result_types):
@@ -96,7 +99,10 @@ def _host_call(spec, result_types):
                                           [(t.shape, t.dtype) for t in spec.outputs])
             attrs = {}
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(addr), platform="cpu")
-        spec.cache["jax_ffi_handler"] = keep  # XLA holds the addresses only
+        # XLA holds the addresses only, and a target is never unregistered (a
+        # compiled program may call it after the op is dropped): kept for the process
+        _FFI_KEPT.append(keep)
+        spec.cache["jax_ffi_handler"] = keep
         call = jax.ffi.ffi_call(name, list(result_types), vmap_method="sequential")
         return lambda *xs: tuple(call(*xs, **attrs))
 

@@ -190,9 +190,102 @@ def _stage_str(t, names):
     raise TypeError(f"printer: unknown operation {type(op).__name__}")
 
 
-def tensor_str(t, canonical=False):
+#: the width ``repr(tensor)`` (and ``print``) wraps a stage's definition to
+REPR_WIDTH = 100
+_OPENERS, _CLOSERS = "([{", ")]}"
+#: the infix operators a long operand chain breaks before, loosest first
+_BREAK_OPS = (" || ", " && ", " == ", " != ", " <= ", " >= ", " < ", " > ", " + ", " - ",
+              " * ", " / ", " // ", " % ")
+
+
+def _top_level(text):
+    """Per character of ``text``, whether it is outside every bracket."""
+    depth, out = 0, []
+    for ch in text:
+        if ch in _CLOSERS:
+            depth -= 1
+        out.append(depth == 0)
+        if ch in _OPENERS:
+            depth += 1
+    return out
+
+
+def _split_top(text, sep):
+    """``text`` cut at the occurrences of ``sep`` outside brackets."""
+    top, parts, start, i = _top_level(text), [], 0, 0
+    while True:
+        i = text.find(sep, i)
+        if i < 0:
+            break
+        if top[i] and all(top[i:i + len(sep)]):
+            parts.append(text[start:i])
+            start = i + len(sep)
+            i = start
+        else:
+            i += 1
+    parts.append(text[start:])
+    return parts
+
+
+def wrap_text(text, width=REPR_WIDTH, indent=0):
+    """``text`` (an expression as :func:`expr_str` prints it) on lines of at most
+    about ``width`` characters, for people: a long operand chain breaks before its
+    loosest operator, a long call, load or list puts each argument on a line of
+    its own, indented by 4; the let form's bindings each take a line. Text that
+    fits is returned as it is; a single atom longer than ``width`` stays whole.
+    The canonical text (cache keys, :func:`graph_str` with ``canonical``) never
+    wraps."""
+    if indent + len(text) <= width:
+        return text
+    pad = " " * indent
+    if text.startswith("let ") and " in " in text:
+        head, body = text[4:], None
+        parts = _split_top(head, " in ")
+        if len(parts) >= 2:
+            lets, body = " in ".join(parts[:-1]), parts[-1]
+            binds = _split_top(lets, "; ")
+            lines = ["let"] + [pad + "    " + wrap_text(b, width, indent + 4)
+                               + (";" if k < len(binds) - 1 else "")
+                               for k, b in enumerate(binds)]
+            return "\n".join(lines + [pad + "in " + wrap_text(body, width, indent + 3)])
+    for op in _BREAK_OPS:
+        terms = _split_top(text, op)
+        if len(terms) > 1:
+            sym = op.strip() + " "
+            lines = [wrap_text(terms[0], width, indent)]
+            lines += [pad + sym + wrap_text(t, width, indent + len(sym)) for t in terms[1:]]
+            return "\n".join(lines)
+    # one term: ``head(args)suffix`` (a call, a load, a reduction, a parenthesised group)
+    top = _top_level(text)
+    opener = next((i for i, ch in enumerate(text) if ch in _OPENERS and top[i]), None)
+    if opener is None:
+        return text
+    depth, close = 0, None
+    for i in range(opener, len(text)):
+        if text[i] in _OPENERS:
+            depth += 1
+        elif text[i] in _CLOSERS:
+            depth -= 1
+            if depth == 0:
+                close = i
+                break
+    if close is None:
+        return text
+    items = _split_top(text[opener + 1:close], ", ")
+    if len(items) == 1 and text[opener] == "(" and opener == 0:
+        items = [text[1:close]]  # a parenthesised group: its content on its own lines
+    inner = [pad + "    " + wrap_text(it, width, indent + 4) + ("," if k < len(items) - 1 else "")
+             for k, it in enumerate(items)]
+    rest = text[close + 1:]
+    tail = pad + text[close] + (wrap_text(rest, width, indent + 1) if rest else "")
+    return "\n".join([text[:opener + 1]] + inner + [tail])
+
+
+def tensor_str(t, canonical=False, width=None):
     """One stage's definition (also ``repr(t)``): the output's axes with their
-    extents, the body, and the dtype; a scatter-add prints its loop.
+    extents, the body, and the dtype; a scatter-add prints its loop. ``width``
+    (an int; ``repr`` and ``print`` use :data:`REPR_WIDTH`): a definition longer
+    than that is wrapped for people (:func:`wrap_text`); None keeps one line.
 
     >>> import texpr as te
     >>> X = te.placeholder((4, 3), name="X")
@@ -203,8 +296,28 @@ def tensor_str(t, canonical=False):
     Y[i<4, j<5] = sum(X[i, k] * W[j, k], axis=[k:0..3])  # float32
     >>> print(te.tensor_str(Y, canonical=True))
     t0[v0<4, v1<5] = sum(t1[v0, r0] * t2[v1, r0], axis=[r0:0..3])  # float32
+    >>> j = te.reduce_axis(5, "j")
+    >>> G = te.compute((4, 3), lambda i, k: te.sum(te.if_then_else(
+    ...     te.all(i >= 1, i <= 2), W[j, k] * te.exp(X[i, k] - X[i - 1, k]), 0.0), axis=j),
+    ...     name="G")
+    >>> print(te.tensor_str(G, width=60))
+    G[i<4, k<3] = sum(
+        select(
+            i >= 1 && i <= 2,
+            W[j, k] * exp(X[i, k] - X[i - 1, k]),
+            0.0
+        ),
+        axis=[j:0..5]
+    )  # float32
     """
-    return _stage_str(t, _Names(canonical))
+    text = _stage_str(t, _Names(canonical))
+    if width is None or len(text) <= width or "\n" in text:
+        return text
+    lhs, sep, rest = text.partition(" = ")
+    body, hashmark, dtypes = rest.rpartition("  # ")
+    if not sep or not hashmark:
+        return text
+    return f"{lhs} = {wrap_text(body, width, 0).lstrip()}  # {dtypes}"
 
 
 def graph_str(outputs, canonical=False):

@@ -537,6 +537,15 @@ def memo(kind, roots, extra, compute, check=None, after_load=None):
     if d is None:
         return compute()
     path = os.path.join(d, f"{kind}-{key[:40]}.pkl")
+    if os.path.isdir(path):
+        # not ours to remove (nothing texpr writes is a directory): this entry is
+        # recomputed and not stored, every other entry of the cache still serves
+        _warn_once(("blocked", path),
+                   f"texpr: the symbolic cache entry {path} is a directory, not a file; "
+                   "this result is recomputed and not stored (remove the directory to "
+                   "cache it again); the rest of the cache is used as usual")
+        stats["miss"] += 1
+        return compute()
     result = _load(path, key, c, check or (lambda r: None))
     if result is not None:
         stats["hit"] += 1

@@ -121,9 +121,10 @@ class Tensor(NeedsValue):
         return load(self, _no_negative_constants(self, indices))
 
     def __repr__(self):
-        from .printer import tensor_str
+        from .printer import REPR_WIDTH, tensor_str
 
-        return tensor_str(self)
+        # a long definition (a gradient's) wraps: one line of 900 characters was unreadable
+        return tensor_str(self, width=REPR_WIDTH)
 
     def __bool__(self):
         return True
@@ -374,8 +375,16 @@ def tuple_components(red):
     return tuple(Reduce._rebuild((comb, axes, i), red.args) for i in range(n))
 
 
+#: the attribute of a stage lifted out of another's body (a nested reduction):
+#: the program asks for its values only where its consumer reads them, so
+#: te.evaluate computes it only there (a reduction in a select's untaken branch
+#: is never evaluated, as the compiled kernel never runs it)
+NESTED_REDUCTION = "texpr.nested_reduction"
+
+
 def _lift_nested_reductions(name, axis, body):
-    """Move every Reduce not at the top of ``body`` into a stage of its own.
+    """Move every Reduce not at the top of ``body`` into a stage of its own
+    (attribute :data:`NESTED_REDUCTION`).
 
     The new stage's axes are this stage's axes followed by any enclosing
     reduction axes the inner reduction depends on.
@@ -424,7 +433,8 @@ def _lift_nested_reductions(name, axis, body):
         new_axis = [iter_var(0, a.extent, a.name, "spatial") for a in outer]
         shifted = [na + a.dom[0] if a.dom[0] else na for na, a in zip(new_axis, outer)]
         inner_body = substitute(red, dict(zip(outer, shifted)))
-        op = ComputeOp(f"{name}.red{next(counter)}", new_axis, tuple_components(inner_body))
+        op = ComputeOp(f"{name}.red{next(counter)}", new_axis, tuple_components(inner_body),
+                       attrs={NESTED_REDUCTION: True})
         idx = [a - a.dom[0] if a.dom[0] else a for a in outer]
         return op.output(inner_body.value_index)[tuple(idx)]
 

@@ -103,12 +103,14 @@ def _kernel_fake(xs, key):
 
 def _setup_context(ctx, inputs, output):
     xs, key = inputs
-    ctx.key = int(key)
+    # the graph holds the spec itself: SPECS holds it weakly, and the op may be
+    # dropped before the backward runs
+    ctx.spec = SPECS[int(key)]
     ctx.save_for_backward(*xs)
 
 
 def _backward(ctx, grads):
-    spec = SPECS[ctx.key]
+    spec = ctx.spec
     return _grad_inputs(spec, ctx.saved_tensors, grads, lambda b, xs: _kernel(xs, b.key)), None
 
 
@@ -153,7 +155,7 @@ class _Eager(torch.autograd.Function):
     def forward(ctx, key, *xs):
         spec = SPECS[key]
         outs = _outputs(spec, xs)  # forward runs with grad mode off
-        ctx.key = key
+        ctx.spec = spec  # (as in _setup_context: the graph keeps its spec alive)
         ctx.save_for_backward(*xs)
         if len(spec.float_outputs) != len(outs):
             ctx.mark_non_differentiable(*[o for k, o in enumerate(outs)
@@ -163,7 +165,7 @@ class _Eager(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        spec = SPECS[ctx.key]
+        spec = ctx.spec
         return (None, *_grad_inputs(spec, ctx.saved_tensors, grads, _apply))
 
 

@@ -33,7 +33,6 @@ Run ``python -m texpr.examples.digits --help`` for the flags.
 
 import argparse
 import gzip
-import os
 import sys
 import time
 from importlib import resources
@@ -41,6 +40,7 @@ from importlib import resources
 import numpy as np
 
 import texpr as te
+from texpr.envvars import env_number
 
 IMAGE = 8
 CLASSES = 10
@@ -278,7 +278,7 @@ def parse_args(argv=None):
                         "(README.md, Benchmarks); the default builds parallel ones")
     p.add_argument("--parallel", dest="parallel", action="store_true",
                    help="parallel kernels (the default; kept for older command lines)")
-    p.add_argument("--limit", type=int, default=int(os.environ.get("TEXPR_DIGITS_LIMIT", 0)),
+    p.add_argument("--limit", type=int, default=env_number("TEXPR_DIGITS_LIMIT", 0, integer=True),
                    help="use only the first N images (quick runs; env TEXPR_DIGITS_LIMIT)")
     args = p.parse_args(argv)
     if args.epochs < 0:
