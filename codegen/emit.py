@@ -372,13 +372,18 @@ class ExprEmitter:
             return f"np.power({self.cast(e.args[0], d)}, {self.cast(e.args[1], d)})"
         x = self.cast(e.args[0], d)
         one = const_str(1.0, d)
+        if name == "exp" and d == "float32":  # no libm call: it vectorises (codegen.runtime)
+            return f"_exp_float32({x})"
         if name in _UNARY_NP:
             return f"{_UNARY_NP[name]}({x})"
         if name == "rsqrt":
             return f"({one} / np.sqrt({x}))"
         if name == "sigmoid":
-            return f"({one} / ({one} + np.exp(-{x})))"
+            e = f"_exp_float32(-{x})" if d == "float32" else f"np.exp(-{x})"
+            return f"({one} / ({one} + {e}))"
         if name == "erf":
+            if d == "float32":  # no libm call: a loop of it vectorises (codegen.runtime)
+                return f"_erf_float32({x})"
             return f"{_NP[d]}(math.erf({x}))"
         raise TexprError(f"codegen: intrinsic {name} has no code generator")
 

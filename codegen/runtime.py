@@ -97,9 +97,70 @@ def _fmin_{dt}(a, b):
     return a if (a < b or a != a) else b
 """
 
+#: float32 erf as the rational approximation XLA and Eigen use for it (Eigen's
+#: ``generic_fast_erf_float``: the argument clamped to [-4, 4], then an odd
+#: polynomial of degree 13 over an even one of degree 8): no call, so a loop of it
+#: vectorises. libm's ``erff``, called once per element, made GELU's forward and
+#: backward passes a quarter of a mini-GPT step (a 524,288-element GELU: 8.6 ms
+#: on one thread, 0.20 ms with this; PyTorch's 0.15). The error against float64
+#: erf is 4e-7 (3.3 ulp at 1; within float32's own rounding of a GELU (1.4e-6 absolute on values
+#: up to 12, against 1.2e-6 for PyTorch's float32 GELU); NaN stays NaN and
+#: erf(+-inf) is +-1, and no value leaves [-1, 1]. float64 keeps libm's erf.
+_ERF32 = """
+@njit(cache=True, inline="always")
+def _erf_float32(x0):
+    x = min(max(x0, np.float32(-4.0)), np.float32(4.0)) if x0 == x0 else x0
+    x2 = x * x
+    a = np.float32(-2.72614225801306e-10)
+    a = a * x2 + np.float32(2.77068142495902e-08)
+    a = a * x2 + np.float32(-2.10102402082508e-06)
+    a = a * x2 + np.float32(-5.69250639462346e-05)
+    a = a * x2 + np.float32(-7.34990630326855e-04)
+    a = a * x2 + np.float32(-2.95459980854025e-03)
+    a = a * x2 + np.float32(-1.60960333262415e-02)
+    a = a * x
+    b = np.float32(-1.45660718464996e-05)
+    b = b * x2 + np.float32(-2.13374055278905e-04)
+    b = b * x2 + np.float32(-1.68282697438203e-03)
+    b = b * x2 + np.float32(-7.37332916720468e-03)
+    b = b * x2 + np.float32(-1.42647390514189e-02)
+    r = a / b
+    # the polynomial overshoots 1 by an ulp near |x| = 4: erf stays within [-1, 1];
+    # erf(-0.0) is -0.0
+    return np.float32(1.0) if r > np.float32(1.0) else (
+        np.float32(-1.0) if r < np.float32(-1.0) else (r if x0 != np.float32(0.0) else x0))
+"""
+
+#: float32 exp without a libm call (Cephes' ``expf``: ``x = n ln2 + r``, a degree-6
+#: polynomial of ``r``, times ``2**n`` built from its bits in two halves so that a
+#: subnormal result is rounded once more, not flushed): a loop of it vectorises.
+#: Within 0.68 ulp of exp over the normal range (libm's: 0.5), the same infinities,
+#: zeros and subnormals (to 1e-45) over [-110, 95] and NaN kept; 2 M elements: 1.1 ms
+#: on one thread, 5.4-8.2 ms with libm's. float64 keeps libm's exp.
+_EXP32 = """
+@njit(cache=True, inline="always")
+def _exp_float32(x):
+    y = x if x == x else np.float32(0.0)
+    y = np.float32(-104.0) if y < np.float32(-104.0) else (
+        np.float32(89.0) if y > np.float32(89.0) else y)
+    fn = np.floor(y * np.float32(1.44269504088896341) + np.float32(0.5))
+    r = y - fn * np.float32(0.693359375) - fn * np.float32(-2.12194440e-4)
+    p = np.float32(1.9875691500e-4)
+    p = p * r + np.float32(1.3981999507e-3)
+    p = p * r + np.float32(8.3334519073e-3)
+    p = p * r + np.float32(4.1665795894e-2)
+    p = p * r + np.float32(1.6666665459e-1)
+    p = p * r + np.float32(5.0000001201e-1)
+    p = p * (r * r) + r + np.float32(1.0)
+    n = np.int32(fn)
+    n1 = n >> 1
+    e = p * _bits_float32((n1 + 127) << 23) * _bits_float32((n - n1 + 127) << 23)
+    return e if x == x else x
+"""
+
 _VALUE_HELPERS = "\n\n".join(
     [_PER_FLOAT.format(dt=dt).strip() for dt in FLOATS]
-    + [_PER_DTYPE.format(dt=dt).strip() for dt in DTYPES])
+    + [_PER_DTYPE.format(dt=dt).strip() for dt in DTYPES] + [_ERF32.strip()])
 
 #: the GEMM guard of scan steps (codegen.scan_gemm), defined in every unit's module
 #: itself, not here: its operands are views whose layouts vary (several signatures)
@@ -235,6 +296,18 @@ def _ifloordiv(a, b, narrow, err, code):
 #: own: LLVM sees the instruction in the unit.
 REASSOC_HELPER = '''
 @intrinsic
+def _bits_float32(typingctx, n):
+    # the float32 whose bits are the int32 n (an LLVM bitcast)
+    if not isinstance(n, types.Integer):
+        return None
+
+    def lower(context, builder, sig, args):
+        i = context.cast(builder, args[0], sig.args[0], types.int32)
+        return builder.bitcast(i, ir.FloatType())
+    return types.float32(n), lower
+
+
+@intrinsic
 def _radd(typingctx, a, b):
     if not (isinstance(a, types.Float) and isinstance(b, types.Float)):
         return None
@@ -251,9 +324,10 @@ CHECK_NAMES = tuple(line[4:line.index("(")] for line in CHECK_HELPERS.splitlines
 
 #: the helper module's text (numba's ``cache=True`` on every function)
 SOURCE = ("import math\n\nimport numpy as np\nfrom numba import njit\n"
-          "from numba.core import types\nfrom numba.extending import intrinsic\n\n\n"
+          "from llvmlite import ir\nfrom numba.core import types\n"
+          "from numba.extending import intrinsic\n\n\n"
           + _VALUE_HELPERS.strip() + "\n\n\n" + CHECK_HELPERS.strip() + "\n\n\n"
-          + REASSOC_HELPER.strip() + "\n")
+          + REASSOC_HELPER.strip() + "\n\n\n" + _EXP32.strip() + "\n")
 
 #: the helpers it defines, in the order they appear
 NAMES = tuple(line[4:line.index("(")] for line in SOURCE.splitlines()
