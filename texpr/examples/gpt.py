@@ -30,17 +30,17 @@ model (a batch-1 kernel; temperature sampling with a fixed seed).
 
 What to expect from the defaults (1,500 steps of batch 16: 1.5 M characters,
 about 1.5 passes over the text; Python 3.11, float32, seed 0; 2026-12-07 on a
-2-core machine shared with other jobs, load average 5-8)::
+2-core machine shared with other jobs, load average 4-6)::
 
-    training loss (mean of the last 20 steps): 1.281 nats = 1.849 bits per character
-    validation (1600 held-out windows of 65 characters): 2.608 bits per character
+    training loss (mean of the last 20 steps): 1.279 nats = 1.845 bits per character
+    validation (1600 held-out windows of 65 characters): 2.603 bits per character
     bigram baseline on the same windows: 3.641 bits per character (beaten)
-    time: 175.0 s (build and compile 9.9 s, training 151.1 s = 9.9 steps/s, ...)
+    time: 98.3 s (build and compile 16.9 s, training 76.6 s = 19.6 steps/s, ...)
 
 The held-out modules are harder than the training text (other code, long
 docstrings), so the validation loss sits well above the training loss. Other
 Python versions read slightly different sources, and other BLAS builds round
-differently: expect the validation loss within a few hundredths of 2.61. The
+differently: expect the validation loss within a few hundredths of 2.60. The
 sample is recognisably Python-shaped (indentation, ``def``, ``self.``, ``try:``)
 but not code; U+FFFD marks the "other" id.
 
