@@ -90,6 +90,9 @@ class ExprEmitter:
         self.arith_checks = set()
         #: id(load) -> its row-major offset as an affine expression (codegen.affine)
         self.flat = {}
+        #: ids of selects whose two arms are evaluated before choosing (``_sel``: no
+        #: branch), decided by the stage (:func:`codegen.stage.speculative_selects`)
+        self.speculative = set()
 
     def _value_check(self, e, text):
         if id(e) not in self.value_checks:
@@ -350,6 +353,9 @@ class ExprEmitter:
         if cls is E.Not:
             return f"(not {self(e.a)})"
         if cls is E.Select:
+            if id(e) in self.speculative:
+                return (f"_sel({self(e.cond)}, {self.cast(e.true_value, d)}, "
+                        f"{self.cast(e.false_value, d)})")
             return f"({self(e.true_value)} if {self(e.cond)} else {self(e.false_value)})"
         if cls is E.Cast:
             return self._value_check(e, self.cast(e.value, d))

@@ -308,6 +308,18 @@ def _bits_float32(typingctx, n):
 
 
 @intrinsic
+def _sel(typingctx, c, a, b):
+    # select(c, a, b) as one LLVM select of two computed floats: no branch
+    if not (isinstance(a, types.Float) and a == b):
+        return None
+
+    def lower(context, builder, sig, args):
+        cond = context.cast(builder, args[0], sig.args[0], types.boolean)
+        return builder.select(cond, args[1], args[2])
+    return a(c, a, b), lower
+
+
+@intrinsic
 def _radd(typingctx, a, b):
     if not (isinstance(a, types.Float) and isinstance(b, types.Float)):
         return None

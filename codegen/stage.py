@@ -127,6 +127,13 @@ SHORT_CONTIGUOUS = True
 #: kernel, one run: conv2 0.98 -> 0.27 ms, conv1's weight gradient 1.27 -> 0.19,
 #: the whole kernel 3.64 -> 1.86 ms. False: the scores and SHORT_CONTIGUOUS alone
 CONDITION_INVARIANT = True
+#: a float select of an elementwise stage whose arms are small, call nothing, run no
+#: check and read in bounds over the whole stage is written ``_sel(c, a, b)``: both
+#: arms computed, then one LLVM select (:func:`speculative_selects`). False: always
+#: ``a if c else b``, a branch
+SPECULATE_SELECTS = True
+#: the most nodes the two arms of a speculated select have together
+SPECULATE_MAX_NODES = 16
 #: a reduction's data-dependent ``where`` over a value that runs no check is a select
 #: of the combined value, not an ``if`` around it (:meth:`_StageLowering._select_combine`:
 #: the loads leave the branch and the accumulators vectorise). False: always the ``if``
@@ -536,6 +543,47 @@ def _jam_axis(sp_order, red, fixed=()):
 
 
 
+def speculative_selects(name, exprs, space, box, em):
+    """ids of the float selects of ``exprs`` (an elementwise stage's body over ``box``)
+    written ``_sel(c, a, b)``: both arms computed, then chosen by one LLVM select.
+    A select in the generated text is a branch; on a data-dependent condition (a
+    relu's mask, ``select(x > 0, dy, 0)``) half its branches are mispredicted, and
+    LLVM cannot make it a blend itself, for it may not load an array element the
+    branch does not reach. Speculated: arms of at most
+    :data:`SPECULATE_MAX_NODES` nodes together, with no call, no division, no
+    integer load and no run-time check (:attr:`ExprEmitter.checks` and the
+    others), whose loads isl proves in bounds over the whole stage, not only
+    where the condition holds (a padding select, ``select(h >= 1, X[h - 1],
+    0)``, keeps its branch), and whose nested selects are speculated too. The
+    value is the branch's: an arm not taken is computed and dropped (a NaN or
+    an infinity in it never reaches the result)."""
+    out = set()
+    if not SPECULATE_SELECTS:
+        return out
+    for n in post_order(list(exprs)):
+        if not isinstance(n, E.Select) or not dt.is_float(n.dtype):
+            continue
+        arms = [n.true_value, n.false_value]
+        nodes = post_order(arms)
+        if len(nodes) > SPECULATE_MAX_NODES:
+            continue
+        if any(isinstance(x, (E.Call, E.Div, E.Reduce))
+               or (isinstance(x, E.Select) and id(x) not in out)
+               or (isinstance(x, E.Load) and not dt.is_float(x.dtype))
+               or em._has_own_check(x) for x in nodes):
+            continue
+        ck = _BoundsChecker(name, space, box)
+        try:
+            for a in arms:
+                ck.walk(a, box, False)
+        except (TexprError, isl.Error):
+            continue
+        if ck.need or ck.values or ck.arith:
+            continue
+        out.add(id(n))
+    return out
+
+
 class _StageLowering:
     """Lowers one materialised stage to source lines written by ``w``
     (:class:`codegen.emit._Writer`) at ``depth``: ``run`` emits the stage,
@@ -610,6 +658,7 @@ class _StageLowering:
             for b in body:
                 ck.walk(b, sp_box, False)
             em.checks, em.value_checks, em.arith_checks = ck.need, ck.values, ck.arith
+            em.speculative = speculative_selects(op.name, body, sp_space, sp_box, em)
             if AFFINE_OFFSETS:
                 em.flat = affine_offsets(body, spatial, sp_space, sp_box, ck.need)
 
