@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from texpr.errors import FeedError, OutOfBoundsError, ScheduleError, TexprError
-from texpr.tensor import (PlaceholderOp, ScatterAddOp, Tensor, check_allocatable,
+from texpr.tensor import (ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, check_allocatable,
                           check_input_array)
 
 from . import parking as _parking
@@ -450,7 +450,7 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
     simp, rule = _simplifier()
     if schedule is None:
         outs = list(simp(outs))
-        packed, parts = [], []
+        packed, parts, windows = [], [], []
         if parallel:  # (serial builds keep every stage on loop nests)
             from .operands import pack_operands
             from .tap_split import split_taps
@@ -464,6 +464,10 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
         schedule = create_schedule(outs)
         for op in packed:  # a GEMM reads it: computed once, not inlined at every tap
             schedule[op].compute_root()
+        for op in windows:  # a shift plan copies its source: a buffer, not inlined into it
+            for t in op.input_tensors():
+                if isinstance(t.op, ComputeOp) and t.op in schedule.ops:
+                    schedule[t].compute_root()
         for op in parts:  # the slices in parallel, each a contiguous run of the reduction
             st = schedule[op]
             st.reorder(*st.leaf_axes)

@@ -254,6 +254,8 @@ def plan_of(op, key):
                 return _lattice_tap_sum_plan(op, key)
     except (_NoPlan, TexprError, isl.Error):  # (an index isl cannot take: the loop nest)
         return None
+    except KeyError:  # a source with no buffer of its own (inlined): the loop nest
+        return None
     return None
 
 

@@ -152,8 +152,10 @@ def test_fuzz_ci_profile():
     assert fuzz.NATIVE_RUNS[0] > runs[0]
     assert fuzz.TORCH_RUNS[0] > runs[1]
     assert fuzz.BLAS_UNITS[0] > runs[2]
-    # conv -> activation -> conv programs: operands packed into stages of their own
-    assert fuzz.PACKED_STAGES[0] > runs[4]
+    # (conv -> activation -> conv programs once packed their activations into stages of
+    # their own here; the materialisation policy now stores an activation with float
+    # work before the GEMM that re-reads it, so these draws pack none: packing is
+    # covered by test_codegen_operands and test_codegen_tap_split)
     # GEMMs whose packing copies were made in chunks (the im2col of large inputs)
     assert fuzz.CHUNKED_RUNS[0] > runs[5]
     # float sums in "cse" mode: loops written once with _radd, and unrolled by copies
