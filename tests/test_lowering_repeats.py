@@ -1,11 +1,13 @@
 """The lowering of repeated layers (issue 50): the dead-assignment and CSE passes
-run once per distinct unit text in a process, and what they give is the text
-they give when run on every unit (codegen.lower._tidy)."""
+run once per distinct unit text in a process (codegen.lower._tidy), isl makes
+one loop nest per distinct schedule map up to the names of its variables
+(simplify.loop_ast.generate), and the text is the one made without remembering."""
 
 import texpr as te
 from texpr.codegen import lower as lower_mod
 from texpr.codegen import source as source_mod
 from texpr.codegen.schedule import create_schedule, default_materialized
+from texpr.simplify import loop_ast
 
 
 def _layers(n):
@@ -34,8 +36,15 @@ def _lower(outs, ins):
 
 
 def test_repeated_layers_run_the_passes_once_per_distinct_text(monkeypatch):
-    calls = []
+    calls, nests = [], []
     real = source_mod.remove_dead_assignments
+    real_node = loop_ast._ast_node
+
+    def counting_node(umap, loop_vars, option=None):
+        nests.append(str(umap))
+        return real_node(umap, loop_vars, option)
+    monkeypatch.setattr(loop_ast, "_ast_node", counting_node)
+    monkeypatch.setattr(loop_ast, "_MADE", {})
 
     def counting(src, func="kernel"):
         calls.append(src)
@@ -45,12 +54,16 @@ def test_repeated_layers_run_the_passes_once_per_distinct_text(monkeypatch):
     texts = [u.module_source for u in program.units]
     assert len(texts) == 9 and len(set(texts)) == 3  # P, H, L
     assert len(calls) == len(set(calls)) == 3
+    assert len(nests) == 3  # one isl loop nest per distinct stage, not per layer
     # the same text as the passes give on every unit (nothing remembered)
     monkeypatch.setattr(lower_mod, "_TIDY_KEEP", 0)
     monkeypatch.setattr(lower_mod, "_TIDIED", type(lower_mod._TIDIED)())
+    monkeypatch.setattr(loop_ast, "_MADE_KEEP", 0)
+    monkeypatch.setattr(loop_ast, "_MADE", {})
     calls.clear()
+    nests.clear()
     again = _lower(*_layers(4))
-    assert len(calls) == 9
+    assert len(calls) == 9 and len(nests) == 9
     assert [u.module_source for u in again.units] == texts
     assert again.source == program.source
     assert any("cse" in t for t in texts)  # the CSE pass ran on these texts
