@@ -26,7 +26,10 @@ tensor, variable and custom combiner of the caller's graph is written as its
 position in the canonical walk, and loading binds it to the caller's live
 object (the adjoints dict is keyed by the caller's tensors; loaded stages read
 the caller's placeholders). Everything the call created is loaded as new
-objects (variables get fresh identities, expression nodes re-intern).
+objects (variables get fresh identities, expression nodes re-intern). A result
+nested deeper than pickle's recursion limit is written in the order
+:mod:`texpr.pickle_order` arranges (plain objects first without their state,
+then expressions children first, then the states), so it loads at any depth.
 
 Integrity (as :mod:`texpr.codegen.compile` for kernels): an entry is
 ``MAGIC, key, sha256 of the payload, payload``, written atomically (a
