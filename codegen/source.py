@@ -21,11 +21,11 @@ every reader and the text encodes as UTF-8.
 """
 
 import ast
-import functools
 import io
 import re
 import tokenize
 
+from .memo import TextMemo
 from .runtime import NAMES
 
 __all__ = ["comment_text", "buffer_identifiers", "rename", "remove_dead_assignments",
@@ -95,14 +95,21 @@ def buffer_identifiers(names):
     return out
 
 
-@functools.lru_cache(maxsize=256)
+#: NAME tokens of the texts :func:`rename` has seen in this process
+_TOKENS = TextMemo(1 << 23)
+
+
 def _name_tokens(source):
     """``((row, start column, end column, identifier), ...)`` of ``source``'s NAME
     tokens (rows from 0), remembered per text: the units of repeated layers have
     the same text and are renamed with other names."""
-    return tuple((tok.start[0] - 1, tok.start[1], tok.end[1], tok.string)
-                 for tok in tokenize.generate_tokens(io.StringIO(source).readline)
-                 if tok.type == tokenize.NAME)
+    got = _TOKENS.get(source)
+    if got is None:
+        got = tuple((tok.start[0] - 1, tok.start[1], tok.end[1], tok.string)
+                    for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+                    if tok.type == tokenize.NAME)
+        _TOKENS.put(source, got, len(source) + 8 * len(got))
+    return got
 
 
 def rename(source, mapping):

@@ -6,6 +6,7 @@ one loop nest per distinct schedule map up to the names of its variables
 import texpr as te
 from texpr.codegen import lower as lower_mod
 from texpr.codegen import source as source_mod
+from texpr.codegen.memo import TextMemo
 from texpr.codegen.schedule import create_schedule, default_materialized
 from texpr.simplify import loop_ast
 
@@ -56,8 +57,7 @@ def test_repeated_layers_run_the_passes_once_per_distinct_text(monkeypatch):
     assert len(calls) == len(set(calls)) == 3
     assert len(nests) == 3  # one isl loop nest per distinct stage, not per layer
     # the same text as the passes give on every unit (nothing remembered)
-    monkeypatch.setattr(lower_mod, "_TIDY_KEEP", 0)
-    monkeypatch.setattr(lower_mod, "_TIDIED", type(lower_mod._TIDIED)())
+    monkeypatch.setattr(lower_mod, "_TIDIED", TextMemo(0))
     monkeypatch.setattr(loop_ast, "_MADE_KEEP", 0)
     monkeypatch.setattr(loop_ast, "_MADE", {})
     calls.clear()
@@ -67,3 +67,17 @@ def test_repeated_layers_run_the_passes_once_per_distinct_text(monkeypatch):
     assert [u.module_source for u in again.units] == texts
     assert again.source == program.source
     assert any("cse" in t for t in texts)  # the CSE pass ran on these texts
+
+
+def test_the_memo_is_bounded_by_the_size_of_what_it_keeps():
+    m = TextMemo(10)
+    m.put("a", "A", 6)
+    m.put("b", "B", 4)
+    assert m.get("a") == "A"  # now the most recently used
+    m.put("c", "C", 5)  # 15 > 10: the least recently used (b) goes
+    assert (m.get("a"), m.get("b"), m.get("c")) == ("A", None, "C") and len(m) == 2
+    m.put("big", "X", 11)  # larger than the bound: nothing is kept
+    assert len(m) == 0 and m.get("big") is None
+    nothing = TextMemo(0)
+    nothing.put("k", "v", 1)
+    assert nothing.get("k") is None
