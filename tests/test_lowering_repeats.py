@@ -71,10 +71,10 @@ def test_repeated_layers_run_the_passes_once_per_distinct_text(monkeypatch):
 
 def test_the_memo_is_bounded_by_the_size_of_what_it_keeps():
     m = TextMemo(10)
-    m.put("a", "A", 6)
+    m.put("a", "A", 5)
     m.put("b", "B", 4)
     assert m.get("a") == "A"  # now the most recently used
-    m.put("c", "C", 5)  # 15 > 10: the least recently used (b) goes
+    m.put("c", "C", 5)  # 14 > 10: the least recently used (b) goes, 10 are kept
     assert (m.get("a"), m.get("b"), m.get("c")) == ("A", None, "C") and len(m) == 2
     m.put("big", "X", 11)  # larger than the bound: nothing is kept
     assert len(m) == 0 and m.get("big") is None
