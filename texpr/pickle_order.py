@@ -8,8 +8,9 @@ reduce argument and state it enters) and stops with ``RecursionError`` at
 Python's recursion limit (1,000). In texpr's graphs the nesting follows the
 data: an expression's arguments, a load's tensor, the tensor's operation, that
 operation's body and ``simplify_record``, and so on through every stage, so the
-gradients of GPT-8L (or of a chain of a few hundred stages) could not be
-pickled, and the symbolic cache could not keep them.
+gradients of GPT-8L (or of a chain of 40 elementwise stages) could not be
+pickled, and the symbolic cache could not keep them. (:mod:`texpr.symcache`
+pickles plainly first and arranges the value this way when that fails.)
 
 How: the value's objects are found by an iterative walk (what pickle would
 enter: containers' items, ``__reduce_ex__``'s arguments and state) and written
@@ -18,7 +19,7 @@ in three lists before the value itself, in one pickler (one memo):
 1. *shells*: the plain objects (rebuilt by ``copyreg.__newobj__`` from their
    class alone, state set from ``__dict__``/slots, no ``__setstate__``:
    operations, tensors, records) written without their state (the pickler's
-   ``reducer_override`` returns :func:`shell_reduce`). Each is then in the memo,
+   ``reducer_override`` gives their reduction without it). Each is then in the memo,
    so a reference to it anywhere later is a memo lookup: a cycle (an
    operation's outputs are tensors whose ``op`` is the operation; a record
    holds the graph whose operations hold the record) costs no depth.
