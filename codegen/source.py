@@ -25,6 +25,7 @@ import io
 import re
 import tokenize
 
+from .memo import TextMemo
 from .runtime import NAMES
 
 __all__ = ["comment_text", "buffer_identifiers", "rename", "remove_dead_assignments",
@@ -94,15 +95,31 @@ def buffer_identifiers(names):
     return out
 
 
+#: NAME tokens of the texts :func:`rename` has seen in this process
+_TOKENS = TextMemo(1 << 23)
+
+
+def _name_tokens(source):
+    """``((row, start column, end column, identifier), ...)`` of ``source``'s NAME
+    tokens (rows from 0), remembered per text: the units of repeated layers have
+    the same text and are renamed with other names."""
+    got = _TOKENS.get(source)
+    if got is None:
+        got = tuple((tok.start[0] - 1, tok.start[1], tok.end[1], tok.string)
+                    for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+                    if tok.type == tokenize.NAME)
+        _TOKENS.put(source, got, len(source) + 8 * len(got))
+    return got
+
+
 def rename(source, mapping):
     """``source`` (Python text) with every NAME token in ``mapping`` (identifier ->
     identifier) replaced; comments and strings are left alone."""
     lines = source.splitlines(keepends=True)
     edits = {}
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.NAME and tok.string in mapping:
-            (row, col), (_, end) = tok.start, tok.end
-            edits.setdefault(row - 1, []).append((col, end, mapping[tok.string]))
+    for row, col, end, name in _name_tokens(source):
+        if name in mapping:
+            edits.setdefault(row, []).append((col, end, mapping[name]))
     for row, spans in edits.items():
         ln = lines[row]
         for col, end, new in sorted(spans, reverse=True):

@@ -25,8 +25,12 @@ Reference: Grosser, Verdoolaege, Cohen, "Polyhedral AST generation is more than
 scanning polyhedra", TOPLAS 2015.
 """
 
+import re
+import threading
+
 from texpr import expr as E
 from texpr.errors import TexprError
+from texpr.visitor import substitute
 
 from .isl_bridge import CTX, VarSpace, ast_cond_to_ir, ast_expr_to_ir, dim_name, isl, to_pwaff, to_set
 
@@ -134,6 +138,13 @@ def generate(statements, loop_vars):
     for st in statements:
         by_name.update({dim_name(v): v for v in st.vars})
     live = [st for st in statements if not st.domain.is_empty()]
+    key, names = _canonical(umap, loop_vars, by_name)
+    with _MADE_LOCK:
+        made = _MADE.get(key)
+    if made is not None:
+        tree = _renamed(made[0], {v: by_name[n] for v, n in zip(made[1], names)})
+        if runs_exactly(tree, live, loop_vars) is None:
+            return tree
     failures = []
     for option in GENERATORS:
         try:
@@ -143,11 +154,65 @@ def generate(statements, loop_vars):
             continue
         wrong = runs_exactly(tree, live, loop_vars)
         if wrong is None:
+            with _MADE_LOCK:
+                _MADE[key] = (_renamed(tree, {}), [by_name[n] for n in names])
+                while len(_MADE) > _MADE_KEEP:
+                    del _MADE[next(iter(_MADE))]
             return tree
         failures.append(f"{option or 'default'}: {wrong}")
     raise TexprError(
         "loop_ast: isl could not generate a correct loop nest for the statements "
         f"{', '.join(st.name for st in statements)} ({'; '.join(failures)})")
+
+
+#: the loop nests :func:`generate` made in this process, oldest first: {canonical text
+#: of the schedule map (:func:`_canonical`): (the loop nest, its Vars in the canonical
+#: order)}; at most ``_MADE_KEEP``
+_MADE = {}
+_MADE_KEEP = 1024
+_MADE_LOCK = threading.Lock()
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _canonical(umap, loop_vars, by_name):
+    """``(key, names)``: the text of the schedule map ``umap`` with the dimension
+    names of texpr Vars (``by_name``) replaced by their position in ``names``
+    (the loop dimensions first, then the others in order of appearance), and their
+    dtypes. Stages of repeated layers give equal keys (their Vars differ only in
+    their unique ids); isl's AST generator works on positions, so their loop nests
+    are one nest with the Vars renamed."""
+    names = [dim_name(v) for v in loop_vars]
+    pos = {n: k for k, n in enumerate(names)}
+
+    def sub(m):
+        n = m.group(0)
+        if n not in by_name:
+            return n
+        k = pos.get(n)
+        if k is None:
+            k = pos[n] = len(names)
+            names.append(n)
+        return f"@{k}"
+    text = _IDENT.sub(sub, str(umap))
+    return (text, tuple(by_name[n].dtype for n in names)), names
+
+
+def _renamed(node, mapping):
+    """A copy of loop AST ``node`` with the Vars of ``mapping`` ({Var: Var})
+    replaced (a new tree: the caller may change its nodes)."""
+    if node is None:
+        return None
+    if isinstance(node, Block):
+        return Block([_renamed(c, mapping) for c in node.body])
+    if isinstance(node, For):
+        var = next((v for k, v in mapping.items() if k is node.var), node.var)
+        return For(var, substitute(node.lo, mapping),
+                   substitute(node.hi, mapping), node.stride, _renamed(node.body, mapping),
+                   node.degenerate)
+    if isinstance(node, If):
+        return If(substitute(node.cond, mapping), _renamed(node.then, mapping),
+                  _renamed(node.orelse, mapping))
+    return Stmt(node.name, [substitute(a, mapping) for a in node.args])
 
 
 #: isl's AST generators tried in turn (None: the default, separating one; then

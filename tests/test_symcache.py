@@ -9,6 +9,7 @@ caller's placeholders, ``explain()``, equal values through ``te.evaluate``
 Every test uses its own cache directory.
 """
 
+import io
 import os
 import pickle
 import warnings
@@ -378,3 +379,43 @@ def test_a_directory_in_the_place_of_an_entry_warns_once_naming_it(cache_dir):
                                    numeric_gradient(L, X, feed), rtol=1e-6, atol=1e-8)
         assert graph_str(res.result) == graph_str(cold.result)
     assert (path / "something").read_text() == "not texpr's"
+
+
+def _chain(n=40):
+    """A chain of ``n`` elementwise stages and a sum: its gradient's graph nests
+    deeper than pickle's recursion limit (load, tensor, operation, body, load...)."""
+    X = te.placeholder((3,), "X", "float64")
+    Y = X
+    for k in range(n):
+        Y = te.compute((3,), lambda i, Y=Y: Y[i] * 0.5 + te.sin(Y[i]), name=f"Y{k}")
+    r = te.reduce_axis(3, "r")
+    L = te.compute((), lambda: te.sum(Y[r], axis=r), name="L")
+    return L, X
+
+
+def test_a_graph_deeper_than_the_recursion_limit_is_cached(cache_dir):
+    """A result whose pickle recursed past the limit was not cached (one
+    ``SymbolicCacheWarning ... RecursionError``, and every warm run did the work
+    again, GPT-8L's training step among them); now it is stored and loads."""
+    L0, X0 = _chain()
+    before = _counts()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", symcache.SymbolicCacheWarning)
+        cold = te.differentiate(L0, [X0])
+    assert _delta(before)["store"] == 1
+    with pytest.raises(RecursionError):  # what _dumps met before: plain pickling fails
+        symcache._Pickler(io.BytesIO(), symcache.canonical([L0]).refs).dump(cold)
+    L, X = _chain()
+    before = _counts()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", symcache.SymbolicCacheWarning)
+        warm = te.differentiate(L, [X])
+    assert _delta(before) == dict(hit=1, miss=0, store=0, discard=0, uncacheable=0)
+    assert graph_str(warm.result) == graph_str(cold.result)
+    assert warm.adjoints[L] is warm.head
+    phs = [op for op in topo_order(list(warm.result)) if isinstance(op, PlaceholderOp)]
+    assert phs and all(op is X.op for op in phs)
+    feed = random_feed([L], seed=5)
+    got = te.evaluate(warm.result[0], feed)
+    np.testing.assert_array_equal(got, te.evaluate(cold.result[0], {X0: feed[X]}))
+    np.testing.assert_allclose(got, numeric_gradient(L, X, feed), rtol=1e-6, atol=1e-8)

@@ -26,7 +26,10 @@ tensor, variable and custom combiner of the caller's graph is written as its
 position in the canonical walk, and loading binds it to the caller's live
 object (the adjoints dict is keyed by the caller's tensors; loaded stages read
 the caller's placeholders). Everything the call created is loaded as new
-objects (variables get fresh identities, expression nodes re-intern).
+objects (variables get fresh identities, expression nodes re-intern). A result
+nested deeper than pickle's recursion limit is written in the order
+:mod:`texpr.pickle_order` arranges (plain objects first without their state,
+then expressions children first, then the states), so it loads at any depth.
 
 Integrity (as :mod:`texpr.codegen.compile` for kernels): an entry is
 ``MAGIC, key, sha256 of the payload, payload``, written atomically (a
@@ -55,6 +58,7 @@ import warnings
 
 from . import cache as _cache
 from .errors import TexprWarning
+from .pickle_order import FlatPickling, is_flat, unflat
 
 __all__ = ["SymbolicCacheWarning", "memo", "canonical", "enabled", "stats", "FORMAT"]
 
@@ -363,7 +367,7 @@ def settings_changed():
 # ---- pickling with the caller's objects by position ------------------------------------
 
 
-class _Pickler(pickle.Pickler):
+class _Pickler(FlatPickling, pickle.Pickler):
     def __init__(self, f, refs):
         super().__init__(f, protocol=pickle.HIGHEST_PROTOCOL)
         self._refs = refs
@@ -385,9 +389,23 @@ class _Unpickler(pickle.Unpickler):
 
 
 def _dumps(result, canon):
+    """The payload of ``result``: its pickle, or, for a graph too deep for pickle's
+    recursion (GPT-8L's gradients: ``RecursionError``, so every warm run repeated
+    the symbolic work), the pickle :mod:`texpr.pickle_order` arranges, which has
+    no depth limit."""
     buf = io.BytesIO()
-    _Pickler(buf, canon.refs).dump(result)
+    try:
+        _Pickler(buf, canon.refs).dump(result)
+    except RecursionError:
+        buf = io.BytesIO()
+        _Pickler(buf, canon.refs).dump_flat(result, canon.refs, pickle.HIGHEST_PROTOCOL)
     return buf.getvalue()
+
+
+def _loads(payload, canon):
+    """The result of a payload :func:`_dumps` wrote, bound to ``canon``'s objects."""
+    got = _Unpickler(io.BytesIO(payload), canon.objects).load()
+    return unflat(got) if is_flat(got) else got
 
 
 def _entry_bytes(key, payload):
@@ -459,7 +477,7 @@ def _load(path, key, canon, check):
         return None
     try:
         payload = _parse_entry(data, key)
-        result = _Unpickler(io.BytesIO(payload), canon.objects).load()
+        result = _loads(payload, canon)
         why = check(result)
         if why:
             raise ValueError(why)
