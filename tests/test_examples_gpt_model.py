@@ -11,6 +11,8 @@ import pytest
 import texpr as te
 from texpr.examples.gpt_model import GPT
 
+from model_testutil import assert_step_matches_torch
+
 SMALL = dict(batch=2, seq=8, vocab=11, d=16, heads=2, layers=2)
 
 
@@ -68,8 +70,7 @@ def test_import_does_not_load_torch():
 
 def test_loss_and_gradients_match_torch():
     pytest.importorskip("torch")
-    from texpr import codegen
-    from texpr.examples.models_torch import as_torch, gpt_loss
+    from texpr.examples.models_torch import gpt_loss
 
     g = GPT(dtype="float64", **SMALL)
     rng = np.random.default_rng(0)
@@ -79,19 +80,5 @@ def test_loss_and_gradients_match_torch():
             weights[name] = weights[name] + rng.uniform(-0.5, 0.5, weights[name].shape)
     idx = rng.integers(0, 11, (2, 8))
     targets = rng.integers(0, 11, (2, 8))
-    feed = {g.idx: idx, g.targets: targets}
-    feed.update({g.weights[n]: a for n, a in weights.items()})
-
-    tw = as_torch(weights)
-    ref = gpt_loss(tw, idx, targets, heads=2)
-    ref.backward()
-
-    grads = list(te.differentiate(g.loss, list(g.weights.values())).result)
-    kernel = codegen.build([g.loss] + grads, g.inputs_list())
-    loss, *got = kernel(*(feed[t] for t in g.inputs_list()))
-    np.testing.assert_allclose(loss, ref.item(), rtol=1e-12)
-    np.testing.assert_allclose(te.evaluate(g.loss, feed), ref.item(), rtol=1e-12)
-    for name, gr in zip(g.weights, got):
-        want = tw[name].grad.numpy()
-        assert gr.shape == want.shape, name
-        np.testing.assert_allclose(gr, want, rtol=1e-8, atol=1e-11, err_msg=name)
+    assert_step_matches_torch(g, {g.idx: idx, g.targets: targets}, weights,
+                              lambda tw: gpt_loss(tw, idx, targets, heads=2))

@@ -11,6 +11,8 @@ import pytest
 import texpr as te
 from texpr.examples.resnet import ResNet
 
+from model_testutil import assert_step_matches_torch
+
 SMALL = dict(batch=2, width=4, image=8, classes=10)
 
 
@@ -61,8 +63,7 @@ def test_import_does_not_load_torch():
 
 def test_loss_and_gradients_match_torch():
     pytest.importorskip("torch")
-    from texpr import codegen
-    from texpr.examples.models_torch import as_torch, resnet_loss
+    from texpr.examples.models_torch import resnet_loss
 
     m = ResNet(dtype="float64", **SMALL)
     rng = np.random.default_rng(0)
@@ -72,20 +73,5 @@ def test_loss_and_gradients_match_torch():
             weights[name] = weights[name] + rng.uniform(-0.5, 0.5, weights[name].shape)
     x = rng.standard_normal(m.x.shape)
     labels = np.array([3, 7])
-    feed = {m.x: x, m.labels: labels}
-    feed.update({m.weights[n]: a for n, a in weights.items()})
-
-    tw = as_torch(weights)
-    ref = resnet_loss(tw, x, labels)
-    ref.backward()
-
-    wts = list(m.weights.values())
-    grads = list(te.differentiate(m.loss, wts).result)
-    kernel = codegen.build([m.loss] + grads, m.inputs_list())
-    loss, *got = kernel(*(feed[t] for t in m.inputs_list()))
-    np.testing.assert_allclose(loss, ref.item(), rtol=1e-12)
-    np.testing.assert_allclose(te.evaluate(m.loss, feed), ref.item(), rtol=1e-12)
-    for name, g in zip(m.weights, got):
-        want = tw[name].grad.numpy()
-        assert g.shape == want.shape, name
-        np.testing.assert_allclose(g, want, rtol=1e-8, atol=1e-11, err_msg=name)
+    assert_step_matches_torch(m, {m.x: x, m.labels: labels}, weights,
+                              lambda tw: resnet_loss(tw, x, labels))
