@@ -20,7 +20,12 @@ state with the time axis ``j`` first (in reversed order for a suffix):
   prefix over the first axis, the scan's output itself.
 
 ``prod`` reductions become ``P[t - 1] * factor`` the same way (exact with zero
-factors: no division). This covers cumsum, its adjoint (a suffix sum of the
+factors: no division), and so does any single-component ``comm_reducer``
+(``P[t - 1] (+) term`` with its combine; a suffix combines ``term (+) P[t - 1]``,
+so the points keep the reduction's row-major order). The *before*/*after* rest
+stages of a ``prod`` or user-reducer window's gradient
+(:func:`texpr.jacobian.rest_stages`) are such prefixes and suffixes: the
+gradient is linear per window. This covers cumsum, its adjoint (a suffix sum of the
 head), exclusive and reverse sums and cumprod, alone or inside larger
 expressions (the summand may be anything that does not mention ``j``). A
 stage is rewritten only when the scan visits fewer points than the triangle.
@@ -37,6 +42,28 @@ from .graph import rebuild
 from .materialize import stage_count
 
 _OPS = {"sum": lambda a, b: a + b, "prod": lambda a, b: a * b}
+
+
+def _combine(comb, kind):
+    """``(prev, term) -> expr``: one step of the scan for the Combiner ``comb``, or
+    None when the combiner has no scan form. ``sum`` and ``prod`` are their
+    operators; a single-component user reducer is its combine, with the state on
+    the side of the points already combined: a prefix combines ``prev (+) term``
+    (``term`` the later point), a suffix ``term (+) prev`` (``term`` the earlier
+    point), so the points meet in the reduction's own row-major order and only
+    associativity is used (a combine that keeps the accumulator at a tie keeps
+    the first tied point, as the reduction does)."""
+    if comb.kind in _OPS:
+        return _OPS[comb.kind]
+    if comb.kind != "custom" or len(comb.lhs) != 1:
+        return None
+    lhs, rhs, res = comb.lhs[0], comb.rhs[0], comb.result[0]
+
+    def step(prev, term):
+        a, b = (prev, term) if kind == "prefix" else (term, prev)
+        return substitute(res, {lhs: a, rhs: b})
+
+    return step
 
 
 def _linear(e):
@@ -115,7 +142,9 @@ def _as_scan(op):
     if op.num_outputs != 1 or not isinstance(op.body[0], Reduce):
         return None
     red = op.body[0]
-    if red.combiner.kind not in _OPS or len(red.axes) != 1 or len(red.source) != 1:
+    if len(red.axes) != 1 or len(red.source) != 1:
+        return None
+    if _combine(red.combiner, "prefix") is None:
         return None
     k = red.axes[0]
     found, rest = None, []
@@ -165,7 +194,7 @@ def _as_scan(op):
     ident = red.combiner.identity[0]
     new_term = select(guard, term, const(ident.value, dtype))
     prev = state[tuple([t - 1] + list(u_axes[1:]))]
-    upd = ComputeOp(f"{op.name}_step", u_axes, (_OPS[red.combiner.kind](prev, new_term),),
+    upd = ComputeOp(f"{op.name}_step", u_axes, (_combine(red.combiner, kind)(prev, new_term),),
                     tag="scan_update").output(0)
     scan = ScanOp(f"{op.name}_scan", [init], [upd], [state], tag="prefix_scan",
                   attrs={"of": op.name, "kind": kind})

@@ -575,3 +575,60 @@ def test_cross_entropy_gradient_picks_the_label_once():
                                       axis=[i, k]), name="xent")
     # a label outside [0, c) picks nothing
     check(Y, Z, 3 * n * c + n, ints={labels: [0, 3, 1, -1, 2, 4]})
+
+
+# ---- user reducers over windows: the rest stages are scans too (issue 51) ------------
+
+
+def _logaddexp():
+    return te.comm_reducer(lambda u, v: te.log(te.exp(u) + te.exp(v)),
+                           lambda d: te.const(-np.inf, d), name="logaddexp")
+
+
+def _torch_grad(fn, x, h):
+    """``h . d fn(x) / dx`` by PyTorch autograd (float64)."""
+    torch = pytest.importorskip("torch")
+    xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    (fn(torch, xt) * torch.tensor(h, dtype=torch.float64)).sum().backward()
+    return xt.grad.numpy()
+
+
+@pytest.mark.parametrize("n_win,k", [(4, 16), (3, 5)])
+def test_custom_reducer_windows_in_linear_work(n_win, k):
+    # the issue's case Y[i] = logaddexp_{k<16} X[i + k], 4 windows: before this the
+    # rest stages of the generic rule (the windows' points before and after each m)
+    # were triangles, 4 * 16 * 16 = 1,024 points; as scans they cost what te.prod's
+    # windows cost, 3 * n_win * k (the pairs and two scans of the windows' points)
+    X = te.placeholder((n_win + k - 1,), "X", dtype=F64)
+    kk = te.reduce_axis(k, "k")
+    Y = te.compute((n_win,), lambda i: _logaddexp()(X[i + kk], axis=kk), name="Y")
+    g = check(Y, X, 3 * n_win * k)
+    H = [t for t in te.topo_order([g]) if t.output(0).name == "H"][0].output(0)
+    rng = np.random.default_rng(1)
+    x, h = rng.uniform(-2, 2, n_win + k - 1), rng.uniform(-1, 1, n_win)
+    want = _torch_grad(lambda torch, t: torch.logsumexp(t.unfold(0, k, 1), dim=1), x, h)
+    np.testing.assert_allclose(te.evaluate(g, {X: x, H: h}), want, rtol=1e-10, atol=1e-12)
+
+
+def test_custom_reducer_window_kernel_and_ties_go_to_the_first_point():
+    # a selecting user reducer (max written with comm_reducer) over windows of a
+    # tied input, its rest stages now scans: a tie still goes to the first point,
+    # as in the raw gradient, and the compiled kernel (scans included) agrees
+    mymax = te.comm_reducer(lambda u, v: te.max(u, v), lambda d: te.const(-np.inf, d),
+                            name="mymax")
+    X = te.placeholder((12,), "X", dtype=F64)
+    kk = te.reduce_axis(8, "k")
+    Y = te.compute((5,), lambda i: mymax(X[i + kk], axis=kk), name="Y")
+    H = te.placeholder((5,), "H", dtype=F64)
+    (g,) = te.differentiate(Y, [X], head=H)
+    (raw,) = te.differentiate(Y, [X], head=H, simplify=False)
+    assert simplify.iteration_count([g]) == 3 * 5 * 8
+    x = np.array([0.0, 1.0, 3.0, 2.0, 3.0, 0.5, 3.0, 1.0, 0.0, 4.0, 4.0, 0.0])
+    h = np.array([1.0, 2.0, 4.0, 8.0, 16.0])
+    want = np.zeros(12)
+    for i in range(5):
+        want[i + int(np.argmax(x[i:i + 8]))] += h[i]  # the first maximum
+    got = te.evaluate(g, {X: x, H: h})
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(te.evaluate(raw, {X: x, H: h}), want)
+    np.testing.assert_array_equal(codegen.build([g], [X, H])(x, h)[0], want)
