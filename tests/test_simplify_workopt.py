@@ -632,3 +632,44 @@ def test_custom_reducer_window_kernel_and_ties_go_to_the_first_point():
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(te.evaluate(raw, {X: x, H: h}), want)
     np.testing.assert_array_equal(codegen.build([g], [X, H])(x, h)[0], want)
+
+
+# ---- a gathered summand under a data-dependent domain (issue 51) ----------------------
+
+
+@pytest.mark.parametrize("form", ["plain", "shifted", "squared"])
+def test_gathered_summand_under_a_data_dependent_domain(form):
+    # Y[i] = sum_k X[J[k]] where I[k] == i: the gradient is the scatter
+    # `for i, k: if I[k] == i: dX[J[k]] += H[i]` (n * n = 144 points); solving i = I[k]
+    # in the scatter's where leaves one term per k (12). Ids outside [0, n) (-1, 12)
+    # match no output and send nothing
+    n = 12
+    X = te.placeholder((n,), "X", dtype=F64)
+    I = te.placeholder((n,), "I", dtype="int64")
+    J = te.placeholder((n,), "J", dtype="int64")
+    k = te.reduce_axis(n, "k")
+    c = 1 if form == "shifted" else 0
+    src = (lambda: X[J[k]] * X[J[k]]) if form == "squared" else (lambda: X[J[k]])
+    Y = te.compute((n,), lambda i: te.sum(src(), axis=k, where=I[k] == i + c), name="Y")
+    ints = {I: [3, 0, -1, 11, 12, 3, 5, 7, 0, 2, 11, 6], J: [0, 4, 4, 11, 2, 9, 1, 1, 4, 8, 7, 3]}
+    g = check(Y, X, n, ints=ints)
+    assert any(isinstance(op, te.ScatterAddOp) for op in te.topo_order([g]))
+
+
+def test_gathered_summand_under_a_data_dependent_domain_kernel_and_torch():
+    n = 12
+    X = te.placeholder((n,), "X", dtype=F64)
+    I = te.placeholder((n,), "I", dtype="int64")
+    J = te.placeholder((n,), "J", dtype="int64")
+    k = te.reduce_axis(n, "k")
+    Y = te.compute((n,), lambda i: te.sum(X[J[k]], axis=k, where=I[k] == i), name="Y")
+    H = te.placeholder((n,), "H", dtype=F64)
+    (g,) = te.differentiate(Y, [X], head=H)
+    assert simplify.iteration_count([g]) == n
+    rng = np.random.default_rng(3)
+    x, h = rng.uniform(-1, 1, n), rng.uniform(-1, 1, n)
+    i_, j_ = rng.integers(0, n, n), rng.integers(0, n, n)
+    want = _torch_grad(lambda torch, t: torch.zeros(n, dtype=torch.float64).index_add(
+        0, torch.tensor(i_), t[torch.tensor(j_)]), x, h)
+    np.testing.assert_allclose(te.evaluate(g, {X: x, H: h, I: i_, J: j_}), want, rtol=1e-12)
+    np.testing.assert_allclose(codegen.build([g], [H, I, J])(h, i_, j_)[0], want, rtol=1e-12)
