@@ -25,7 +25,13 @@ factors: no division), and so does any single-component ``comm_reducer``
 so the points keep the reduction's row-major order). The *before*/*after* rest
 stages of a ``prod`` or user-reducer window's gradient
 (:func:`texpr.jacobian.rest_stages`) are such prefixes and suffixes: the
-gradient is linear per window. This covers cumsum, its adjoint (a suffix sum of the
+gradient is linear per window.
+
+A reduction over several axes whose ``where=`` holds one of them in a triangle
+with an output axis that nothing else mentions (a summed-area table
+``sum(I[k, l], where=k <= y && l <= x)``, its adjoint with ``>=``) is split into
+a stage reduced over the other axes and a 1-D prefix over that axis
+(:func:`_split_triangle`), each scanned in turn: one scan per axis, O(H * W). This covers cumsum, its adjoint (a suffix sum of the
 head), exclusive and reverse sums and cumprod, alone or inside larger
 expressions (the summand may be anything that does not mention ``j``). A
 stage is rewritten only when the scan visits fewer points than the triangle.
@@ -35,7 +41,7 @@ from texpr import expr as E
 from texpr.errors import TexprError
 from texpr.expr import Reduce, const, iter_var, select
 from texpr.scan import ScanOp
-from texpr.tensor import ComputeOp, PlaceholderOp
+from texpr.tensor import ComputeOp, PlaceholderOp, topo_order
 from texpr.visitor import free_vars, substitute
 
 from .graph import rebuild
@@ -207,25 +213,112 @@ def _as_scan(op):
     return ComputeOp(op.name, y_axes, (out[tuple(idx)],), tag=op.tag, attrs=op.attrs).output(0)
 
 
+def _split_triangle(op):
+    """A reduction over several axes, one of which (``k``) is held only by a
+    triangle ``k - j <= c`` (or ``>=``) with an output axis ``j`` that nothing
+    else mentions, as two stages (a Tensor of ``op``'s shape), or None::
+
+        T[k, ..] = reduce(s, axis=the other axes, where=the other conditions)
+        Y[.., j, ..] = reduce(T[k, ..], axis=k, where=k - j <= c)
+
+    The outer stage is a 1-D prefix (suffix) and becomes a scan; the inner one
+    is split or scanned again when it has the same form (a summed-area table
+    ``sum(I[k, l], where=k <= y && l <= x)``: one prefix sum per axis, in
+    O(H * W), and its adjoint, the same with ``>=``). ``sum`` and ``prod`` split
+    at any axis; a user reducer only at its first axis, so that its points keep
+    their row-major order."""
+    if op.num_outputs != 1 or not isinstance(op.body[0], Reduce):
+        return None
+    red = op.body[0]
+    comb = red.combiner
+    if len(red.axes) < 2 or len(red.source) != 1 or _combine(comb, "prefix") is None:
+        return None
+    parts = _conjuncts(red.where)
+    for pos, k in enumerate(red.axes):
+        if comb.kind not in _OPS and pos:
+            break
+        for ci, c in enumerate(parts):
+            b = _bound(c, k, op.axis)
+            if b is None:
+                continue
+            j = b[0]
+            rest = parts[:ci] + parts[ci + 1:]
+            if any(v is j for v in free_vars(list(red.source) + rest)):
+                continue
+            return _nested(op, k, j, c, rest)
+    return None
+
+
+def _nested(op, k, j, bound, rest):
+    """The two stages of :func:`_split_triangle` (the outer one, as a Tensor)."""
+    red = op.body[0]
+    others = [a for a in op.axis if a is not j]
+    lo = k.dom[0]
+    t_k = iter_var(0, k.extent, k.name, "spatial")
+    t_others = [iter_var(0, a.extent, a.name, "spatial") for a in others]
+    mapping = {k: t_k + lo if lo else t_k, **dict(zip(others, t_others))}
+    inner_axes = tuple(a for a in red.axes if a is not k)
+    where = substitute(E.all_of(rest), mapping)
+    src = substitute(red.source[0], mapping)
+    inner = ComputeOp(f"{op.name}_{k.name}", [t_k] + t_others,
+                      (E.make_reduce(red.combiner, (src,), inner_axes, where, 0),),
+                      tag=op.tag).output(0)
+    inner = _cheapest(inner)
+    k2 = iter_var(k.dom[0], k.dom[1], k.name, "reduce")
+    y_axes = [iter_var(0, a.extent, a.name, "spatial") for a in op.axis]
+    ymap = dict(zip(op.axis, y_axes))
+    term = inner[tuple([k2 - lo if lo else k2] + [ymap[a] for a in others])]
+    outer_where = substitute(bound, {k: k2, **ymap})
+    outer = ComputeOp(op.name, y_axes, (E.make_reduce(red.combiner, (term,), (k2,),
+                                                      outer_where, 0),),
+                      tag=op.tag, attrs=op.attrs)
+    return _as_scan(outer)
+
+
+def _cheapest(t):
+    """``t`` (a reduction stage's output) as a scan, or split and scanned, when that
+    visits fewer points; else ``t``."""
+    new = _scanned(t.op)
+    return t if new is None else new
+
+
+def _new_cost(new, op):
+    """Points the stages of ``new`` that ``op``'s inputs do not hold visit; a stage
+    that only re-indexes a scan's output costs nothing (the scan writes that buffer
+    through a view, materialize.scan_view, or it is inlined), and a scan's first
+    step is the scan's (a cheap one is computed into its state)."""
+    old = {id(o) for o in topo_order(op.input_tensors())}
+    total = 0
+    for o in topo_order([new]):
+        if id(o) in old or isinstance(o, PlaceholderOp) or getattr(o, "tag", "") == "scan_init":
+            continue
+        if isinstance(o, ComputeOp) and isinstance(o.body[0], E.Load) \
+                and isinstance(o.body[0].tensor.op, ScanOp):
+            continue
+        total += stage_count(o)
+    return total
+
+
+def _scanned(op):
+    """The scan form of the reduction stage ``op`` (:func:`_as_scan`, or
+    :func:`_split_triangle` for several axes) when it visits fewer points, else None."""
+    try:
+        new = _as_scan(op)
+        if new is None:
+            new = _split_triangle(op)
+    except TexprError:  # a form the scan cannot take (its checks say why): keep the sum
+        return None
+    if new is None or _new_cost(new, op) >= stage_count(op):
+        return None
+    return new
+
+
 def prefix_sums_to_scans(tensors):
     """Prefix/suffix sums and products (triangular domains) become scans (module docstring)."""
 
     def fn(op, _orig, _tmap):
         if not isinstance(op, ComputeOp) or not isinstance(op.body[0], Reduce):
             return None
-        try:
-            new = _as_scan(op)
-        except TexprError:  # a form the scan cannot take (its checks say why): keep the sum
-            return None
-        if new is None:
-            return None
-        before = stage_count(op)
-        # the re-indexing into the stage's layout costs nothing: the scan writes
-        # that buffer through a view (materialize.scan_view), or it is inlined
-        after = stage_count(new.op) if isinstance(new.op, ScanOp) else \
-            stage_count(new.op.body[0].tensor.op)
-        if after >= before:
-            return None
-        return new
+        return _scanned(op)
 
     return rebuild(tensors, fn)

@@ -673,3 +673,72 @@ def test_gathered_summand_under_a_data_dependent_domain_kernel_and_torch():
         0, torch.tensor(i_), t[torch.tensor(j_)]), x, h)
     np.testing.assert_allclose(te.evaluate(g, {X: x, H: h, I: i_, J: j_}), want, rtol=1e-12)
     np.testing.assert_allclose(codegen.build([g], [H, I, J])(h, i_, j_)[0], want, rtol=1e-12)
+
+
+# ---- multi-dimensional prefix sums written as one reduction (issue 51) ---------------
+
+
+def _sat(h, w, order, kind="sum"):
+    I = te.placeholder((h, w), "I", dtype=F64)
+    k, l = te.reduce_axis(h, "k"), te.reduce_axis(w, "l")
+    conds = {"kl": lambda y, x: te.all(k <= y, l <= x),
+             "lk": lambda y, x: te.all(l <= x, k <= y),
+             "strict": lambda y, x: te.all(k < y, l < x),
+             "mixed": lambda y, x: te.all(k <= y, l >= x)}[order]
+    axes = [l, k] if order == "lk" else [k, l]
+    red = te.prod if kind == "prod" else te.sum
+    S = te.compute((h, w), lambda y, x: red(I[k, l], axis=axes, where=conds(y, x)), name="S")
+    return S, I
+
+
+@pytest.mark.parametrize("order,count", [("kl", 144), ("lk", 144), ("strict", 136),
+                                         ("mixed", 144)])
+def test_summed_area_table_is_one_scan_per_axis(order, count):
+    # S[y, x] = sum(I[k, l], k <= y && l <= x) (9x8): the triangle visits 1,620 points;
+    # split into T[k, x] = sum(I[k, l], l <= x) and S = sum(T[k, x], k <= y), two 1-D
+    # prefix sums, it is 2 * 72 = 144, whatever the order of the conditions and axes;
+    # its adjoint (the same with >=) too. (k < y && l < x: the inner scan has 8 rows)
+    S, I = _sat(9, 8, order)
+    (s,) = simplify.simplify([S])
+    assert simplify.iteration_count([s]) == count, te.graph_str(s)
+    x = np.random.default_rng(2).uniform(-1, 1, (9, 8))
+    np.testing.assert_allclose(te.evaluate(s, {I: x}), te.evaluate(S, {I: x}), rtol=1e-12)
+    check(S, I, count)
+
+
+def test_summed_area_table_against_torch_and_kernel():
+    torch = pytest.importorskip("torch")
+    S, I = _sat(9, 8, "kl")
+    H = te.placeholder((9, 8), "H", dtype=F64)
+    (g,) = te.differentiate(S, [I], head=H)
+    rng = np.random.default_rng(4)
+    x, h = rng.uniform(-1, 1, (9, 8)), rng.uniform(-1, 1, (9, 8))
+    want_s = torch.cumsum(torch.cumsum(torch.tensor(x), 0), 1).numpy()
+    want_g = _torch_grad(lambda torch, t: torch.cumsum(torch.cumsum(t, 0), 1), x, h)
+    kern = codegen.build([S, g], [I, H])
+    got_s, got_g = kern(x, h)
+    np.testing.assert_allclose(got_s, want_s, rtol=1e-12)
+    np.testing.assert_allclose(got_g, want_g, rtol=1e-12)
+
+
+def test_two_dimensional_prefix_product_forward_is_linear():
+    # the same split for prod: one cumprod per axis (no division, zeros exact)
+    S, I = _sat(6, 5, "kl", kind="prod")
+    (s,) = simplify.simplify([S])
+    assert simplify.iteration_count([s]) == 2 * 30
+    x = np.random.default_rng(5).uniform(0.5, 1.5, (6, 5))
+    x[2, 3] = 0.0
+    want = np.array([[np.prod(x[:y + 1, :c + 1]) for c in range(5)] for y in range(6)])
+    np.testing.assert_allclose(te.evaluate(s, {I: x}), want, rtol=1e-12)
+
+
+def test_three_dimensional_triangle_is_one_scan_per_axis():
+    # a prefix in c, a prefix in a and a suffix in b (4x5x6): 3 * 120 points for the
+    # value and for the gradient, not the 4 * 5 * 6 * (sum of the boxes) triangle
+    X = te.placeholder((4, 5, 6), "X", dtype=F64)
+    a, b, c = te.reduce_axis(4, "a"), te.reduce_axis(5, "b"), te.reduce_axis(6, "c")
+    Y = te.compute((4, 5, 6), lambda i, j, k: te.sum(
+        X[a, b, c] * 2.0, axis=[a, b, c], where=te.all(c <= k, a <= i, b >= j)), name="Y")
+    (s,) = simplify.simplify([Y])
+    assert simplify.iteration_count([s]) == 360
+    check(Y, X, 360)
