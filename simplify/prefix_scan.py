@@ -41,6 +41,7 @@ from texpr import expr as E
 from texpr.errors import TexprError
 from texpr.expr import Reduce, const, iter_var, select
 from texpr.scan import ScanOp
+from texpr.triangles import conjunct_list as _conjuncts, triangle_bound as _bound
 from texpr.tensor import ComputeOp, PlaceholderOp, topo_order
 from texpr.visitor import free_vars, substitute
 
@@ -70,77 +71,6 @@ def _combine(comb, kind):
         return substitute(res, {lhs: a, rhs: b})
 
     return step
-
-
-def _linear(e):
-    """``({id(var): (var, coef)}, const)`` when the int expression ``e`` is affine in
-    its variables with int coefficients, else None."""
-    if isinstance(e, E.Const):
-        if isinstance(e.value, bool) or not isinstance(e.value, int):
-            return None
-        return {}, e.value
-    if isinstance(e, E.Var):
-        return {id(e): (e, 1)}, 0
-    if isinstance(e, E.Cast):
-        return _linear(e.args[0]) if e.dtype in ("int32", "int64") else None
-    if isinstance(e, (E.Add, E.Sub)):
-        a, b = _linear(e.args[0]), _linear(e.args[1])
-        if a is None or b is None:
-            return None
-        sign = 1 if isinstance(e, E.Add) else -1
-        out = dict(a[0])
-        for k, (v, c) in b[0].items():
-            out[k] = (v, out.get(k, (v, 0))[1] + sign * c)
-        return out, a[1] + sign * b[1]
-    if isinstance(e, E.Mul):
-        a, b = _linear(e.args[0]), _linear(e.args[1])
-        if a is None or b is None:
-            return None
-        if a[0] and b[0]:
-            return None
-        if a[0]:
-            a, b = b, a
-        return {k: (v, c * a[1]) for k, (v, c) in b[0].items()}, a[1] * b[1]
-    return None
-
-
-def _conjuncts(c):
-    if isinstance(c, E.And):
-        return _conjuncts(c.args[0]) + _conjuncts(c.args[1])
-    if isinstance(c, E.Const) and c.value is True:
-        return []
-    return [c]
-
-
-def _bound(c, k, axes):
-    """``(j, c0, kind)`` when the condition ``c`` is ``k - j <= c0`` (kind "prefix") or
-    ``k - j >= c0`` ("suffix") for one of the spatial ``axes`` ``j``; else None."""
-    if not isinstance(c, (E.LE, E.LT, E.GE, E.GT)):
-        return None
-    a, b = _linear(c.args[0]), _linear(c.args[1])
-    if a is None or b is None:
-        return None
-    coef = dict(a[0])
-    for key, (v, x) in b[0].items():
-        coef[key] = (v, coef.get(key, (v, 0))[1] - x)
-    const_ = a[1] - b[1]  # lhs - rhs = sum coef * v + const_
-    coef = {key: vc for key, vc in coef.items() if vc[1]}
-    if id(k) not in coef or len(coef) != 2:
-        return None
-    (j, cj), = [vc for key, vc in coef.items() if key != id(k)]
-    ck = coef[id(k)][1]
-    if not any(j is a_ for a_ in axes) or ck not in (1, -1) or cj != -ck:
-        return None
-    # ck (k - j) + const_ OP 0
-    if isinstance(c, (E.LE, E.LT)):
-        le = True
-        bound = -const_ - (1 if isinstance(c, E.LT) else 0)  # ck (k - j) <= bound
-    else:
-        le = False
-        bound = -const_ + (1 if isinstance(c, E.GT) else 0)  # ck (k - j) >= bound
-    if ck == -1:  # -(k - j) <= bound  <=>  k - j >= -bound
-        le, bound = not le, -bound
-    return j, bound, "prefix" if le else "suffix"
 
 
 def _as_scan(op):
