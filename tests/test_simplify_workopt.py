@@ -340,7 +340,8 @@ def _inb(e, n):
 @st.composite
 def programs(draw):
     kind = draw(st.sampled_from(["abs_index", "abs_band", "diamond", "product", "float",
-                                 "segment", "two_loads", "multi_term", "prod_window"]))
+                                 "segment", "two_loads", "multi_term", "prod_window",
+                                 "triangle", "gathered_segment"]))
     n = draw(st.integers(3, 9))
     m = draw(st.integers(2, 8))
     a = draw(st.integers(1, 2))
@@ -420,6 +421,32 @@ def programs(draw):
         # the (window, point) pairs, and one forward re-scan of them: the products
         # of the other points of each window
         ideal = 2 * m * w
+    elif kind == "triangle":     # Y = (x) of X over a triangle in each of 1-3 axes
+        dims = draw(st.integers(1, 3))
+        red_name = draw(st.sampled_from(["sum", "prod", "max", "logaddexp"])) if dims == 1 \
+            else "sum"
+        red = {"sum": te.sum, "prod": te.prod, "max": te.max,
+               "logaddexp": _logaddexp()}.get(red_name)
+        shape = tuple(draw(st.integers(2, 6)) for _ in range(dims))
+        X = te.placeholder(shape, "X", dtype=F64)
+        ks = [te.reduce_axis(e, f"k{d}") for d, e in enumerate(shape)]
+        cmps = [draw(st.sampled_from(["<=", "<", ">=", ">"])) for _ in shape]
+        ops = {"<=": lambda a, b: a <= b, "<": lambda a, b: a < b,
+               ">=": lambda a, b: a >= b, ">": lambda a, b: a > b}
+        src = (lambda: X[tuple(ks)] * X[tuple(ks)] + 0.5) if red_name == "prod" \
+            else (lambda: X[tuple(ks)])
+        Y = te.compute(shape, lambda *ii: red(src(), axis=ks, where=te.all(
+            *[ops[c](k, i) for c, k, i in zip(cmps, ks, ii)])), name="Y")
+        # one scan per axis for a sum; the forward scan, the reverse scan and one
+        # term per point for the others (hand-written backward kernels' counts)
+        ideal = dims * X.size if red_name == "sum" else 3 * X.size
+    elif kind == "gathered_segment":  # Y[i] = sum_k X[J[k]] where I[k] == i + c
+        I = te.placeholder((n,), "I", dtype="int64")
+        J = te.placeholder((n,), "J", dtype="int64")
+        ints[I], ints[J] = rng.integers(-1, m + 1, n), rng.integers(0, n, n)
+        k = te.reduce_axis(n, "k")
+        Y = te.compute((m,), lambda i: te.sum(X[J[k]], axis=k, where=I[k] == i + c), name="Y")
+        ideal = n
     else:                        # S = act(X) read by a matmul
         o = draw(st.integers(1, 6))
         act = draw(st.sampled_from([lambda x: te.sigmoid(x) * x, te.tanh,
@@ -817,3 +844,28 @@ def test_user_reducer_over_a_triangle_is_linear(form):
 
     want = _torch_grad(running, x, h)
     np.testing.assert_allclose(te.evaluate(g, {X: x, H: h}), want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("form", ["prefix", "suffix"])
+def test_running_user_max_sends_a_tie_to_the_first_point(form):
+    # a running max written with comm_reducer over tied data: the reverse scan reads
+    # the tie-ordered combine, so each output's adjoint goes to the first maximal
+    # point of its domain (row-major), as the general rule's rest stages do
+    mymax = te.comm_reducer(lambda u, v: te.max(u, v), lambda d: te.const(-np.inf, d),
+                            name="mymax")
+    where = (lambda j, i: j <= i) if form == "prefix" else (lambda j, i: j >= i)
+    P, X = _prefix(mymax, 8, where)
+    H = te.placeholder((3, 8), "H", dtype=F64)
+    (g,) = te.differentiate(P, [X], head=H)
+    (raw,) = te.differentiate(P, [X], head=H, simplify=False)
+    assert simplify.iteration_count([g]) == 3 * 3 * 8  # forward, reverse scan, terms
+    x = np.array([[1.0, 3, 3, 2, 3, 0, 5, 5], [2, 2, 2, 2, 2, 2, 2, 2], [0, 1, 0, 1, 4, 4, 1, 4]])
+    h = np.tile(2.0 ** np.arange(8), (3, 1))
+    want = np.zeros((3, 8))
+    for r in range(3):
+        for i in range(8):
+            lo, hi = (0, i + 1) if form == "prefix" else (i, 8)
+            want[r, lo + int(np.argmax(x[r, lo:hi]))] += h[r, i]
+    got, want_raw = te.evaluate([g, raw], {X: x, H: h})
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(want_raw, want)
