@@ -444,6 +444,7 @@ _MADE_FOR = {
     "argmax": "argmax of {of}, for its gradient",
     "reduction_rest": "partial reductions of {of}, for its gradient",
     "prefix_scan": "prefix scan of {of}",
+    "prefix_adjoint": "reverse scan of the gradient of {of}",
     "scan_adjoint": "gradient scan of {of}",
     "scan_unrolled": "unrolled step of scan {of}",
     "scan_step": "step of scan {of}",

@@ -36,6 +36,7 @@ from texpr import expr as E
 from texpr.expr import Reduce
 
 from texpr.tensor import row_major_strides
+from texpr.triangles import linear_form
 from texpr.visitor import free_vars, post_order
 
 from .emit import ExprEmitter
@@ -48,8 +49,7 @@ GEMM_MIN_MACS = 4096
 def _affine(e):
     """``({id(var): (var, coef)}, const)`` of an int expression affine in its
     variables, else None."""
-    from texpr.simplify.prefix_scan import _linear
-    return _linear(e)
+    return linear_form(e)
 
 
 def _flat(ld, buf):

@@ -20,7 +20,7 @@
 """
 
 from texpr import expr as E
-from texpr.tensor import ComputeOp
+from texpr.tensor import ComputeOp, ScatterAddOp
 from texpr.visitor import free_vars, substitute
 
 from .domain import Domain, Solved, solve, tighten
@@ -66,10 +66,32 @@ def _identity_bodies(op):
     return tuple(comb.identity[b.value_index] for b in op.body)
 
 
+def _solved_scatter(op):
+    """The scatter-add stage ``op`` with an axis fixed by a data-dependent equality
+    of its ``where`` eliminated (:func:`solve_residual`, the scatter's axes all
+    free), or None. (Affine equalities stay: the support rewrite's scatters keep
+    their strided domains.)
+
+    The gradient of ``Y[i] = sum(X[J[k]], axis=k, where=I[k] == i)`` is the scatter
+    ``for i, k: if I[k] == i: dX[J[k]] += H[i]``; with ``i := I[k]`` (guarded by
+    ``0 <= I[k] < n``) it is one term per ``k``. A scatter that would be left
+    without axes is kept as it is (it is already that small)."""
+    res = solve_residual((), op.axis, op.where)
+    if res is None or not res.axes:
+        return None
+    indices = tuple(substitute(x, res.subs) for x in op.indices)
+    value = substitute(op.value, res.subs)
+    return ScatterAddOp(op.name, op.shape, op.dtypes[0], res.axes, indices, value,
+                        res.where, op.init).outputs
+
+
 def solve_equalities(tensors):
-    """Eliminate the reduction axes determined by the domain's equalities."""
+    """Eliminate the reduction axes determined by the domain's equalities (and a
+    scatter-add's axes determined by its ``where``)."""
 
     def fn(op, _orig, _tmap):
+        if isinstance(op, ScatterAddOp):
+            return _solved_scatter(op)
         if not is_reduction(op):
             return None
         red = op.body[0]

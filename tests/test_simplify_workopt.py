@@ -340,7 +340,8 @@ def _inb(e, n):
 @st.composite
 def programs(draw):
     kind = draw(st.sampled_from(["abs_index", "abs_band", "diamond", "product", "float",
-                                 "segment", "two_loads", "multi_term", "prod_window"]))
+                                 "segment", "two_loads", "multi_term", "prod_window",
+                                 "triangle", "gathered_segment"]))
     n = draw(st.integers(3, 9))
     m = draw(st.integers(2, 8))
     a = draw(st.integers(1, 2))
@@ -420,6 +421,32 @@ def programs(draw):
         # the (window, point) pairs, and one forward re-scan of them: the products
         # of the other points of each window
         ideal = 2 * m * w
+    elif kind == "triangle":     # Y = (x) of X over a triangle in each of 1-3 axes
+        dims = draw(st.integers(1, 3))
+        red_name = draw(st.sampled_from(["sum", "prod", "max", "logaddexp"])) if dims == 1 \
+            else "sum"
+        red = {"sum": te.sum, "prod": te.prod, "max": te.max,
+               "logaddexp": _logaddexp()}.get(red_name)
+        shape = tuple(draw(st.integers(2, 6)) for _ in range(dims))
+        X = te.placeholder(shape, "X", dtype=F64)
+        ks = [te.reduce_axis(e, f"k{d}") for d, e in enumerate(shape)]
+        cmps = [draw(st.sampled_from(["<=", "<", ">=", ">"])) for _ in shape]
+        ops = {"<=": lambda a, b: a <= b, "<": lambda a, b: a < b,
+               ">=": lambda a, b: a >= b, ">": lambda a, b: a > b}
+        src = (lambda: X[tuple(ks)] * X[tuple(ks)] + 0.5) if red_name == "prod" \
+            else (lambda: X[tuple(ks)])
+        Y = te.compute(shape, lambda *ii: red(src(), axis=ks, where=te.all(
+            *[ops[c](k, i) for c, k, i in zip(cmps, ks, ii)])), name="Y")
+        # one scan per axis for a sum; the forward scan, the reverse scan and one
+        # term per point for the others (hand-written backward kernels' counts)
+        ideal = dims * X.size if red_name == "sum" else 3 * X.size
+    elif kind == "gathered_segment":  # Y[i] = sum_k X[J[k]] where I[k] == i + c
+        I = te.placeholder((n,), "I", dtype="int64")
+        J = te.placeholder((n,), "J", dtype="int64")
+        ints[I], ints[J] = rng.integers(-1, m + 1, n), rng.integers(0, n, n)
+        k = te.reduce_axis(n, "k")
+        Y = te.compute((m,), lambda i: te.sum(X[J[k]], axis=k, where=I[k] == i + c), name="Y")
+        ideal = n
     else:                        # S = act(X) read by a matmul
         o = draw(st.integers(1, 6))
         act = draw(st.sampled_from([lambda x: te.sigmoid(x) * x, te.tanh,
@@ -575,3 +602,270 @@ def test_cross_entropy_gradient_picks_the_label_once():
                                       axis=[i, k]), name="xent")
     # a label outside [0, c) picks nothing
     check(Y, Z, 3 * n * c + n, ints={labels: [0, 3, 1, -1, 2, 4]})
+
+
+# ---- user reducers over windows: the rest stages are scans too (issue 51) ------------
+
+
+def _logaddexp():
+    return te.comm_reducer(lambda u, v: te.log(te.exp(u) + te.exp(v)),
+                           lambda d: te.const(-np.inf, d), name="logaddexp")
+
+
+def _torch_grad(fn, x, h):
+    """``h . d fn(x) / dx`` by PyTorch autograd (float64)."""
+    torch = pytest.importorskip("torch")
+    xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    (fn(torch, xt) * torch.tensor(h, dtype=torch.float64)).sum().backward()
+    return xt.grad.numpy()
+
+
+@pytest.mark.parametrize("n_win,k", [(4, 16), (3, 5)])
+def test_custom_reducer_windows_in_linear_work(n_win, k):
+    # the issue's case Y[i] = logaddexp_{k<16} X[i + k], 4 windows: before this the
+    # rest stages of the generic rule (the windows' points before and after each m)
+    # were triangles, 4 * 16 * 16 = 1,024 points; as scans they cost what te.prod's
+    # windows cost, 3 * n_win * k (the pairs and two scans of the windows' points)
+    X = te.placeholder((n_win + k - 1,), "X", dtype=F64)
+    kk = te.reduce_axis(k, "k")
+    Y = te.compute((n_win,), lambda i: _logaddexp()(X[i + kk], axis=kk), name="Y")
+    g = check(Y, X, 3 * n_win * k)
+    H = [t for t in te.topo_order([g]) if t.output(0).name == "H"][0].output(0)
+    rng = np.random.default_rng(1)
+    x, h = rng.uniform(-2, 2, n_win + k - 1), rng.uniform(-1, 1, n_win)
+    want = _torch_grad(lambda torch, t: torch.logsumexp(t.unfold(0, k, 1), dim=1), x, h)
+    np.testing.assert_allclose(te.evaluate(g, {X: x, H: h}), want, rtol=1e-10, atol=1e-12)
+
+
+def test_custom_reducer_window_kernel_and_ties_go_to_the_first_point():
+    # a selecting user reducer (max written with comm_reducer) over windows of a
+    # tied input, its rest stages now scans: a tie still goes to the first point,
+    # as in the raw gradient, and the compiled kernel (scans included) agrees
+    mymax = te.comm_reducer(lambda u, v: te.max(u, v), lambda d: te.const(-np.inf, d),
+                            name="mymax")
+    X = te.placeholder((12,), "X", dtype=F64)
+    kk = te.reduce_axis(8, "k")
+    Y = te.compute((5,), lambda i: mymax(X[i + kk], axis=kk), name="Y")
+    H = te.placeholder((5,), "H", dtype=F64)
+    (g,) = te.differentiate(Y, [X], head=H)
+    (raw,) = te.differentiate(Y, [X], head=H, simplify=False)
+    assert simplify.iteration_count([g]) == 3 * 5 * 8
+    x = np.array([0.0, 1.0, 3.0, 2.0, 3.0, 0.5, 3.0, 1.0, 0.0, 4.0, 4.0, 0.0])
+    h = np.array([1.0, 2.0, 4.0, 8.0, 16.0])
+    want = np.zeros(12)
+    for i in range(5):
+        want[i + int(np.argmax(x[i:i + 8]))] += h[i]  # the first maximum
+    got = te.evaluate(g, {X: x, H: h})
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(te.evaluate(raw, {X: x, H: h}), want)
+    np.testing.assert_array_equal(codegen.build([g], [X, H])(x, h)[0], want)
+
+
+# ---- a gathered summand under a data-dependent domain (issue 51) ----------------------
+
+
+@pytest.mark.parametrize("form", ["plain", "shifted", "squared"])
+def test_gathered_summand_under_a_data_dependent_domain(form):
+    # Y[i] = sum_k X[J[k]] where I[k] == i: the gradient is the scatter
+    # `for i, k: if I[k] == i: dX[J[k]] += H[i]` (n * n = 144 points); solving i = I[k]
+    # in the scatter's where leaves one term per k (12). Ids outside [0, n) (-1, 12)
+    # match no output and send nothing
+    n = 12
+    X = te.placeholder((n,), "X", dtype=F64)
+    I = te.placeholder((n,), "I", dtype="int64")
+    J = te.placeholder((n,), "J", dtype="int64")
+    k = te.reduce_axis(n, "k")
+    c = 1 if form == "shifted" else 0
+    src = (lambda: X[J[k]] * X[J[k]]) if form == "squared" else (lambda: X[J[k]])
+    Y = te.compute((n,), lambda i: te.sum(src(), axis=k, where=I[k] == i + c), name="Y")
+    ints = {I: [3, 0, -1, 11, 12, 3, 5, 7, 0, 2, 11, 6], J: [0, 4, 4, 11, 2, 9, 1, 1, 4, 8, 7, 3]}
+    g = check(Y, X, n, ints=ints)
+    assert any(isinstance(op, te.ScatterAddOp) for op in te.topo_order([g]))
+
+
+def test_gathered_summand_under_a_data_dependent_domain_kernel_and_torch():
+    n = 12
+    X = te.placeholder((n,), "X", dtype=F64)
+    I = te.placeholder((n,), "I", dtype="int64")
+    J = te.placeholder((n,), "J", dtype="int64")
+    k = te.reduce_axis(n, "k")
+    Y = te.compute((n,), lambda i: te.sum(X[J[k]], axis=k, where=I[k] == i), name="Y")
+    H = te.placeholder((n,), "H", dtype=F64)
+    (g,) = te.differentiate(Y, [X], head=H)
+    assert simplify.iteration_count([g]) == n
+    rng = np.random.default_rng(3)
+    x, h = rng.uniform(-1, 1, n), rng.uniform(-1, 1, n)
+    i_, j_ = rng.integers(0, n, n), rng.integers(0, n, n)
+    want = _torch_grad(lambda torch, t: torch.zeros(n, dtype=torch.float64).index_add(
+        0, torch.tensor(i_), t[torch.tensor(j_)]), x, h)
+    np.testing.assert_allclose(te.evaluate(g, {X: x, H: h, I: i_, J: j_}), want, rtol=1e-12)
+    np.testing.assert_allclose(codegen.build([g], [H, I, J])(h, i_, j_)[0], want, rtol=1e-12)
+
+
+# ---- multi-dimensional prefix sums written as one reduction (issue 51) ---------------
+
+
+def _sat(h, w, order, kind="sum"):
+    I = te.placeholder((h, w), "I", dtype=F64)
+    k, l = te.reduce_axis(h, "k"), te.reduce_axis(w, "l")
+    conds = {"kl": lambda y, x: te.all(k <= y, l <= x),
+             "lk": lambda y, x: te.all(l <= x, k <= y),
+             "strict": lambda y, x: te.all(k < y, l < x),
+             "mixed": lambda y, x: te.all(k <= y, l >= x)}[order]
+    axes = [l, k] if order == "lk" else [k, l]
+    red = te.prod if kind == "prod" else te.sum
+    S = te.compute((h, w), lambda y, x: red(I[k, l], axis=axes, where=conds(y, x)), name="S")
+    return S, I
+
+
+@pytest.mark.parametrize("order,count", [("kl", 144), ("lk", 144), ("strict", 136),
+                                         ("mixed", 144)])
+def test_summed_area_table_is_one_scan_per_axis(order, count):
+    # S[y, x] = sum(I[k, l], k <= y && l <= x) (9x8): the triangle visits 1,620 points;
+    # split into T[k, x] = sum(I[k, l], l <= x) and S = sum(T[k, x], k <= y), two 1-D
+    # prefix sums, it is 2 * 72 = 144, whatever the order of the conditions and axes;
+    # its adjoint (the same with >=) too. (k < y && l < x: the inner scan has 8 rows)
+    S, I = _sat(9, 8, order)
+    (s,) = simplify.simplify([S])
+    assert simplify.iteration_count([s]) == count, te.graph_str(s)
+    x = np.random.default_rng(2).uniform(-1, 1, (9, 8))
+    np.testing.assert_allclose(te.evaluate(s, {I: x}), te.evaluate(S, {I: x}), rtol=1e-12)
+    check(S, I, count)
+
+
+def test_summed_area_table_against_torch_and_kernel():
+    torch = pytest.importorskip("torch")
+    S, I = _sat(9, 8, "kl")
+    H = te.placeholder((9, 8), "H", dtype=F64)
+    (g,) = te.differentiate(S, [I], head=H)
+    rng = np.random.default_rng(4)
+    x, h = rng.uniform(-1, 1, (9, 8)), rng.uniform(-1, 1, (9, 8))
+    want_s = torch.cumsum(torch.cumsum(torch.tensor(x), 0), 1).numpy()
+    want_g = _torch_grad(lambda torch, t: torch.cumsum(torch.cumsum(t, 0), 1), x, h)
+    kern = codegen.build([S, g], [I, H])
+    got_s, got_g = kern(x, h)
+    np.testing.assert_allclose(got_s, want_s, rtol=1e-12)
+    np.testing.assert_allclose(got_g, want_g, rtol=1e-12)
+
+
+def test_two_dimensional_prefix_product_forward_is_linear():
+    # the same split for prod: one cumprod per axis (no division, zeros exact)
+    S, I = _sat(6, 5, "kl", kind="prod")
+    (s,) = simplify.simplify([S])
+    assert simplify.iteration_count([s]) == 2 * 30
+    x = np.random.default_rng(5).uniform(0.5, 1.5, (6, 5))
+    x[2, 3] = 0.0
+    want = np.array([[np.prod(x[:y + 1, :c + 1]) for c in range(5)] for y in range(6)])
+    np.testing.assert_allclose(te.evaluate(s, {I: x}), want, rtol=1e-12)
+
+
+def test_three_dimensional_triangle_is_one_scan_per_axis():
+    # a prefix in c, a prefix in a and a suffix in b (4x5x6): 3 * 120 points for the
+    # value and for the gradient, not the 4 * 5 * 6 * (sum of the boxes) triangle
+    X = te.placeholder((4, 5, 6), "X", dtype=F64)
+    a, b, c = te.reduce_axis(4, "a"), te.reduce_axis(5, "b"), te.reduce_axis(6, "c")
+    Y = te.compute((4, 5, 6), lambda i, j, k: te.sum(
+        X[a, b, c] * 2.0, axis=[a, b, c], where=te.all(c <= k, a <= i, b >= j)), name="Y")
+    (s,) = simplify.simplify([Y])
+    assert simplify.iteration_count([s]) == 360
+    check(Y, X, 360)
+
+
+# ---- prefix products and user reducers over a triangle (issue 51) --------------------
+
+
+def _prefix(red, n, where, src=None):
+    X = te.placeholder((3, n), "X", dtype=F64)
+    j = te.reduce_axis(n, "j")
+    src = src or (lambda X, r, j: X[r, j])
+    P = te.compute((3, n), lambda r, i: red(src(X, r, j), axis=j, where=where(j, i)),
+                   name="P")
+    return P, X
+
+
+@pytest.mark.parametrize("n", [12, 24])
+def test_prefix_product_gradient_is_linear(n):
+    # P[r, i] = prod(X[r, j], where=j < i) (NeRF's transmittance): the rest stages
+    # of the general rule made the gradient quadratic per row (1,062 points at
+    # n = 12, 4,284 at 24). As the adjoint of the product's scan: the forward scan
+    # (3n), the reverse scan of the head (3n) and one term per point that enters
+    # a product (3 (n - 1)): 9n - 3
+    P, X = _prefix(te.prod, n, lambda j, i: j < i)
+    check(P, X, 9 * n - 3)
+
+
+@pytest.mark.parametrize("form,count", [("j <= i", 108), ("j > i", 105), ("j >= i + 1", 105),
+                                        ("j <= i - 2", 102)])
+def test_prefix_and_suffix_products_of_a_function(form, count):
+    where = {"j <= i": lambda j, i: j <= i, "j > i": lambda j, i: j > i,
+             "j >= i + 1": lambda j, i: j >= i + 1, "j <= i - 2": lambda j, i: j <= i - 2}[form]
+    P, X = _prefix(te.prod, 12, where, src=lambda X, r, j: X[r, j] * X[r, j] + 0.5)
+    check(P, X, count)
+
+
+def test_prefix_product_with_zeros_against_torch_and_kernel():
+    # no division: zero factors (one, then two in a row) give exact gradients
+    n = 7
+    X = te.placeholder((2, n), "X", dtype=F64)
+    j = te.reduce_axis(n, "j")
+    P = te.compute((2, n), lambda r, i: te.prod(X[r, j], axis=j, where=j < i), name="P")
+    H = te.placeholder((2, n), "H", dtype=F64)
+    (g,) = te.differentiate(P, [X], head=H)
+    assert simplify.iteration_count([g]) == 2 * (3 * n - 1)
+    x = np.array([[0.5, 0.0, 2.0, -1.5, 3.0, 0.25, 1.5], [1.5, -2.0, 0.0, 0.0, 0.5, 2.0, 1.0]])
+    h = np.random.default_rng(6).uniform(-1, 1, (2, n))
+
+    def exclusive_cumprod(torch, t):
+        ones = torch.ones((2, 1), dtype=torch.float64)
+        return torch.cat([ones, torch.cumprod(t, 1)[:, :-1]], 1)
+
+    want = _torch_grad(exclusive_cumprod, x, h)
+    np.testing.assert_allclose(te.evaluate(g, {X: x, H: h}), want, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(codegen.build([g], [X, H])(x, h)[0], want, rtol=1e-12,
+                               atol=1e-15)
+
+
+@pytest.mark.parametrize("form", ["prefix", "suffix"])
+def test_user_reducer_over_a_triangle_is_linear(form):
+    # a running logaddexp (and its suffix form): the same reverse scan with the
+    # combine's partials, 111 points instead of the rest stages' quadratic count
+    where = (lambda j, i: j <= i) if form == "prefix" else (lambda j, i: j >= i)
+    P, X = _prefix(_logaddexp(), 12, where)
+    check(P, X, 111)
+    rng = np.random.default_rng(7)
+    x, h = rng.uniform(-2, 2, (3, 12)), rng.uniform(-1, 1, (3, 12))
+    H = te.placeholder((3, 12), "H", dtype=F64)
+    (g,) = te.differentiate(P, [X], head=H)
+
+    def running(torch, t):
+        u = t if form == "prefix" else torch.flip(t, [1])
+        out = torch.logcumsumexp(u, 1)
+        return out if form == "prefix" else torch.flip(out, [1])
+
+    want = _torch_grad(running, x, h)
+    np.testing.assert_allclose(te.evaluate(g, {X: x, H: h}), want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("form", ["prefix", "suffix"])
+def test_running_user_max_sends_a_tie_to_the_first_point(form):
+    # a running max written with comm_reducer over tied data: the reverse scan reads
+    # the tie-ordered combine, so each output's adjoint goes to the first maximal
+    # point of its domain (row-major), as the general rule's rest stages do
+    mymax = te.comm_reducer(lambda u, v: te.max(u, v), lambda d: te.const(-np.inf, d),
+                            name="mymax")
+    where = (lambda j, i: j <= i) if form == "prefix" else (lambda j, i: j >= i)
+    P, X = _prefix(mymax, 8, where)
+    H = te.placeholder((3, 8), "H", dtype=F64)
+    (g,) = te.differentiate(P, [X], head=H)
+    (raw,) = te.differentiate(P, [X], head=H, simplify=False)
+    assert simplify.iteration_count([g]) == 3 * 3 * 8  # forward, reverse scan, terms
+    x = np.array([[1.0, 3, 3, 2, 3, 0, 5, 5], [2, 2, 2, 2, 2, 2, 2, 2], [0, 1, 0, 1, 4, 4, 1, 4]])
+    h = np.tile(2.0 ** np.arange(8), (3, 1))
+    want = np.zeros((3, 8))
+    for r in range(3):
+        for i in range(8):
+            lo, hi = (0, i + 1) if form == "prefix" else (i, 8)
+            want[r, lo + int(np.argmax(x[r, lo:hi]))] += h[r, i]
+    got, want_raw = te.evaluate([g, raw], {X: x, H: h})
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(want_raw, want)

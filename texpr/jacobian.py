@@ -38,7 +38,10 @@ Two levels:
     ``prod`` that is the exclusive product: no division, right when factors
     are zero. A user reducer that selects one of its arguments (a hand-made
     argmax) gives tied points no gradient at all under this rule; use the
-    built-in ``te.max``/``te.min`` for max-like reductions.
+    built-in ``te.max``/``te.min`` for max-like reductions. Over a triangle
+    (``where=j < i``: a prefix product, a running user reduction) the rule is
+    instead the adjoint of the reduction's scan, one term per point
+    (:mod:`texpr.prefix_adjoint`): linear per row, no rest stages.
 
   ``where=`` conditions of the reduction restrict the contribution's sum.
 
@@ -55,6 +58,7 @@ from .expr import (Add, And, Call, Const, Div, Expr, FloorDiv, FloorMod, Load, M
                    Reduce, Select, Sub, Var, all_of, any_of, cast, const, iter_var, logical_not,
                    make_reduce, select)
 from .reduction import CommReducer
+from .prefix_adjoint import triangle_rule
 from .printer import expr_str
 from .rules import jvp, t_add
 from .tensor import ComputeOp, PlaceholderOp, ScatterAddOp
@@ -477,6 +481,9 @@ def _rule_generic(out, red, ctx):
     v = out.value_index
     if not any(d is not None for d in ctx.d_sources):
         return None
+    tri = triangle_rule(out, red, ctx, result[0], symbolic_times)
+    if tri is not None:  # over a triangle: the adjoint of its scan, one term per point
+        return tri
     before, after = rest_stages(out, ctx.cache)
     m_index = offsets(ctx.i_axes) + offsets(ctx.k_axes)
     n = len(comb.lhs)
