@@ -63,3 +63,22 @@ def test_the_if_form_is_kept_for_a_checked_value_and_by_the_switch(monkeypatch):
     X2, D2, outs = _graph("float64")
     k2 = codegen.build(outs[:1], [X2, D2], parallel=False)
     assert "if (" in k2.source and " else np.float64(0.0)" not in k2.source
+
+
+def test_a_long_float32_sum_adds_in_float64():
+    # stage.SUM_FLOAT64: 2**20 terms of 0.1 in float32 accumulators lost 1e-4 of
+    # the sum; added in float64 and rounded once, it is float32's rounding of it
+    n = 1 << 20
+    X = te.placeholder((n,), name="X", dtype="float32")
+    M = te.placeholder((n,), name="M", dtype="float32")
+    r, q = te.reduce_axis(n, "r"), te.reduce_axis(n, "q")
+    S = te.compute((), lambda: te.sum(X[r], axis=r), name="S")
+    T = te.compute((), lambda: te.sum(X[q] * M[q], axis=q, where=M[q] > 0), name="T")
+    k = codegen.build([S, T], [X, M], parallel=False)
+    x = np.full(n, 0.1, dtype="float32")
+    m = np.where(np.arange(n) % 3 == 0, 1.0, -1.0).astype("float32")
+    s, t = k(x, m)
+    exact_s = float(np.float64(x).sum())
+    exact_t = float((np.float64(x) * m * (m > 0)).sum())
+    assert abs(float(s) - exact_s) <= 1e-7 * exact_s
+    assert abs(float(t) - exact_t) <= 1e-7 * exact_t
