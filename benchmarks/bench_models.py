@@ -55,7 +55,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from texpr import codegen  # noqa: E402
 import texpr as te  # noqa: E402
-from bench_suite import _set_threads, blas_info  # noqa: E402
+from bench_suite import _set_threads, blas_info, time_rotating  # noqa: E402
 from model_cases import MODELS, PEERS  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -121,20 +121,6 @@ def check_agreement(name, results):
                              f"nothing timed")
         diffs[peer] = worst
     return diffs
-
-
-def time_rotating(runs, repeat):
-    """``{framework: median ms}`` of ``repeat`` rounds, each calling every closure of
-    ``runs`` once, in an order that rotates round by round (each follows each other
-    as often, as bench_suite.py's)."""
-    times = {k: [] for k in runs}
-    order = list(runs)
-    for r in range(repeat):
-        for k in order[r % len(order):] + order[:r % len(order)]:
-            t = time.perf_counter()
-            runs[k]()
-            times[k].append(time.perf_counter() - t)
-    return {k: float(np.median(v)) * 1e3 for k, v in times.items()}
 
 
 def cold_build(name, cache, threads):

@@ -136,18 +136,24 @@ def bench_case(case, repeat, use_jax, use_torch, use_loops=False):
     # often (torch's OpenMP workers spin for 10-20 ms after a call and slow
     # whichever framework runs next; pausing between runs was tried and slowed
     # every framework about 2x: idle cores lose their caches and clock)
-    times = {k: [] for k in runs}
     for f in runs.values():
         f()
+    row.update({f"{k}_ms": v for k, v in time_rotating(runs, repeat).items()})
+    return row
+
+
+def time_rotating(runs, repeat):
+    """``{framework: median ms}`` of ``repeat`` rounds, each calling every closure of
+    ``runs`` once, in an order that rotates round by round (each follows each other
+    as often)."""
+    times = {k: [] for k in runs}
     order = list(runs)
     for r in range(repeat):
         for k in order[r % len(order):] + order[:r % len(order)]:
             t = time.perf_counter()
             runs[k]()
             times[k].append(time.perf_counter() - t)
-    for k, ts in times.items():
-        row[f"{k}_ms"] = float(np.median(ts)) * 1e3
-    return row
+    return {k: float(np.median(v)) * 1e3 for k, v in times.items()}
 
 
 def kernel_detail(name, repeat, scale):
