@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from texpr.errors import FeedError, OutOfBoundsError, ScheduleError, TexprError
+from texpr.errors import FeedError, OutOfBoundsError, ScheduleError, TexprError, in_stage
 from texpr.tensor import (PlaceholderOp, ScatterAddOp, Tensor, check_allocatable,
                           check_input_array)
 
@@ -221,7 +221,10 @@ class Kernel:
         try:
             if rec is None:
                 for unit in self.units:
-                    unit.run(args, err)
+                    try:
+                        unit.run(args, err)
+                    except TexprError as exc:  # a unit kind's own: named as the others
+                        raise in_stage(unit.stage, exc) from None
                     if err[0]:
                         _raise(unit, err)
             else:
