@@ -98,3 +98,37 @@ def test_a_shift_unit_error_names_the_stage(monkeypatch):
     monkeypatch.setattr(blas, "run", broken)
     with pytest.raises(TexprError, match=f"^stage {blas.stage}: the plan's table is damaged"):
         kernel(*feed)
+
+
+def test_arrays_in_the_wrong_order_get_the_expected_order():
+    # kernel(w, x) with X and W swapped: a shape error with no hint before (issue 52)
+    X = te.placeholder((4, 5), "X", "float64")
+    W = te.placeholder((3, 5), "W", "float32")
+    r = te.reduce_axis(5, "r")
+    Y = te.compute((4, 3), lambda i, j: te.sum(X[i, r] * W[j, r], axis=r), name="Y")
+    kernel = codegen.build([Y], [X, W], parallel=False)
+    x = np.arange(20, dtype=np.float64).reshape(4, 5)
+    w = np.ones((3, 5), np.float32)
+    with pytest.raises(te.FeedError) as info:
+        kernel(w, x)
+    msg = str(info.value)
+    assert msg.startswith("kernel: placeholder X expects shape (4, 5), got an array of "
+                          "shape (3, 5)"), msg
+    assert "in this order: X (4, 5) float64, W (3, 5) float32" in msg, msg
+    assert "it was given: (3, 5) float32, (4, 5) float64" in msg, msg
+    assert "fit the inputs in the order W, X" in msg and "kernel(W=..., X=...)" in msg, msg
+    # the same shapes, only the dtypes swapped: the order is named too
+    A = te.placeholder((2,), "A", "float64")
+    B = te.placeholder((2,), "B", "int64")
+    S = te.compute((2,), lambda i: A[i] + te.cast(B[i], "float64"), name="S")
+    k2 = codegen.build([S], [A, B], parallel=False)
+    a, b = np.array([0.5, 1.5]), np.array([1, 2], np.int64)
+    with pytest.raises(te.FeedError, match="(?s)expects dtype float64.*in the order B, A"):
+        k2(b, a)
+    # a wrong count lists the order with shapes and dtypes; no other order fits
+    with pytest.raises(te.FeedError, match="(?s)expected 2 arrays.*A \\(2,\\) float64, B "
+                                           "\\(2,\\) int64") as info:
+        k2(a)
+    assert "fit the inputs" not in str(info.value)
+    np.testing.assert_array_equal(k2(a, b)[0], [1.5, 3.5])
+    np.testing.assert_array_equal(k2(B=b, A=a)[0], [1.5, 3.5])
