@@ -41,8 +41,12 @@ and the same kernel run by the bridges' compiled driver
 their data pointers) against the kernel, bit for bit (an out-of-range index
 raises OutOfBoundsError on every path); and, for smooth programs with
 finite inputs, the raw gradients in float64 against central finite
-differences. Findings are returned as :class:`Finding` records (seed, kind,
-message, program text), so a run reports all of them, not the first.
+differences. In mode ``"threads"`` each kernel also runs from several threads at
+once and re-entrantly (a call nested in every unit, :func:`reentrant_outputs`);
+:func:`check_extreme_programs` checks convolutions with empty and size-1 axes and
+huge strides, paddings and dilations. Findings are returned as :class:`Finding`
+records (seed, kind, message, program text), so a run reports all of them, not
+the first.
 """
 
 import contextlib

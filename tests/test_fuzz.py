@@ -7,8 +7,12 @@ compiled for every ``CI_COMPILE_EVERY``-th program (several programs batched
 into one kernel) to keep the profile within its time budget on a shared
 2-core machine. The parallel profile compiles ``PARALLEL_PROGRAMS`` programs
 with every stage a parallel loop nest, each kernel run again with its serial
-twins. Long runs: ``TEXPR_FUZZ=N`` runs N programs from a random
-first seed (printed; replay with ``TEXPR_FUZZ_SEED=S``), every one compiled.
+twins. The threads profile runs ``THREADS_PROGRAMS`` programs' kernel from
+several threads at once and re-entrantly; the extreme profile compiles
+``EXTREME_PROGRAMS`` convolutions with empty and size-1 axes and strides,
+paddings and dilations up to 10**6 (:func:`fuzz.make_extreme_program`).
+Long runs: ``TEXPR_FUZZ=N`` runs N programs from a random first seed (printed;
+replay with ``TEXPR_FUZZ_SEED=S``), every one compiled.
 A finding prints its seed: ``fuzz.make_program(seed)`` rebuilds the program.
 """
 
