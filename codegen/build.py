@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from texpr.errors import FeedError, OutOfBoundsError, ScheduleError, TexprError
+from texpr.errors import FeedError, OutOfBoundsError, ScheduleError, TexprError, in_stage
 from texpr.tensor import (ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, check_allocatable,
                           check_input_array)
 
@@ -99,10 +99,14 @@ class Kernel:
             arrays = _bind_named(self.inputs, arrays, named)
         if len(arrays) != len(self.inputs):
             raise FeedError(f"kernel: expected {len(self.inputs)} arrays "
-                            f"({', '.join(t.name for t in self.inputs)}), got {len(arrays)}")
+                            f"({', '.join(t.name for t in self.inputs)}), got {len(arrays)}\n"
+                            f"{_order_hint(self.inputs, arrays)}")
         args = []
         for t, a in zip(self.inputs, arrays):
-            a = check_input_array(t, a, "kernel")
+            try:
+                a = check_input_array(t, a, "kernel")
+            except FeedError as exc:
+                raise FeedError(f"{exc}\n{_order_hint(self.inputs, arrays)}") from None
             args.append(np.ascontiguousarray(a).reshape(-1))
         outs_given = None if out is None else _check_out(self.outputs, out, args)
         return self._execute(args, outs_given)
@@ -221,7 +225,10 @@ class Kernel:
         try:
             if rec is None:
                 for unit in self.units:
-                    unit.run(args, err)
+                    try:
+                        unit.run(args, err)
+                    except TexprError as exc:  # a unit kind's own: named as the others
+                        raise in_stage(unit.stage, exc) from None
                     if err[0]:
                         _raise(unit, err)
             else:
@@ -282,6 +289,41 @@ def unit_error(unit, code, value):
     if "would wrap around" in msg:
         return TexprError(f"{msg} (its first operand: {value})")
     return OutOfBoundsError(f"{msg} (index value {value})")
+
+
+def _order_hint(inputs, arrays):
+    """The lines a FeedError of a call adds: the inputs in order with their shapes
+    and dtypes, what each argument is, and, when the arguments fit the inputs in
+    another order, that order (positional arrays in the wrong order were a shape
+    error with no hint, issue 52)."""
+
+    def spec(a):
+        return (tuple(a.shape), a.dtype.name) if isinstance(a, np.ndarray) else None
+
+    def text(a):
+        sp = spec(a)
+        return type(a).__name__ if sp is None else f"{sp[0]} {sp[1]}"
+
+    want = [(tuple(t.shape), t.dtype) for t in inputs]
+    lines = ["the kernel takes its arrays in this order: "
+             + ", ".join(f"{t.name} {t.shape} {t.dtype}" for t in inputs),
+             "it was given: " + ", ".join(text(a) for a in arrays)]
+    got = [spec(a) for a in arrays]
+    fits = [[k for k, w in enumerate(want) if g == w] for g in got]
+    # one input for each argument, every input once: another order of the same arrays
+    order, used = [], set()
+    for f in fits:
+        free = [k for k in f if k not in used]
+        if not free:
+            break
+        order.append(free[0])
+        used.add(free[0])
+    if len(order) == len(inputs) and order != list(range(len(inputs))):
+        names = [inputs[k].name for k in order]
+        lines.append(f"the arguments fit the inputs in the order {', '.join(names)}: pass "
+                     f"them as ({', '.join(inputs[k].name for k in range(len(inputs)))}), "
+                     f"or by name (kernel({', '.join(n + '=...' for n in names)}))")
+    return "\n".join(lines)
 
 
 def _bind_named(inputs, arrays, named):

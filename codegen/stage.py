@@ -1678,8 +1678,8 @@ class _StageLowering:
                     tgt.append(s)
                 else:
                     self.errors.append(
-                        f"scatter-add {op.name}: index {k} `{expr_str(op.indices[k])}` leaves "
-                        f"the shape {op.shape}")
+                        f"stage {op.name}: scatter-add index {k} `{expr_str(op.indices[k])}` "
+                        f"leaves the shape {op.shape}")
                     tgt.append(f"_ck({helper_int(s)}, np.int64({n}), err, "
                                f"np.int64({len(self.errors)}))")
             bound = []

@@ -15,6 +15,8 @@
   makes equal subexpressions one node.
 """
 
+import weakref
+
 from texpr import expr as E
 from texpr.expr import Reduce, iter_var
 from texpr.scan import ScanOp
@@ -44,6 +46,10 @@ def _clean_expr(e, memo):
         if isinstance(x, (E.Const, E.Var)):
             out = x
         elif _is_index_tree(x):
+            out = _known_form(x)
+            if out is not None:
+                memo[id(x)] = (x, out)
+                return out
             out = x
             size = len(post_order(x))
             vars = free_vars(x)
@@ -55,6 +61,7 @@ def _clean_expr(e, memo):
             form = canonical_index(x) if bound is None or bound < size else None
             if form is not None and form is not out and len(post_order(form)) < size:
                 out, size = form, len(post_order(form))
+            _remember_form(x, out)
         elif x.args:
             out = x.with_args(tuple(top(a) for a in x.args))
         else:
@@ -65,17 +72,41 @@ def _clean_expr(e, memo):
     return top(e)
 
 
-#: index expression -> its clean form, across calls (interned nodes recur between
-#: rounds and gradients); entries keep their node alive, so the cache is bounded
+#: index tree (its id) -> (a weak reference to it, its clean form or None for itself),
+#: across calls: interned nodes recur between rounds and gradients. The tree is held
+#: weakly (its entry goes when it dies) and an index tree loads nothing, so no entry
+#: keeps a tensor or its graph alive; it was a memo of every node of every body
+#: cleaned, loads included, which kept each simplified graph alive until 100,000
+#: entries had piled up (issue 52). Bounded all the same
 _MEMO = {}
 _MEMO_LIMIT = 100_000
 
 
-def algebraic_cleanup(tensors):
-    """Canonical forms of integer index arithmetic (ISL and SymPy)."""
+def _known_form(x):
+    """The clean form of the index tree ``x`` remembered across calls, or None."""
+    hit = _MEMO.get(id(x))
+    if hit is None or hit[0]() is not x:
+        return None
+    return x if hit[1] is None else hit[1]
+
+
+def _remember_form(x, out):
+    key = id(x)
+
+    def forget(ref):
+        hit = _MEMO.get(key)
+        if hit is not None and hit[0] is ref:
+            _MEMO.pop(key, None)
+
     if len(_MEMO) > _MEMO_LIMIT:
         _MEMO.clear()
-    memo = _MEMO
+    # the form is smaller than x, so it does not hold x: x dies with its graph
+    _MEMO[key] = (weakref.ref(x, forget), None if out is x else out)
+
+
+def algebraic_cleanup(tensors):
+    """Canonical forms of integer index arithmetic (ISL and SymPy)."""
+    memo = {}  # this call's: every node visited, kept alive while it runs
 
     def fn(op, _orig, _tmap):
         if isinstance(op, ComputeOp):

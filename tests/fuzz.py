@@ -41,8 +41,12 @@ and the same kernel run by the bridges' compiled driver
 their data pointers) against the kernel, bit for bit (an out-of-range index
 raises OutOfBoundsError on every path); and, for smooth programs with
 finite inputs, the raw gradients in float64 against central finite
-differences. Findings are returned as :class:`Finding` records (seed, kind,
-message, program text), so a run reports all of them, not the first.
+differences. In mode ``"threads"`` each kernel also runs from several threads at
+once and re-entrantly (a call nested in every unit, :func:`reentrant_outputs`);
+:func:`check_extreme_programs` checks convolutions with empty and size-1 axes and
+huge strides, paddings and dilations. Findings are returned as :class:`Finding`
+records (seed, kind, message, program text), so a run reports all of them, not
+the first.
 """
 
 import contextlib
@@ -1003,7 +1007,120 @@ def chunks_on_python_threads():
 #: repeated subexpression hoisted and float sums unrolled, stages of a few points
 #: as parallel loop nests (then run twice: parallel, and the serial twins)
 _MODES = {"default": contextlib.nullcontext, "blas": every_contraction_on_blas,
-          "cse": hoisted_and_unrolled, "parallel": stages_parallel}
+          "cse": hoisted_and_unrolled, "parallel": stages_parallel,
+          "threads": contextlib.nullcontext}
+
+#: kernels the fuzzer also ran from several threads at once (mode "threads"), and
+#: re-entrantly: a call nested inside each unit of an outer call on the same thread
+THREADED_RUNS = [0]
+REENTRANT_RUNS = [0]
+#: threads of a threaded run, and calls each makes
+THREADS, CALLS_PER_THREAD = 3, 2
+
+
+def threaded_outputs(kernel, arrays):
+    """The outputs of ``THREADS * CALLS_PER_THREAD`` calls of ``kernel`` made from
+    ``THREADS`` threads at once (they start together at a barrier): a list, one
+    tuple of arrays (or the exception raised) per call."""
+    barrier = threading.Barrier(THREADS)
+    results = [None] * (THREADS * CALLS_PER_THREAD)
+
+    def work(t):
+        barrier.wait()
+        for c in range(CALLS_PER_THREAD):
+            try:
+                results[t * CALLS_PER_THREAD + c] = kernel(*arrays)
+            except Exception as exc:  # noqa: BLE001 - reported by the caller
+                results[t * CALLS_PER_THREAD + c] = exc
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(THREADS)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    THREADED_RUNS[0] += 1
+    return results
+
+
+def other_arrays(arrays):
+    """``arrays`` with every float array changed (halved, plus a quarter), int ones
+    (index lists) kept: a nested call that computes other values than the call it
+    interrupts, so that shared temporaries show."""
+    return [a * 0.5 + 0.25 if a.dtype.kind == "f" else a for a in arrays]
+
+
+def reentrant_outputs(kernel, arrays):
+    """One call of ``kernel`` on ``arrays`` in which every unit, before it runs,
+    calls ``kernel`` again on the same thread (as a signal handler or a callback
+    would) on :func:`other_arrays`: returns ``(outer outputs, [nested outputs, one
+    per unit])``."""
+    nested = []
+    inner = other_arrays(arrays)
+    units = list(kernel.units)
+    originals = [u.run for u in units]
+    depth = [0]
+
+    def wrap(orig):
+        def run(args, err):
+            if depth[0] == 0:
+                depth[0] += 1
+                try:
+                    nested.append(kernel(*inner))
+                except Exception as exc:  # noqa: BLE001 - compared with a plain call's
+                    nested.append(exc)
+                finally:
+                    depth[0] -= 1
+            return orig(args, err)
+        return run
+
+    try:
+        for u, orig in zip(units, originals):
+            u.run = wrap(orig)
+        outer = kernel(*arrays)
+    finally:
+        for u, orig in zip(units, originals):
+            u.run = orig
+    REENTRANT_RUNS[0] += 1
+    return outer, nested
+
+
+def _check_concurrent(p, kernel, arrays, got, findings):
+    """Threaded and re-entrant runs of ``kernel`` give ``got`` (the plain call's)."""
+    def check(out, how):
+        if isinstance(out, Exception):
+            findings.append(_finding(p, "kernel-threads", f"{how} raised "
+                                     f"{type(out).__name__}: {out}"))
+            return
+        for k, (g, w) in enumerate(zip(out, got)):
+            msg = compare(g, w, p.dtype, f"output {k}, {how} vs a plain call")
+            if msg:
+                findings.append(_finding(p, "kernel-threads", msg))
+                return
+
+    for c, out in enumerate(threaded_outputs(kernel, arrays)):
+        check(out, f"call {c} of {THREADS} threads at once")
+    try:
+        outer, nested = reentrant_outputs(kernel, arrays)
+    except Exception as exc:  # noqa: BLE001
+        findings.append(_finding(p, "kernel-reentrant", f"{type(exc).__name__}: {exc}"))
+        return
+    check(outer, "the outer call of a re-entrant run")
+    try:
+        plain = kernel(*other_arrays(arrays))
+    except Exception as exc:  # noqa: BLE001 - the nested calls must raise it too
+        plain = exc
+    for k, out in enumerate(nested):
+        if isinstance(plain, Exception) or isinstance(out, Exception):
+            if type(out) is not type(plain):
+                findings.append(_finding(p, "kernel-reentrant", f"the call nested in unit "
+                                         f"{k}: {out!r}, a plain call: {plain!r}"))
+            continue
+        for j, (g, w) in enumerate(zip(out, plain)):
+            msg = compare(g, w, p.dtype, f"output {j}, the call nested in unit {k} vs a "
+                          "plain call on the same arrays")
+            if msg:
+                findings.append(_finding(p, "kernel-reentrant", msg))
+                break
 
 #: parallel units (prange loops, or chunked: codegen.chunks) built by the fuzzer's
 #: kernels so far, and their serial runs (twins; a chunked unit in one part)
@@ -1227,6 +1344,8 @@ def _check_kernel(qs, findings, mode="default"):
         return
     _check_native(qs[0].p, kernel, arrays, got, findings)
     _check_torch(qs[0].p, kernel, arrays, got, findings, strided=mode == "cse")
+    if mode == "threads":
+        _check_concurrent(qs[0].p, kernel, arrays, got, findings)
     for run, how in runs:
         pos = 0
         for q in qs:
@@ -1550,3 +1669,119 @@ def check_programs(seeds, batch=8, fd=True, compile_every=1, log=None, reshape=T
     if log is not None:
         log(f"done: {len(findings)} finding(s)", findings)
     return findings
+
+
+# ---- extreme extents: size-1 and empty axes, huge strides, paddings and dilations ----
+
+#: per axis of an extreme convolution: strides, paddings, dilations drawn from
+EXTREME_STRIDES = (1, 2, 7, 10**5, 10**6)
+EXTREME_PADDINGS = (0, 1, 50, 600, 10**5, 10**6)
+EXTREME_DILATIONS = (1, 2, 3, 40)
+#: an extreme program's outputs stay this small (its te.evaluate is the oracle)
+EXTREME_MAX_OUTPUT = 20_000
+
+
+@dataclasses.dataclass
+class ExtremeProgram:
+    """A convolution with extreme extents, its loss and gradients (float64)."""
+
+    seed: int
+    params: dict
+    inputs: list
+    outputs: list
+    feed: dict
+
+    @property
+    def text(self):
+        return f"conv2d {self.params}"
+
+
+def make_extreme_program(seed):
+    """The extreme-extent program of ``seed``: ``y = conv2d(X, W, **params)`` with a
+    batch or channels of 0 or 1, inputs of 1 to 6 pixels, kernels of 1 to 3 taps,
+    and strides, paddings and dilations up to 10**6 per axis (drawn again until
+    the output has at most :data:`EXTREME_MAX_OUTPUT` elements), then
+    ``L = sum(H * y)`` and ``dL/dX``, ``dL/dW``."""
+    g = random.Random(seed)
+    nn = te.nn
+    while True:
+        n, cin, cout = g.choice((0, 1, 2)), g.choice((1, 2)), g.choice((0, 1, 3))
+        h, w = g.choice((1, 2, 5)), g.choice((1, 3, 6))
+        kh, kw = g.choice((1, 2, 3)), g.choice((1, 2, 3))
+        st = (g.choice(EXTREME_STRIDES), g.choice(EXTREME_STRIDES))
+        pad = (g.choice(EXTREME_PADDINGS), g.choice(EXTREME_PADDINGS))
+        dil = (g.choice(EXTREME_DILATIONS), g.choice(EXTREME_DILATIONS))
+        out = []
+        for size, k, s, p, d in zip((h, w), (kh, kw), st, pad, dil):
+            span = size + 2 * p - d * (k - 1)
+            out.append((span - 1) // s + 1 if span >= 1 else 0)
+        if min(out) >= 1 and n * cout * out[0] * out[1] <= EXTREME_MAX_OUTPUT \
+                and cin * kh * kw * max(n, 1) * max(cout, 1) * out[0] * out[1] <= 10**6:
+            break
+    params = dict(stride=st, padding=pad, dilation=dil)
+    X = te.placeholder((n, cin, h, w), "X", "float64")
+    W = te.placeholder((cout, cin, kh, kw), "W", "float64")
+    y = nn.conv2d(X, W, name="conv", **params)
+    H = te.placeholder(y.shape, "H", "float64")
+    ax = [te.reduce_axis(s, a) for s, a in zip(y.shape, "ncij")]
+    L = te.compute((), lambda: te.sum(y[tuple(ax)] * H[tuple(ax)], axis=ax), name="L")
+    grads = list(te.differentiate(L, [X, W]).result)
+    rng = np.random.default_rng(seed % 2**32)
+    feed = {t: rng.standard_normal(t.shape) for t in (X, W, H)}
+    return ExtremeProgram(seed, params, [X, W, H], [y, L] + grads, feed)
+
+
+def check_extreme_programs(seeds, modes=("default", "blas"), batch=4):
+    """Kernels of the extreme programs of ``seeds`` (``batch`` programs a kernel,
+    taking turns in ``modes``; "threads" also runs each kernel from threads at once
+    and re-entrantly) against ``te.evaluate``; returns the findings."""
+    findings = []
+    progs = []
+    for s in seeds:
+        try:
+            progs.append(make_extreme_program(s))
+        except Exception:  # noqa: BLE001 - a refusal of a valid program is a finding
+            findings.append(Finding(s, "extreme-generator", traceback.format_exc(limit=-3), ""))
+    for b in range(0, len(progs), batch):
+        group = progs[b:b + batch]
+        mode = modes[(b // batch) % len(modes)]
+        _check_extreme(group, mode, findings)
+    return findings
+
+
+def _check_extreme(group, mode, findings):
+    outs = [t for p in group for t in p.outputs]
+    ins = [t for p in group for t in p.inputs]
+    arrays = [p.feed[t] for p in group for t in p.inputs]
+    try:
+        with _MODES[mode](), build_time_bounded(
+                f"extreme seeds {[p.seed for p in group]} in mode {mode!r}"):
+            kernel = codegen.build(outs, ins)
+        got = kernel(*arrays)
+    except Exception as exc:  # noqa: BLE001 - isolate the program at fault
+        if len(group) > 1:
+            for p in group:
+                _check_extreme([p], mode, findings)
+            return
+        p = group[0]
+        findings.append(Finding(p.seed, "extreme-kernel-error",
+                                f"mode {mode}: {type(exc).__name__}: {exc}", p.text))
+        return
+    pos = 0
+    for p in group:
+        want = te.evaluate(p.outputs, p.feed)
+        mine = got[pos:pos + len(p.outputs)]
+        pos += len(p.outputs)
+        for k, (g, w) in enumerate(zip(mine, want)):
+            msg = compare(g, w, "float64", f"mode {mode}: output {k} vs te.evaluate")
+            if msg:
+                findings.append(Finding(p.seed, "extreme-kernel-vs-evaluate", msg, p.text))
+    if mode == "threads":
+        _check_concurrent(_ExtremeAsProgram(group[0]), kernel, arrays, got, findings)
+
+
+class _ExtremeAsProgram:
+    """What :func:`_finding` reads of a program, for an extreme one."""
+
+    def __init__(self, p):
+        self.seed, self.dtype, self.text, self.conv = p.seed, "float64", p.text, False

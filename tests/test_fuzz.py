@@ -7,8 +7,12 @@ compiled for every ``CI_COMPILE_EVERY``-th program (several programs batched
 into one kernel) to keep the profile within its time budget on a shared
 2-core machine. The parallel profile compiles ``PARALLEL_PROGRAMS`` programs
 with every stage a parallel loop nest, each kernel run again with its serial
-twins. Long runs: ``TEXPR_FUZZ=N`` runs N programs from a random
-first seed (printed; replay with ``TEXPR_FUZZ_SEED=S``), every one compiled.
+twins. The threads profile runs ``THREADS_PROGRAMS`` programs' kernel from
+several threads at once and re-entrantly; the extreme profile compiles
+``EXTREME_PROGRAMS`` convolutions with empty and size-1 axes and strides,
+paddings and dilations up to 10**6 (:func:`fuzz.make_extreme_program`).
+Long runs: ``TEXPR_FUZZ=N`` runs N programs from a random first seed (printed;
+replay with ``TEXPR_FUZZ_SEED=S``), every one compiled.
 A finding prints its seed: ``fuzz.make_program(seed)`` rebuilds the program.
 """
 
@@ -387,3 +391,73 @@ def test_fuzz_a_constant_stage_read_at_an_out_of_range_computed_index_raises():
     # has its variants)
     findings = fuzz.check_programs([7005700007], batch=1, modes=("default",))
     assert not findings, _report(findings)
+
+
+THREADS_SEED = 20261207
+THREADS_PROGRAMS = 4
+
+
+def test_fuzz_threads_profile():
+    # drawn programs' kernels run from several threads at once and re-entrantly (a
+    # call nested in every unit of an outer call, on other values), against a plain
+    # call (issue 52)
+    before = fuzz.THREADED_RUNS[0], fuzz.REENTRANT_RUNS[0]
+    seeds = range(THREADS_SEED, THREADS_SEED + THREADS_PROGRAMS)
+    findings = fuzz.check_programs(seeds, batch=THREADS_PROGRAMS, modes=("threads",), fd=False)
+    assert not findings, "\n\n".join(str(f) for f in findings)
+    assert fuzz.THREADED_RUNS[0] > before[0] and fuzz.REENTRANT_RUNS[0] > before[1]
+
+
+EXTREME_SEED = 20261208
+EXTREME_PROGRAMS = 8
+
+
+def test_fuzz_extreme_extents_profile():
+    # convolutions with batches or channels of 0 and 1, 1-pixel inputs, strides,
+    # paddings and dilations up to 10**6: loop nests, every contraction on BLAS
+    # (a padded copy beyond its bound keeps its loop nest), threads and re-entrancy
+    seeds = range(EXTREME_SEED, EXTREME_SEED + EXTREME_PROGRAMS)
+    progs = [fuzz.make_extreme_program(s) for s in seeds]
+    assert any(0 in p.inputs[0].shape for p in progs)
+    assert any(max(p.params["padding"]) >= 10**5 for p in progs)
+    findings = fuzz.check_extreme_programs(seeds, modes=("default", "blas", "threads"),
+                                           batch=3)
+    assert not findings, "\n\n".join(str(f) for f in findings)
+
+
+def test_the_threads_check_finds_temporaries_shared_with_a_nested_call():
+    # the kernel as it was before issue 52's kind 1: the temporaries of a call are
+    # the thread's, and a call nested in it takes the same ones (a dict whose pop
+    # leaves the entry in place); the re-entrant run must report it
+    import types
+
+    from texpr import codegen
+
+    X = te.placeholder((64,), "X", "float64")
+    A = te.compute((64,), lambda i: te.exp(X[i]) * 2.0, name="A")
+    r = te.reduce_axis(64, "r")
+    B = te.compute((64,), lambda i: te.sum(A[r] * X[i], axis=r), name="B")
+    s = codegen.create_schedule([B])
+    s[A].compute_root()
+    kernel = codegen.build([B], [X], s, parallel=False)
+    assert len(kernel.units) == 2
+    x = np.linspace(-1.0, 1.0, 64)
+    (got,) = kernel(x)
+    prog = types.SimpleNamespace(seed=0, dtype="float64", text="A, B", conv=False)
+    findings = []
+    fuzz._check_concurrent(prog, kernel, [x], (got,), findings)
+    assert findings == []
+
+    class KeepOnPop(dict):
+        def pop(self, key, default=None):
+            return self.get(key, default)
+
+    class Slot:
+        pass
+
+    shared = Slot()
+    shared.__dict__ = KeepOnPop()
+    kernel._spare = shared
+    kernel(x)
+    fuzz._check_concurrent(prog, kernel, [x], (got,), findings)
+    assert any(f.kind == "kernel-reentrant" or f.kind == "kernel-threads" for f in findings)

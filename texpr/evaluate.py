@@ -28,7 +28,7 @@ import math
 import numpy as np
 
 from . import dtypes as dt
-from .errors import FeedError, OutOfBoundsError, TexprError
+from .errors import FeedError, OutOfBoundsError, TexprError, in_stage
 from .expr import (Add, And, Call, Cast, Const, Div, EQ, FloorDiv, FloorMod, GE, GT, LE, LT,
                    INT_PRESERVING, Load, Max, Min, Mul, NE, Not, Or, Reduce, Select, Sub, Var)
 from .printer import expr_str
@@ -585,8 +585,8 @@ def _eval_scatter(op, values):
     for d, (i, n) in enumerate(zip(idx, op.shape)):
         if np.any((i < 0) | (i >= n)):
             raise OutOfBoundsError(
-                f"scatter-add {op.name}: index {d} `{expr_str(op.indices[d])}` leaves the "
-                f"shape {op.shape}")
+                f"stage {op.name}: scatter-add index {d} `{expr_str(op.indices[d])}` leaves "
+                f"the shape {op.shape}")
     if not idx:  # a 0-d output: every point adds into the one element
         for v in val:
             out[()] += v
@@ -668,12 +668,13 @@ def evaluate(outputs, feed):
                 arrays = [_check_feed(op, feed_by_id)]
             elif isinstance(op, ComputeOp) and op.attrs.get(NESTED_REDUCTION):
                 arrays = [_Deferred(op, values)] * len(op.outputs)
-            elif isinstance(op, ComputeOp):
-                arrays = _eval_compute(op, values)
-            elif isinstance(op, ScatterAddOp):
-                arrays = _eval_scatter(op, values)
-            elif isinstance(op, ScanOp):
-                arrays = _eval_scan(op, values)
+            elif isinstance(op, (ComputeOp, ScatterAddOp, ScanOp)):
+                try:
+                    arrays = (_eval_compute(op, values) if isinstance(op, ComputeOp) else
+                              _eval_scatter(op, values) if isinstance(op, ScatterAddOp) else
+                              _eval_scan(op, values))
+                except TexprError as exc:  # named as the compiled kernel names it
+                    raise in_stage(op.name, exc) from None
             else:
                 raise TexprError(f"evaluate: unknown operation {type(op).__name__}")
             for t, a in zip(op.outputs, arrays):

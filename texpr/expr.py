@@ -41,14 +41,30 @@ import numpy as np
 from . import dtypes as dt
 from .errors import DTypeError, ShapeError, TexprError
 
+#: the interning table: key -> the live node. A key holds no object, only ids and plain
+#: values (see _key_of): the node holds its children, its tensor and its combiner, so
+#: while it lives their ids are theirs; when it dies its entry goes with it
 _INTERN = weakref.WeakValueDictionary()
 _UID = itertools.count()
 
 
 def _key_of(cls, attr, args, dtype):
+    """The interning key of a node: its kind, its ``attr`` with every object in it (a
+    load's tensor, a reduction's combiner and axes) replaced by its id, its children's
+    ids and its dtype.
+
+    A key that held the tensor itself kept it, its operation and everything that
+    operation reads alive after the graph was dropped, until the loads over it had
+    been collected and their entries removed: one collection freed one layer of a
+    graph, so dropped graphs piled up (issue 52)."""
     if cls is Const:
         # keep 0.0 and -0.0, 1 and 1.0 and True apart
         attr = (type(attr).__name__, repr(attr))
+    elif cls is Load:
+        attr = id(attr)
+    elif cls is Reduce:
+        combiner, axes, value_index = attr
+        attr = (id(combiner), tuple(id(a) for a in axes), value_index)
     return (cls, attr, tuple(id(a) for a in args), dtype)
 
 
