@@ -93,10 +93,10 @@ def _known_form(x):
 def _remember_form(x, out):
     key = id(x)
 
-    def forget(ref):
-        hit = _MEMO.get(key)
+    def forget(ref, memo=_MEMO):  # (bound now: at interpreter exit the global is None)
+        hit = memo.get(key)
         if hit is not None and hit[0] is ref:
-            _MEMO.pop(key, None)
+            memo.pop(key, None)
 
     if len(_MEMO) > _MEMO_LIMIT:
         _MEMO.clear()
