@@ -55,7 +55,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from texpr import codegen  # noqa: E402
 import texpr as te  # noqa: E402
-from bench_suite import _set_threads, blas_info, time_rotating  # noqa: E402
+from bench_suite import _set_threads, print_blas_header, time_rotating  # noqa: E402
 from model_cases import MODELS, PEERS  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -235,12 +235,7 @@ def main(argv=None):
         print(json.dumps({"build_s": seconds, "peak_rss_mb": rss}))
         return
 
-    for line in blas_info():
-        print(f"BLAS: {line}")
-    for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
-        if k in os.environ:
-            print(f"warning: {k}={os.environ[k]} is set (it slows OpenBLAS; unset it for "
-                  "benchmarks)")
+    print_blas_header()
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     rows = []
     for name in names:

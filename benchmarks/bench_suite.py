@@ -142,6 +142,17 @@ def bench_case(case, repeat, use_jax, use_torch, use_loops=False):
     return row
 
 
+def print_blas_header():
+    """Print which BLAS numpy runs, and a warning for each OpenBLAS setting that
+    slows it (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE: unset them for benchmarks)."""
+    for line in blas_info():
+        print(f"BLAS: {line}")
+    for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+        if k in os.environ:
+            print(f"warning: {k}={os.environ[k]} is set (it slows OpenBLAS; unset it for "
+                  "benchmarks)")
+
+
 def time_rotating(runs, repeat):
     """``{framework: median ms}`` of ``repeat`` rounds, each calling every closure of
     ``runs`` once, in an order that rotates round by round (each follows each other
@@ -286,12 +297,7 @@ def main(argv=None):
 
     rate = sgemm_rate()
     print(f"SGEMM (numpy, 2048x2048, float32): {rate:.1f} GFLOP/s")
-    for line in blas_info():
-        print(f"BLAS: {line}")
-    for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
-        if k in os.environ:
-            print(f"warning: {k}={os.environ[k]} is set (it slows OpenBLAS; unset it for "
-                  "benchmarks)")
+    print_blas_header()
     rows = []
     print(f"{'case':22s} {'texpr ms':>9s} {'jax ms':>8s} {'torch ms':>9s} {'/jax':>7s} "
           f"{'/torch':>7s} {'/best':>6s} {'cold s':>7s} {'diff':>8s} {'gemm':>4s}"
