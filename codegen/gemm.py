@@ -297,9 +297,11 @@ class ContractionPlan:
 
 #: How a GEMM uses the cores. A positive value: cut each GEMM into this many parts
 #: (along a batch axis or the rows), run on worker threads, each a one-thread
-#: BLAS call (1: one call on the BLAS's own threads). 0 (the default): the BLAS's
-#: own threads, unless the machine is oversubscribed (see :func:`_oversubscribed`),
-#: then one part per numba thread. OpenBLAS's threads are the faster on an idle
+#: BLAS call (1: one call on the BLAS's own threads). 0 (the default): one part per
+#: numba thread. In a model OpenBLAS's own workers spin after each GEMM and starve
+#: the parallel loop nests that follow it: on an idle 2-core machine the mini-GPT's
+#: step took 83 ms with them, 53 ms cut into parts (the ResNet's 667 vs 503 ms;
+#: kernel.profile, 2026-12-07, load 1.3-2). Alone, OpenBLAS's threads are the faster on an idle
 #: machine (value-and-grad of dense 3.0 ms vs 4.3 ms cut in two, conv2d_s1 32.5
 #: vs 40.1, in one run alternating), but they busy-wait for each other: on a
 #: loaded 2-core machine a 2-thread SGEMM ran 6x slower than one thread (dense
@@ -346,8 +348,7 @@ def _gemm_parts():
     """How many parts the GEMMs of one plan run are cut into (see ``GEMM_THREADS``)."""
     if GEMM_THREADS > 0:
         return GEMM_THREADS
-    n = _threads()
-    return n if n > 1 and _oversubscribed() else 1
+    return _threads()
 
 
 @contextlib.contextmanager

@@ -506,8 +506,8 @@ def test_oversubscribed_reads_the_load_average_at_most_every_second(monkeypatch)
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     monkeypatch.setattr(G, "_LOAD", [float("-inf"), True])
     assert not G._oversubscribed()
-    monkeypatch.setattr(G, "GEMM_THREADS", 0)
-    assert G._gemm_parts() == 1
+    monkeypatch.setattr(G, "GEMM_THREADS", 0)  # the default: one part per numba thread
+    assert G._gemm_parts() == G._threads()
 
 
 def test_concurrent_split_gemms_restore_the_blas_thread_count(monkeypatch):
