@@ -4,7 +4,7 @@ The dense case of the suite (X 256x784, W 128x784, head 256x128): its three
 GEMMs (forward ``X W^T``, ``dX = H W``, ``dW = H^T X``) run
 
 * ``numpy-split``: ``np.matmul`` on numpy's OpenBLAS, each GEMM cut over worker
-  threads, one BLAS thread each (``texpr.codegen.gemm._matmul`` with
+  threads, one BLAS thread each (``texpr.codegen.backends.numpy_host.gemm._matmul`` with
   ``GEMM_THREADS = 2``: what texpr's contraction stages do on a loaded machine);
 * ``numpy-mt``: one ``np.matmul`` call each, numpy's BLAS with its own threads
   (what they do otherwise);
@@ -30,7 +30,7 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=30)
     args = ap.parse_args(argv)
     import numba
-    from texpr.codegen import gemm as G
+    from texpr.codegen.backends.numpy_host import gemm as G
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((256, 784)).astype("float32")

@@ -9,7 +9,7 @@ script times, as medians over many calls in one process:
 * ``jax``: ``texpr.jax.op`` under ``jax.jit`` (``block_until_ready``);
 * ``jax a+b``: a jitted ``a + b`` of the same arrays, JAX's own cost of a call,
 * ``driver``: the kernel's units run by the compiled driver both bridges use
-  (:mod:`texpr.codegen.native_call`), without a call's checks,
+  (:mod:`texpr.codegen.backends.numba_cpu.native_call`), without a call's checks,
 
 and prints each in microseconds with its overhead over ``kernel``. The rows
 take turns (blocks of 20 calls, round by round) so that a shared machine's
@@ -85,7 +85,7 @@ def main():
         ("jax (jit)", lambda: jitted(xj, wj).block_until_ready(), _null),
         ("jax a+b", lambda: floor(xj, wj).block_until_ready(), _null),
     ]
-    from texpr.codegen import native_call
+    from texpr.codegen.backends.numba_cpu import native_call
 
     driver = native_call.runner(kernel)
     if driver is not None:  # the units alone, from the bridges' compiled driver

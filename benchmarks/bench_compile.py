@@ -10,7 +10,7 @@ every differentiated input, ``H`` a fixed head:
   compilation of this function are).
 * **texpr cold**: ``te.differentiate`` + ``codegen.build`` + the kernel's first
   call (as JAX's first call runs too; a chunked unit's trampoline,
-  :mod:`texpr.codegen.chunks`, is compiled or loaded there) in a fresh process
+  :mod:`texpr.codegen.backends.numba_cpu.chunks`, is compiled or loaded there) in a fresh process
   per case with an empty cache directory (kernel and symbolic caches), so
   numba's first compile in a process (its target start-up, ~0.7 s on a quiet
   2-core machine) is counted, as a new user pays it. Reported beside it,
@@ -273,7 +273,7 @@ def job_deep(kind, depth):
     grads = list(te.differentiate(loss, weights).result)
     kernel = codegen.build([loss] + grads, inputs)
     t1 = time.perf_counter()
-    from texpr.codegen import compile as cc
+    from texpr.codegen.backends.numba_cpu import compile as cc
     cc._shutdown_pool()  # the compile workers end: their peak counts in RUSAGE_CHILDREN
     mb = lambda who: resource.getrusage(who).ru_maxrss / 1024  # noqa: E731 - KB on Linux
     return dict(build_s=t1 - t0, compile_s=kernel.compile_seconds, units=unit_counts(kernel),

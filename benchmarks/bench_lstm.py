@@ -21,7 +21,7 @@ time, and the largest difference between the two first-step gradients.
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_lstm.py
     ... --batch 64 --steps 8 --hidden 64 --repeat 200 [--parallel] [--torch-threads 1]
     ... --no-step-gemm    (the scan steps' matrix products as loop nests: the A/B of
-                           codegen/scan_gemm.py)
+                           codegen/loopnest/scan_gemm.py)
 
 Timings drift between runs and machines: compare ratios from one run only.
 """
@@ -56,7 +56,7 @@ def main():
     from texpr import codegen
 
     if args.no_step_gemm:
-        import texpr.codegen.scan_gemm as scan_gemm
+        import texpr.codegen.loopnest.scan_gemm as scan_gemm
         scan_gemm.GEMM_MIN_MACS = float("inf")
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)

@@ -17,9 +17,9 @@ The PyTorch step is bench_digits_step.py's (the digits CNN, batch 64: forward,
     are too small for OpenBLAS's workers);
   - ``dense``: the value and gradient of bench_suite's ``dense`` case (256x784
     @ 784x128 float32, GEMMs OpenBLAS runs on its workers), which parks them
-    when it returns (codegen/parking.py);
+    when it returns (codegen/backends/numpy_host/parking.py);
   - ``dense, no park``: the same kernel with parking off for the call
-    (``codegen.parking.ENABLED``): the workers spin about 0.1 s.
+    (``codegen.backends.numpy_host.parking.ENABLED``): the workers spin about 0.1 s.
 
   Blocks of ``--steps`` pairs (neighbour, then the timed PyTorch step) rotate
   over the five in each of ``--rounds`` rounds, with 0.15 s of sleep after a
@@ -107,7 +107,7 @@ def worker(args):
     from cases import make_cases, random_inputs
 
     numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
-    from texpr.codegen import gemm
+    from texpr.codegen.backends.numpy_host import gemm
     gemm.GEMM_THREADS = args.gemm_threads
     model, params, x, y = _digits_setup(args.batch)
     digits_step = bd.texpr_step(model, params, x, y, parallel=True)
@@ -125,7 +125,7 @@ def worker(args):
         t = time.perf_counter()
         while time.perf_counter() - t < pause_s:
             pass
-    from texpr.codegen import parking
+    from texpr.codegen.backends.numpy_host import parking
 
     def spinning():  # the dense kernel with OpenBLAS's workers left to spin
         parking.ENABLED = False
@@ -190,7 +190,7 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2, help="PyTorch's, numba's and BLAS's threads")
     ap.add_argument("--gemm-threads", type=int, default=1,
-                    help="texpr's codegen.gemm.GEMM_THREADS (0: its default, by the load)")
+                    help="texpr's codegen.backends.numpy_host.gemm.GEMM_THREADS (0: its default, by the load)")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

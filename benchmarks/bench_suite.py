@@ -26,7 +26,7 @@ both gradients as separate kernels, in ms and GFLOP/s.
     python benchmarks/bench_suite.py --scale 0.25    # smaller batches
 
 Also printed: the machine's SGEMM rate (numpy, 2048x2048, float32: the BLAS
-that texpr's contraction stages call, see ``texpr.codegen.contraction``), the
+that texpr's contraction stages call, see ``texpr.codegen.analysis.contraction``), the
 BLAS libraries threadpoolctl finds (kernel, threads), and per case the stages
 that ran as GEMMs. Every framework runs with ``--threads`` threads (default 2).
 

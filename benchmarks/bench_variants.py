@@ -1,8 +1,8 @@
 """Before/after timings of codegen tuning knobs, in one process, runs alternating.
 
-Each *variant* is a Python statement run with ``L`` bound to :mod:`codegen.stage`,
-``T`` to :mod:`codegen.tap_split`, ``W`` to :mod:`codegen.windows` and ``S`` to
-:mod:`codegen.shifts` (their upper-case constants are reset between variants),
+Each *variant* is a Python statement run with ``L`` bound to :mod:`codegen.loopnest.stage`,
+``T`` to :mod:`codegen.rewrite.tap_split`, ``W`` to :mod:`codegen.rewrite.windows` and ``S`` to
+:mod:`codegen.analysis.shifts` (their upper-case constants are reset between variants),
 e.g. ``"L.SPLIT_LANES = 10**6"`` (turns the grouped reductions off), ``"T.ENABLED =
 W.ENABLED = False"`` (no tap splitting, no window stages) or ``"pass"`` (the defaults). For every case
 of the gradient suite (docs/testing.md) the forward value and each gradient are built as separate kernels,
@@ -25,10 +25,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from texpr import codegen  # noqa: E402
-import texpr.codegen.stage as L  # noqa: E402 - the tuning constants live there
-import texpr.codegen.shifts as S  # noqa: E402
-import texpr.codegen.tap_split as T  # noqa: E402
-import texpr.codegen.windows as W  # noqa: E402
+import texpr.codegen.loopnest.stage as L  # noqa: E402 - the tuning constants live there
+import texpr.codegen.analysis.shifts as S  # noqa: E402
+import texpr.codegen.rewrite.tap_split as T  # noqa: E402
+import texpr.codegen.rewrite.windows as W  # noqa: E402
 import texpr as te  # noqa: E402
 from cases import make_cases, random_inputs  # noqa: E402
 
@@ -69,8 +69,8 @@ def case_kernels(case, variant, defaults):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("variants", nargs="+", help="Python statements on L = codegen.stage, "
-                    "T = codegen.tap_split, W = codegen.windows, S = codegen.shifts")
+    ap.add_argument("variants", nargs="+", help="Python statements on L = codegen.loopnest.stage, "
+                    "T = codegen.rewrite.tap_split, W = codegen.rewrite.windows, S = codegen.analysis.shifts")
     ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--scale", type=float, default=1.0)

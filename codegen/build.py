@@ -1,6 +1,6 @@
 """``build``: a graph (and optionally a schedule) -> a compiled :class:`Kernel`.
 
-A Kernel is a thin driver over its units (:mod:`codegen.units`, one per
+A Kernel is a thin driver over its units (:mod:`codegen.backends.numba_cpu.units`, one per
 materialised stage): ``__call__`` checks the arrays, allocates the outputs and
 temporaries, and runs the units in order on the flat buffers, raising after
 the first unit whose error flag is set.
@@ -15,12 +15,12 @@ from texpr.errors import FeedError, OutOfBoundsError, ScheduleError, TexprError,
 from texpr.tensor import (ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, check_allocatable,
                           check_input_array)
 
-from . import parking as _parking
+from .backends.numpy_host import parking as _parking
 from . import profile as _profile
 from .explain import explain as _explain
-from .lower import lower
-from .units import make_units
-from .schedule import Schedule, create_schedule, default_materialized
+from .loopnest.lower import lower
+from .backends.numba_cpu.units import make_units
+from .ir.schedule import Schedule, create_schedule, default_materialized
 
 __all__ = ["build", "Kernel"]
 
@@ -47,7 +47,7 @@ class Kernel:
     Attributes: ``source`` (generated Python: the units, then the driver
     ``kernel``), ``stages`` (names of the materialised stages, in execution
     order), ``units`` (the runnable units, one per stage, see
-    :mod:`codegen.units`), ``inputs``, ``outputs``, ``compile_seconds`` (wall
+    :mod:`codegen.backends.numba_cpu.units`), ``inputs``, ``outputs``, ``compile_seconds`` (wall
     seconds spent compiling or loading the units), ``units_compiled`` (units
     numba compiled for this build, here or in a worker process),
     ``units_reused`` (units taken from the memory or disk cache, including a
@@ -87,7 +87,7 @@ class Kernel:
         self._plan = None
         # a kernel that calls a BLAS (GEMM units, a scan's np.dot) parks the BLAS's
         # workers when a call ends, so that they do not spin beside the process's
-        # next work (codegen.parking)
+        # next work (codegen.backends.numpy_host.parking)
         self._parks = any(u.kind == "blas" or getattr(u, "calls_blas", False)
                           for u in self.units)
         self._calls_blas = any(getattr(u, "calls_blas", False) for u in self.units)
@@ -156,7 +156,7 @@ class Kernel:
         stage, in execution order) with what it computes, its lowering (GEMM,
         batched GEMM, shift plan, loop nest parallel, chunked or serial) and, for
         a sum-reduction left a loop nest, why it is no GEMM (the matcher's or
-        the cost rule's reason, :mod:`codegen.contraction`), then how many
+        the cost rule's reason, :mod:`codegen.analysis.contraction`), then how many
         multiply-adds run on BLAS and how many in loop nests.
 
         Args:
@@ -398,8 +398,8 @@ def _check_out(outputs, out, args):
 
 
 def _chooser(schedule, inlined, parallel, reasons=None):
-    """``(op, key) -> plan or None``: which stages run as GEMMs (:mod:`codegen.contraction`),
-    and which window and tap-sum stages as shift plans (:mod:`codegen.shifts`).
+    """``(op, key) -> plan or None``: which stages run as GEMMs (:mod:`codegen.analysis.contraction`),
+    and which window and tap-sum stages as shift plans (:mod:`codegen.analysis.shifts`).
 
     A stage the user marked ``blas(True)`` must match (else ScheduleError);
     ``blas(False)`` never runs on BLAS; by default a stage without loop decisions
@@ -407,7 +407,7 @@ def _chooser(schedule, inlined, parallel, reasons=None):
     matches and :func:`contraction.cost_ok` says it pays. ``reasons`` (a dict,
     when given) gets, per sum-reduction stage name left a loop nest, why
     (:meth:`Kernel.explain`)."""
-    from . import contraction
+    from .analysis import contraction
 
     def choose(op, key):
         plan, why = _choice(op, key)
@@ -424,8 +424,8 @@ def _chooser(schedule, inlined, parallel, reasons=None):
             return None, "a serial build (parallel=False) keeps every stage a loop nest"
         if flag is None and (st.ordered or st.parallel_set or st.vectorize_axes):
             return None, "the schedule sets its loops (split, reorder, parallel or vectorize)"
-        from .shifts import plan_of
-        shift = plan_of(op, key)  # a window or tap-sum stage (codegen.shifts)
+        from .analysis.shifts import plan_of
+        shift = plan_of(op, key)  # a window or tap-sum stage (codegen.analysis.shifts)
         if shift is not None:
             return shift, None
         why = []
@@ -434,7 +434,7 @@ def _chooser(schedule, inlined, parallel, reasons=None):
             if flag:
                 raise ScheduleError(f"stage {op.name}: blas(True), but it is not a contraction "
                                     f"the GEMM path runs ({why[0] if why else 'no match'}; "
-                                    "see texpr.codegen.contraction)")
+                                    "see texpr.codegen.analysis.contraction)")
             return None, f"not a GEMM: {why[0] if why else 'no match'}"
         if flag is None and not contraction.cost_ok(plan):
             return None, f"BLAS does not pay: {contraction.cost_refusal(plan) or 'the cost rule'}"
@@ -465,7 +465,7 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
         parallel: allow ``prange`` loops (False: every loop is sequential).
     Returns:
         A :class:`Kernel` (compiled; compilation is cached in memory and on disk,
-        see :mod:`texpr.codegen.compile`).
+        see :mod:`texpr.codegen.backends.numba_cpu.compile`).
     Raises:
         TexprError: a non-Tensor output, a non-placeholder input, a placeholder
         missing from ``inputs``; ScheduleError: a schedule of another graph or
@@ -494,10 +494,10 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
         outs = list(simp(outs))
         packed, parts, windows = [], [], []
         if parallel:  # (serial builds keep every stage on loop nests)
-            from .operands import pack_operands
-            from .tap_split import split_taps
-            from .windows import window_operands
-            from .split_reductions import split_reductions
+            from .rewrite.operands import pack_operands
+            from .rewrite.tap_split import split_taps
+            from .rewrite.windows import window_operands
+            from .rewrite.split_reductions import split_reductions
             outs, packed = pack_operands(outs)
             outs, split, packed = split_taps(outs, keep=packed)
             outs, windows, packed = window_operands(outs, keep=packed + split)

@@ -6,8 +6,8 @@ is lowered (the profiler's columns, :func:`codegen.profile.unit_info`), and for
 a contraction (a sum whose domain has more points than its buffers have
 elements: the profiler's multiply-adds) that stayed a loop nest, why no GEMM
 runs it (the reason the
-build's chooser recorded: the matcher's, :func:`codegen.contraction.match`, or
-the cost rule's, :func:`codegen.contraction.cost_refusal`, or the schedule's).
+build's chooser recorded: the matcher's, :func:`codegen.analysis.contraction.match`, or
+the cost rule's, :func:`codegen.analysis.contraction.cost_refusal`, or the schedule's).
 The last lines add up the multiply-adds that run on BLAS and in loop nests.
 """
 

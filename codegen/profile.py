@@ -17,7 +17,7 @@ Two ways in:
   :func:`enable` and :func:`disable` switch recording on and off in a running
   process. A recorded kernel is kept alive until the process ends. The bridges
   (``texpr.torch``, ``texpr.jax``) run a kernel from compiled code when they
-  can (:mod:`codegen.native_call`, no Python between the units, so nothing to
+  can (:mod:`codegen.backends.numba_cpu.native_call`, no Python between the units, so nothing to
   time there): while recording is on when a bridge first calls a kernel, it
   gets the Python driver instead, and its calls are recorded.
 
@@ -28,15 +28,15 @@ Rows. One per unit (a materialised stage), in execution order:
   ``gradient of W through dense`` (an adjoint contribution ``d_W__dense``,
   from the ``out``/``inp`` attributes :mod:`texpr.jacobian` gives it; the
   simplifier keeps them), ``gradient of X`` (an adjoint sum), ``operand of
-  S, packed for its GEMM`` (a stage :mod:`codegen.operands`,
-  :mod:`codegen.tap_split` or :mod:`codegen.windows` made for stage ``S``,
+  S, packed for its GEMM`` (a stage :mod:`codegen.rewrite.operands`,
+  :mod:`codegen.rewrite.tap_split` or :mod:`codegen.rewrite.windows` made for stage ``S``,
   whose own row says what it is), ... (:func:`computes`). A scatter-add
   stage has no attributes: a gradient scatter (the adjoint of a gather,
   ``d_X__Y``, ``d_X__Y_g0``) is recognised by its name, the naming
   convention of ``docs/conventions.md``.
 * ``lowering``: ``GEMM (MxK @ KxN)``, ``batched GEMM Bx(...)``, ``n GEMMs``
-  (:mod:`codegen.contraction`), ``shift (n moves)`` (:mod:`codegen.shifts`),
-  ``loop nest, chunked parallel`` (:mod:`codegen.chunks`), ``loop nest,
+  (:mod:`codegen.analysis.contraction`), ``shift (n moves)`` (:mod:`codegen.analysis.shifts`),
+  ``loop nest, chunked parallel`` (:mod:`codegen.backends.numba_cpu.chunks`), ``loop nest,
   parallel`` (``prange``), ``loop nest, serial``; a scan's unit is a ``scan
   loop nest``.
 * ``calls``, ``total_ms``, ``percent`` (of the step: the wall time of the

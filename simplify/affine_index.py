@@ -2,7 +2,7 @@
 
 One job: integer index arithmetic over axes, shared by the materialisation
 policy (:mod:`texpr.simplify.materialize`: is a re-indexing a strided view of
-its tensor?) and the code generator (``texpr.codegen.affine``, which
+its tensor?) and the code generator (``texpr.codegen.analysis.affine``, which
 re-exports these: loops addressed by an affine offset, GEMM operands as
 strided views). :func:`eval_int` evaluates an index expression exactly at one
 point; :func:`affine_form` proves (with isl) that it equals ``const + sum(coef

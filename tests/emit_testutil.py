@@ -1,11 +1,11 @@
 """Helpers of the tests that drive codegen's expression emitter directly
-(codegen.emit.ExprEmitter): an emitter over named buffers, and the run-time
+(codegen.loopnest.emit.ExprEmitter): an emitter over named buffers, and the run-time
 helpers its text calls, in plain Python, so that the emitted lines can be run
 with ``exec`` against ``te.evaluate``."""
 
 import numpy as np
 
-from texpr.codegen.emit import ExprEmitter
+from texpr.codegen.loopnest.emit import ExprEmitter
 
 
 class Buf:

@@ -22,7 +22,7 @@ differences). It covers
 * whole conv -> bias and activation -> conv programs (strided, dilated or
   causally masked; :func:`conv_activation_conv`, 6% of the programs), whose
   folded activation and masked gradients codegen packs into stages of their
-  own so that the convolutions run as GEMMs (:mod:`codegen.operands`).
+  own so that the convolutions run as GEMMs (:mod:`codegen.rewrite.operands`).
 
 Where an input is near the dtype's largest value, a sum's partial sums can
 overflow in one order of its terms and not in another: such elements are
@@ -36,7 +36,7 @@ one compiled kernel (texpr.codegen.build) of every program's forward, loss
 and simplified gradients against ``te.evaluate`` of the same simplified graphs
 (raw vs simplified forward: with finite inputs; see docs/conventions.md, "Zeros"),
 and the same kernel run by the bridges' compiled driver
-(:mod:`texpr.codegen.native_call`) and as a PyTorch operator
+(:mod:`texpr.codegen.backends.numba_cpu.native_call`) and as a PyTorch operator
 (``texpr.torch.op``: torch tensors, contiguous or strided, written through
 their data pointers) against the kernel, bit for bit (an out-of-range index
 raises OutOfBoundsError on every path); and, for smooth programs with
@@ -287,7 +287,7 @@ class _Gen:
         """A load through a reshape: a clamped flat position ``f`` split back into
         row-major indices ``(f // stride) % n`` (draws from its own stream, after
         the ordinary load's, so other programs keep theirs). Its offset is
-        affine where the clamp is inactive, the case codegen.affine proves."""
+        affine where the clamp is inactive, the case codegen.analysis.affine proves."""
         r = self.rng3
         a, b, c = r.randint(0, 3), r.randint(-1, 2), r.randint(-1, 2)
         f = a * r.choice(vars) + b * r.choice(vars) + c
@@ -477,7 +477,7 @@ def conv_activation_conv(g, transposed=False):
     """A 1-d convolution, a bias and an activation (relu, leaky relu, or a select
     on the value), then a second convolution (strided, dilated, masked causally,
     or, with ``transposed``, transposed): the shape whose gradients and folded activation
-    :mod:`texpr.codegen.operands` packs into elementwise stages so that the
+    :mod:`texpr.codegen.rewrite.operands` packs into elementwise stages so that the
     convolutions run as GEMMs. Returns ``(floats, y)``; draws from ``g.rng5``
     only (and ``g.name``)."""
     r = g.rng5
@@ -872,9 +872,9 @@ def _patched(module, **values):
 
 def every_contraction_on_blas():
     """Builds inside run every stage that matches the contraction pattern as GEMMs
-    (the cost rule of :mod:`texpr.codegen.contraction` off: fuzzed stages are far
+    (the cost rule of :mod:`texpr.codegen.analysis.contraction` off: fuzzed stages are far
     below its sizes), with the symbolic cache off."""
-    from texpr.codegen import contraction
+    from texpr.codegen.analysis import contraction
 
     return _patched(contraction, cost_ok=lambda plan: True)
 
@@ -886,7 +886,7 @@ def split_gemms():
     mode), however small the GEMM, and make every packing copy in chunks of one
     index of its cut axis (``CHUNK_MIN_BYTES = 0``, ``CHUNK_BYTES = 1``: the
     path of large im2col copies)."""
-    from texpr.codegen import gemm
+    from texpr.codegen.backends.numpy_host import gemm
 
     names = ("GEMM_THREADS", "GEMM_SPLIT_MIN", "CHUNK_MIN_BYTES", "CHUNK_BYTES")
     old = [getattr(gemm, n) for n in names]
@@ -900,11 +900,11 @@ def split_gemms():
 
 
 def every_subexpression_hoisted():
-    """Builds inside run :mod:`texpr.codegen.cse` at its smallest thresholds: every
+    """Builds inside run :mod:`texpr.codegen.loopnest.cse` at its smallest thresholds: every
     repeated subexpression of two or more nodes gets a temporary and every
     select of four or more an if statement of its own (fuzzed statements are
     small; the defaults would rarely touch them), with the symbolic cache off."""
-    from texpr.codegen import cse
+    from texpr.codegen.loopnest import cse
 
     return _patched(cse, MIN_NODES=2, SPLIT_NODES=4)
 
@@ -915,7 +915,7 @@ def sums_unrolled():
     points, far below ``stage.UNROLL_MIN_POINTS``): 2 partial sums by copies
     (float64: 1), or, for a loop LLVM's vectoriser takes, written once with
     ``_radd`` (``REASSOCIATE_MIN_TRIPS`` lowered to 2), with the symbolic cache off."""
-    from texpr.codegen import stage
+    from texpr.codegen.loopnest import stage
 
     return _patched(stage, UNROLL_MIN_POINTS=0, UNROLL=2, JAM_UNROLL=2,
                     REASSOCIATE_MIN_TRIPS=2)
@@ -936,10 +936,10 @@ SPLIT_BLAS_UNITS = [0]
 #: copies, in the fuzzer's kernels so far (:func:`sums_unrolled`)
 REASSOCIATED_SUMS = [0]
 UNROLLED_SUMS = [0]
-#: packed-operand stages (:mod:`codegen.operands`) in the fuzzer's kernels so far
+#: packed-operand stages (:mod:`codegen.rewrite.operands`) in the fuzzer's kernels so far
 PACKED_STAGES = [0]
-#: window stages (codegen.windows), taps' stages (codegen.tap_split) and shift
-#: units (codegen.shifts) in the fuzzer's kernels so far
+#: window stages (codegen.rewrite.windows), taps' stages (codegen.rewrite.tap_split) and shift
+#: units (codegen.analysis.shifts) in the fuzzer's kernels so far
 WINDOW_STAGES = [0]
 TAP_SPLITS = [0]
 SHIFT_UNITS = [0]
@@ -951,7 +951,7 @@ CHUNKED_RUNS = [0]
 
 def contraction_chunk_runs():
     """How many GEMMs this process has run in chunks (``gemm.CHUNKED``)."""
-    from texpr.codegen import gemm
+    from texpr.codegen.backends.numpy_host import gemm
 
     return gemm.CHUNKED[0]
 
@@ -967,7 +967,7 @@ def stages_parallel(min_points=None):
     :data:`PARALLEL_FUZZ_MIN_POINTS`) as a parallel loop nest (``prange``,
     numba's ``parallel=True``), the path of large stages, with the symbolic
     cache off."""
-    from texpr.codegen import stage
+    from texpr.codegen.loopnest import stage
 
     return _patched(stage, PARALLEL_MIN_POINTS=min_points or PARALLEL_FUZZ_MIN_POINTS,
                     PARALLEL_POINTS=1, PARALLEL_MIN_WORK=0)
@@ -977,8 +977,8 @@ def stages_parallel(min_points=None):
 def serial_twins():
     """Kernel runs inside run every parallel unit's serial twin (its text with
     ``prange`` as ``range``), as in a child forked after numba's OpenMP layer
-    started (:mod:`texpr.codegen.forksafe`)."""
-    from texpr.codegen import forksafe
+    started (:mod:`texpr.codegen.backends.numba_cpu.forksafe`)."""
+    from texpr.codegen.backends.numba_cpu import forksafe
 
     old = forksafe.FORKED_FROM_OPENMP[0]
     forksafe.FORKED_FROM_OPENMP[0] = True
@@ -991,8 +991,8 @@ def serial_twins():
 @contextlib.contextmanager
 def chunks_on_python_threads():
     """Kernel runs inside run chunked units' parts on Python worker threads (the
-    path without libgomp, :mod:`texpr.codegen.chunks`), not on OpenMP's team."""
-    from texpr.codegen import chunks
+    path without libgomp, :mod:`texpr.codegen.backends.numba_cpu.chunks`), not on OpenMP's team."""
+    from texpr.codegen.backends.numba_cpu import chunks
 
     old = chunks.RUNNER
     chunks.RUNNER = "threads"
@@ -1122,7 +1122,7 @@ def _check_concurrent(p, kernel, arrays, got, findings):
                 findings.append(_finding(p, "kernel-reentrant", msg))
                 break
 
-#: parallel units (prange loops, or chunked: codegen.chunks) built by the fuzzer's
+#: parallel units (prange loops, or chunked: codegen.backends.numba_cpu.chunks) built by the fuzzer's
 #: kernels so far, and their serial runs (twins; a chunked unit in one part)
 PARALLEL_UNITS = [0]
 SERIAL_TWIN_RUNS = [0]
@@ -1136,9 +1136,9 @@ NATIVE_RUNS = [0]
 
 def native_outputs(kernel, arrays):
     """The outputs of ``kernel`` run by the compiled driver of the bridges
-    (:mod:`texpr.codegen.native_call`) on ``arrays``; None when it cannot run
+    (:mod:`texpr.codegen.backends.numba_cpu.native_call`) on ``arrays``; None when it cannot run
     this kernel. Raises what the kernel raises."""
-    from texpr.codegen import native_call
+    from texpr.codegen.backends.numba_cpu import native_call
 
     run = native_call.runner(kernel)
     if run is None:
@@ -1290,7 +1290,7 @@ def _check_kernel(qs, findings, mode="default"):
     """One kernel for all ``qs`` (none expecting OOB); on a build error, one per
     program. ``mode`` (a key of :data:`_MODES`): ``"blas"``, every contraction
     stage runs on BLAS (see :func:`every_contraction_on_blas`); ``"cse"``,
-    codegen.cse at its smallest thresholds and float sums unrolled
+    codegen.loopnest.cse at its smallest thresholds and float sums unrolled
     (:func:`hoisted_and_unrolled`);
     ``"parallel"``, stages of a few points as parallel loop nests, run again
     with their serial twins (:func:`stages_parallel`, :func:`serial_twins`);
@@ -1608,7 +1608,7 @@ def check_programs(seeds, batch=8, fd=True, compile_every=1, log=None, reshape=T
     built alone and must raise it too. Only every ``compile_every``-th program
     (by position) is compiled (none for 0); the rest get the evaluator checks only.
     Batches take turns in ``modes`` (keys of :data:`_MODES`), from the second:
-    codegen.cse at its smallest thresholds, the default rules (loop nests at
+    codegen.loopnest.cse at its smallest thresholds, the default rules (loop nests at
     these sizes), stages of a few points as parallel loop nests (run again
     with their serial twins), every contraction stage on BLAS (also the last
     batch when ``modes`` has it; its kernel runs twice, GEMMs in one call and

@@ -1,11 +1,11 @@
-"""Packed operands (codegen/operands.py) under attack: reproducers of faults found
+"""Packed operands (codegen/rewrite/operands.py) under attack: reproducers of faults found
 in the rewrite that packs a contraction's computed operand into a stage of its own."""
 
 import numpy as np
 
 import texpr as te
 from texpr import codegen, simplify
-from texpr.codegen import contraction
+from texpr.codegen.analysis import contraction
 
 from fuzz import every_contraction_on_blas as blas_at_any_size  # the cost rule off
 

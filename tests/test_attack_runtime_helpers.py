@@ -1,4 +1,4 @@
-"""Attack on the shared helper module (codegen/runtime.py), both found on commit
+"""Attack on the shared helper module (codegen/backends/numba_cpu/runtime.py), both found on commit
 8d2dbc2 and fixed: every helper now has one signature (``_fmax_float32``,
 ``_fmax_float64``, ...: one numba index file each), and a damaged numba file
 warns once per cache directory and process (a directory in its place is removed).
@@ -162,7 +162,7 @@ SWAP = textwrap.dedent('''
     import glob, os, shutil, sys, warnings
     import numpy as np, texpr as te
     from texpr import codegen
-    from texpr.codegen import runtime as R
+    from texpr.codegen.backends.numba_cpu import runtime as R
 
     def build(kind, n):
         X = te.placeholder((n, 5), "X")

@@ -241,7 +241,7 @@ def test_a_blas_unit_keeps_the_python_handler(x64):
     # a contraction run as a GEMM is not a numba unit: no compiled handler, the
     # Python one runs it (same values)
     import fuzz
-    from texpr.codegen.native_call import ffi_handler
+    from texpr.codegen.backends.numba_cpu.native_call import ffi_handler
 
     with fuzz.every_contraction_on_blas():
         f = _dense_tanh()

@@ -1,13 +1,13 @@
 """Loads whose row-major offset is affine although their indices use // and %
 (flatten, reshape): the loop nest addresses them by the affine offset, proved
-by isl over the iteration box (texpr.codegen.affine)."""
+by isl over the iteration box (texpr.codegen.analysis.affine)."""
 
 import numpy as np
 
 import texpr as te
 from texpr import codegen
 from texpr import expr as E
-from texpr.codegen.affine import affine_offsets
+from texpr.codegen.analysis.affine import affine_offsets
 from texpr.simplify.isl_bridge import VarSpace, box_set
 from texpr.visitor import post_order
 

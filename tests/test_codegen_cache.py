@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from texpr import codegen
-from texpr.codegen import runtime
+from texpr.codegen.backends.numba_cpu import runtime
 import texpr as te
 
 PROGRAM = textwrap.dedent("""
@@ -102,7 +102,7 @@ def _helper(cache, *args, user=None):
 
 
 def _module(cache):
-    """The one unit module in ``cache`` (not the helper module, codegen.runtime)."""
+    """The one unit module in ``cache`` (not the helper module, codegen.backends.numba_cpu.runtime)."""
     (path,) = [p for p in glob.glob(os.path.join(str(cache), "texpr_k_*.py"))
                if not os.path.basename(p).startswith(runtime.MODULE)]
     return path
@@ -170,7 +170,7 @@ def _run_helpers_program(cache, c):
 
 @pytest.mark.parametrize("damage", ["module", "numba-files"])
 def test_a_damaged_helper_module_is_rebuilt(tmp_path, damage):
-    """The helpers every unit calls (codegen.runtime) are one module in the cache
+    """The helpers every unit calls (codegen.backends.numba_cpu.runtime) are one module in the cache
     directory, with numba's machine code beside it: a truncated module or
     random-byte numba files are replaced (one warning) and every value is right."""
     first = _run_helpers_program(tmp_path, 2.0)

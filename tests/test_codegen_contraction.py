@@ -1,4 +1,4 @@
-"""Contraction stages as GEMMs (texpr.codegen.contraction).
+"""Contraction stages as GEMMs (texpr.codegen.analysis.contraction).
 
 Plans are checked directly against ``te.evaluate`` (no numba) on the suite's
 contraction cases at small sizes with their simplified gradients, on the
@@ -20,9 +20,9 @@ import pytest
 import texpr as te
 from texpr import codegen, simplify
 from texpr import expr as E
-from texpr.codegen import contraction as C
-from texpr.codegen import gemm as G
-from texpr.codegen.schedule import create_schedule, default_materialized, inline_expand
+from texpr.codegen.analysis import contraction as C
+from texpr.codegen.backends.numpy_host import gemm as G
+from texpr.codegen.ir.schedule import create_schedule, default_materialized, inline_expand
 from texpr.errors import ScheduleError
 from texpr.tensor import ComputeOp, topo_order
 from texpr.testing import random_feed

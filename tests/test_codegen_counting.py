@@ -7,7 +7,7 @@ compiled."""
 import numpy as np
 
 import texpr as te
-import texpr.codegen.stage as S
+import texpr.codegen.loopnest.stage as S
 from texpr import codegen
 from texpr.simplify import isl_bridge as B
 

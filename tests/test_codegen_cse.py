@@ -1,4 +1,4 @@
-"""codegen.cse: repeated subexpressions computed once, large selects as if
+"""codegen.loopnest.cse: repeated subexpressions computed once, large selects as if
 statements; the text runs the same (pure Python here, numba in the kernels),
 and nothing guarded by a condition is evaluated where it was not."""
 
@@ -8,7 +8,7 @@ import numpy as np
 
 import texpr as te
 from texpr import codegen
-from texpr.codegen.cse import SPLIT_NODES, hoist_common_subexpressions
+from texpr.codegen.loopnest.cse import SPLIT_NODES, hoist_common_subexpressions
 
 _HEAD = "import numpy as np\n\n\ndef unit(b0, b1, out):\n"
 

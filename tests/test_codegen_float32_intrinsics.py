@@ -1,4 +1,4 @@
-"""float32 exp and erf are written without a libm call (codegen.runtime: _exp_float32,
+"""float32 exp and erf are written without a libm call (codegen.backends.numba_cpu.runtime: _exp_float32,
 _erf_float32), so that their loops vectorise; they must stay within a few ulp of the
 float64 functions rounded to float32, and keep the special values."""
 

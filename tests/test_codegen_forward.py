@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from texpr import codegen
-import texpr.codegen.stage as stage_knobs
+import texpr.codegen.loopnest.stage as stage_knobs
 import texpr as te
 
 RTOL = 1e-12
@@ -318,11 +318,11 @@ def _heavy_transpose_value(x):
 
 
 def test_large_stages_run_in_parts_of_their_outermost_axis():
-    from texpr.codegen import stage
+    from texpr.codegen.loopnest import stage
 
     X, Y = _heavy_transpose()
     kernel = codegen.build([Y], [X])
-    # a chunked unit (codegen.chunks): serial text, the parts of axis 0 run at once
+    # a chunked unit (codegen.backends.numba_cpu.chunks): serial text, the parts of axis 0 run at once
     assert "for c0_0 in range(max(0, part[0]), min(600, part[1])):" in kernel.source
     assert "prange(" not in kernel.source and kernel.units[0].chunks == 600
     x = np.random.default_rng(0).uniform(-1, 1, (600, 600))
@@ -393,7 +393,7 @@ def test_a_chunked_unit_never_clips_a_pass_that_writes_two_rows(n, monkeypatch):
     # (U(c); U(c + 1)); chunks clipped the loop variable, so the part owning c
     # wrote row c + 1 of the next part (zeroed by that part's fill) and a pass at
     # c = -1 ran in no part. Such a unit keeps prange loops now.
-    from texpr.codegen import stage
+    from texpr.codegen.loopnest import stage
 
     monkeypatch.setenv("TEXPR_SYMBOLIC_CACHE", "0")
     for knob, v in (("PARALLEL_MIN_POINTS", 1), ("PARALLEL_POINTS", 1), ("PARALLEL_MIN_WORK", 0)):

@@ -16,7 +16,7 @@ import pytest
 
 from texpr import codegen
 import texpr as te
-from texpr.codegen.lower import JAM, SPLIT_LANES
+from texpr.codegen.loopnest.lower import JAM, SPLIT_LANES
 
 nn = te.nn
 RTOL = ATOL = 1e-11
@@ -25,8 +25,8 @@ RTOL = ATOL = 1e-11
 @pytest.fixture(scope="module", autouse=True)
 def small_stages_unrolled():
     """The shapes here are small: unroll and block them as large ones are (the
-    mechanism under test; codegen.stage.UNROLL_MIN_POINTS)."""
-    import texpr.codegen.stage as stage_knobs
+    mechanism under test; codegen.loopnest.stage.UNROLL_MIN_POINTS)."""
+    import texpr.codegen.loopnest.stage as stage_knobs
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(stage_knobs, "UNROLL_MIN_POINTS", 0)
         mp.setenv("TEXPR_SYMBOLIC_CACHE", "0")  # the lowering's key holds no knobs

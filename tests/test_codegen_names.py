@@ -15,8 +15,8 @@ import pytest
 
 import texpr as te
 from texpr import codegen
-from texpr.codegen import lower as lower_mod
-from texpr.codegen.source import (buffer_identifiers, comment_text, remove_dead_assignments)
+from texpr.codegen.loopnest import lower as lower_mod
+from texpr.codegen.loopnest.source import (buffer_identifiers, comment_text, remove_dead_assignments)
 
 #: the characters that end a line for Python's tokenizer or for str.splitlines
 SEPARATORS = ["\n", "\r", "\r\n", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028",
@@ -253,7 +253,7 @@ def test_dead_assignment_removal_keeps_every_value(monkeypatch):
     (dX2,) = te.differentiate(L2, [X])
     outs, ins = [L, dX, dW, L2, dX2, G], [X, W, I]
     schedule = codegen.create_schedule(outs)
-    from texpr.codegen.schedule import default_materialized
+    from texpr.codegen.ir.schedule import default_materialized
     from texpr.tensor import ScatterAddOp
     mat, inl = default_materialized(schedule, None)
     for op in schedule.ops:  # as codegen.build does

@@ -1,4 +1,4 @@
-"""The compiled driver the bridges use (texpr.codegen.native_call): the same
+"""The compiled driver the bridges use (texpr.codegen.backends.numba_cpu.native_call): the same
 outputs as the kernel's Python driver, bit for bit, and the same errors."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 
 import texpr as te
 from texpr import codegen
-from texpr.codegen import native_call
+from texpr.codegen.backends.numba_cpu import native_call
 
 
 def _run(kernel, arrays):

@@ -1,4 +1,4 @@
-"""Packed operands (codegen/operands.py): a contraction whose operand is computed
+"""Packed operands (codegen/rewrite/operands.py): a contraction whose operand is computed
 (a convolution of ``relu(conv + b)``, a weight gradient of a masked head) runs as
 a GEMM over a packed stage, with the values of the loop nest it replaces --
 against the evaluator (finite and non-finite inputs), finite differences and
@@ -9,8 +9,8 @@ import pytest
 
 import texpr as te
 from texpr import codegen, simplify
-from texpr.codegen import contraction
-from texpr.codegen.operands import PACKED, pack_operands
+from texpr.codegen.analysis import contraction
+from texpr.codegen.rewrite.operands import PACKED, pack_operands
 from texpr.testing import numeric_gradient
 
 from fuzz import every_contraction_on_blas as blas_at_any_size  # the cost rule off
@@ -156,7 +156,7 @@ def test_gradients_through_a_max_pool_pack_the_pooled_head():
     with blas_at_any_size():
         kernel = codegen.build([L] + grads, ins)
     blas = {u.stage for u in kernel.units if u.kind == "blas"}
-    # a stage split into its taps (codegen/tap_split.py: conv2 has fewer output
+    # a stage split into its taps (codegen/rewrite/tap_split.py: conv2 has fewer output
     # than input channels, so col2im moves less memory) runs its GEMM as <name>_taps
     blas |= {s[:-len("_taps")] for s in blas if s.endswith("_taps")}
     assert {"conv1", "conv2"} <= blas, sorted(blas)

@@ -85,7 +85,7 @@ def test_default_schedule_with_user_parallel_on_inner_axis(data):
     s[E].parallel(E.op.axis[1])
     kernel = _run(E, A, B, s, data)
     src = kernel.source
-    # a chunked unit (codegen.chunks) whose parts cut axis 1
+    # a chunked unit (codegen.backends.numba_cpu.chunks) whose parts cut axis 1
     assert "part[0]" in src[src.index("stage E"):]
     assert [u.chunks for u in kernel.units if u.stage == "E"] == [E.shape[1]]
 

@@ -1,6 +1,6 @@
 """A reduction's data-dependent ``where`` over a value that runs no check is written as a
 select of the combined value (``acc += v if c else 0``), so the loads leave the branch and
-the accumulators vectorise (codegen.stage._StageLowering._select_combine). The values
+the accumulators vectorise (codegen.loopnest.stage._StageLowering._select_combine). The values
 must be those of the ``if``: a value where the condition fails is never combined, even
 a NaN or an infinity."""
 
@@ -9,7 +9,7 @@ import pytest
 
 import texpr as te
 from texpr import codegen
-from texpr.codegen import stage
+from texpr.codegen.loopnest import stage
 
 
 def _graph(dtype):

@@ -1,4 +1,4 @@
-"""Shift plans (codegen/shifts.py): window and tap-sum stages run as strided moves
+"""Shift plans (codegen/analysis/shifts.py): window and tap-sum stages run as strided moves
 by one precompiled function -- their units, their fallback to a loop nest, and
 their checks."""
 
@@ -70,7 +70,7 @@ def test_a_buffer_not_as_planned_is_refused():
 def test_the_shared_moves_are_compiled_with_the_kernel(monkeypatch):
     # made inside codegen.build, so a kernel's compile_seconds holds them (not the
     # first call); the first shift unit of a dtype in the process reports it
-    import texpr.codegen.shifts as shifts
+    import texpr.codegen.analysis.shifts as shifts
     monkeypatch.setattr(shifts, "_FUNCTIONS", {})
     L, ins, grads = _conv_grads()
     with blas_at_any_size():
@@ -84,9 +84,9 @@ def test_the_shared_moves_are_compiled_with_the_kernel(monkeypatch):
 def test_the_knobs_turn_each_rewrite_off(monkeypatch):
     # benchmarks/bench_variants.py times the variants: with shift plans off the
     # window and tap sum are loop nests; with both rewrites off neither stage exists
-    import texpr.codegen.shifts as shifts
-    import texpr.codegen.tap_split as tap_split
-    import texpr.codegen.windows as windows
+    import texpr.codegen.analysis.shifts as shifts
+    import texpr.codegen.rewrite.tap_split as tap_split
+    import texpr.codegen.rewrite.windows as windows
     L, ins, grads = _conv_grads()
     rng = np.random.default_rng(2)
     feed = [rng.standard_normal(t.shape).astype("float32") for t in ins]

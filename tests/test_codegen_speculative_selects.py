@@ -1,12 +1,12 @@
 """Float selects of an elementwise stage whose arms are small, check-free and in
 bounds everywhere are written _sel(c, a, b): both arms computed, then one LLVM
-select (codegen.stage.speculative_selects). The value is the branch's."""
+select (codegen.loopnest.stage.speculative_selects). The value is the branch's."""
 
 import numpy as np
 
 import texpr as te
 from texpr import codegen
-from texpr.codegen import stage
+from texpr.codegen.loopnest import stage
 
 
 def test_a_relu_mask_is_a_select_and_the_untaken_arm_never_leaks():

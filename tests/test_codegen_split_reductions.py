@@ -1,5 +1,5 @@
 """Split reductions: a long reduction to few outputs runs as partial reductions over
-slices of one axis (in parallel), then their combination (codegen.split_reductions)."""
+slices of one axis (in parallel), then their combination (codegen.rewrite.split_reductions)."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ from scipy.special import logsumexp
 
 import texpr as te
 from texpr import codegen
-from texpr.codegen import split_reductions as sr
+from texpr.codegen.rewrite import split_reductions as sr
 
 N = (1 << 19) + 3  # not a multiple of the slices
 

@@ -17,7 +17,7 @@ import pytest
 from texpr import codegen
 from texpr import simplify
 import texpr as te
-from texpr.codegen.lower import PARALLEL_MIN_POINTS
+from texpr.codegen.loopnest.lower import PARALLEL_MIN_POINTS
 
 nn = te.nn
 RTOL = ATOL = 1e-12

@@ -1,4 +1,4 @@
-"""Tap splitting (codegen/tap_split.py): a contraction whose im2col copy would be
+"""Tap splitting (codegen/rewrite/tap_split.py): a contraction whose im2col copy would be
 larger than its result times its taps runs as a GEMM over its channels and a
 col2im loop nest, with the values of the stage it replaces -- against the
 evaluator (finite and non-finite inputs), finite differences and PyTorch."""
@@ -9,7 +9,7 @@ import pytest
 import texpr as te
 from texpr import codegen, simplify
 from texpr import expr as E
-from texpr.codegen.tap_split import split_taps
+from texpr.codegen.rewrite.tap_split import split_taps
 from texpr.tensor import topo_order
 
 from conv_testutil import assert_same_values, check_conv_kernel, conv_loss
@@ -47,7 +47,7 @@ def test_a_strided_input_gradient_splits_when_its_tap_sum_moves_only_valid_point
     L, (X, W, H) = conv_loss(3, 5, stride=2)
     assert _split_names(L, [X, W]) == ["d_X__conv_taps"]
     # as a loop nest over its box the sparse tap sum does not pay (MIN_DENSITY)
-    import texpr.codegen.shifts as S
+    import texpr.codegen.analysis.shifts as S
     monkeypatch.setattr(S, "ENABLED", False)
     assert _split_names(L, [X, W]) == []
 
@@ -198,7 +198,7 @@ def test_a_transposed_convolution_splits_into_taps_and_strided_moves(
         cin, cout, stride, padding, k, output_padding):
     # its value reads X at (h + p - kh) // s where (h + p - kh) % s == 0: the taps'
     # stage reads X as a view (no per-class packing), and the tap sum adds each
-    # tap's slice at stride s (codegen.shifts' lattice moves)
+    # tap's slice at stride s (codegen.analysis.shifts' lattice moves)
     L, ins, y = _transpose_loss(cin, cout, stride, padding, k, output_padding=output_padding)
     X, W, H = ins
     grads = list(te.differentiate(L, [X, W]).result)
@@ -223,8 +223,8 @@ def test_a_transposed_convolution_splits_into_taps_and_strided_moves(
 def test_a_tap_sum_whose_valid_points_are_no_progression_keeps_its_loop_nest():
     # out[i] = sum_k T[k, i] where (i + k) % 3 != 0: for a fixed tap the valid i are
     # two residues of three, no strided move holds them
-    from texpr.codegen import shifts
-    from texpr.codegen.tap_split import SPLIT
+    from texpr.codegen.analysis import shifts
+    from texpr.codegen.rewrite.tap_split import SPLIT
     from texpr.tensor import ComputeOp
     T = te.placeholder((4, 9), "T", "float64")
     k = te.reduce_axis(4, "k")
@@ -295,8 +295,8 @@ def test_random_transposed_convolutions_match_the_evaluator():
 
 
 def test_conditions_evaluate_exactly_with_floor_semantics():
-    # the lattice moves find each axis's valid values with codegen.affine.eval_cond
-    from texpr.codegen.affine import eval_cond
+    # the lattice moves find each axis's valid values with codegen.analysis.affine.eval_cond
+    from texpr.codegen.analysis.affine import eval_cond
     i = E.iter_var(-9, 9, "i", "spatial")
     k = E.iter_var(0, 4, "k", "reduce")
     conds = [((i + k) % 3 == 0), ((i - k) // 2 >= -1), (i < k) | (i % 2 == 1),

@@ -16,7 +16,7 @@ import pytest
 
 import texpr as te
 from texpr import codegen
-from texpr.codegen import compile as cmp
+from texpr.codegen.backends.numba_cpu import compile as cmp
 
 from fork_testutil import FORKS_WITHOUT_JAX
 
@@ -304,7 +304,7 @@ def test_compile_error_names_the_stage(fresh, monkeypatch):
     """numba rejecting a unit (here: its text corrupted after lowering) is a
     CompileError naming that unit's stage, also when workers compile."""
     monkeypatch.setenv("TEXPR_COMPILE_WORKERS", "2")
-    from texpr.codegen import lower as lower_mod
+    from texpr.codegen.loopnest import lower as lower_mod
     real = lower_mod._lower_unit
 
     def broken(op, *args):
@@ -323,7 +323,7 @@ def test_many_builds_in_one_process_keep_numba_block_labels_small(monkeypatch, t
     # every unit inlines its check helpers; numba's process-wide block-label counter
     # used to grow by a digit per kernel like these until, after some hundreds of
     # builds in one process, LLVM rejected the modules ("name is too long": a fuzz
-    # run's CompileErrors). It is reset before each compile (codegen/compile.py).
+    # run's CompileErrors). It is reset before each compile (codegen/backends/numba_cpu/compile.py).
     from numba.core import ir_utils
 
     monkeypatch.setenv("TEXPR_COMPILE_WORKERS", "0")  # compile here, in this process
@@ -389,14 +389,14 @@ def test_unit_flags_apply_to_the_unit_alone_and_are_restored(fresh, monkeypatch)
 
 
 def test_the_vectoriser_settings_are_decided_when_numba_compiles_only(fresh, monkeypatch):
-    """The unit text's analyses (codegen.vectorize) run when numba compiles a
+    """The unit text's analyses (codegen.backends.numba_cpu.vectorize) run when numba compiles a
     unit, before LLVM's pass managers are made (the SLP vectoriser is on there),
     and not at all for units loaded from the disk cache (they cost 5-10 ms a
     unit of a warm build); the loaded kernel's values are the compiled one's."""
     import numba
     from numba.core.codegen import CPUCodegen
 
-    from texpr.codegen import vectorize
+    from texpr.codegen.backends.numba_cpu import vectorize
 
     monkeypatch.setenv("TEXPR_COMPILE_WORKERS", "0")
     analysed, seen = [], []

@@ -1,4 +1,4 @@
-"""codegen.vectorize: LLVM's loop vectoriser runs for units with an innermost loop
+"""codegen.backends.numba_cpu.vectorize: LLVM's loop vectoriser runs for units with an innermost loop
 at unit stride, and is off where it would only cost compile time, or where it
 would take exponential time (an inner loop that compares and does not depend on
 an enclosing loop)."""
@@ -7,7 +7,7 @@ import numpy as np
 
 import texpr as te
 from texpr import codegen
-from texpr.codegen.vectorize import invariant_comparison_loop, loop_vectorize_pays
+from texpr.codegen.backends.numba_cpu.vectorize import invariant_comparison_loop, loop_vectorize_pays
 
 _UNIT = '''
 @njit(inline="always", cache=True)

@@ -1,4 +1,4 @@
-"""Window stages (codegen/windows.py): a convolution and its weight gradient read
+"""Window stages (codegen/rewrite/windows.py): a convolution and its weight gradient read
 their input through one materialised window (im2col) stage, with the values
 of the stages they replace -- against the evaluator (finite and non-finite
 inputs: the window's zeros are absent terms), finite differences and PyTorch."""
@@ -8,7 +8,7 @@ import pytest
 
 import texpr as te
 from texpr import codegen, simplify
-from texpr.codegen.windows import WINDOW, WINDOWED, window_operands
+from texpr.codegen.rewrite.windows import WINDOW, WINDOWED, window_operands
 from texpr.tensor import topo_order
 
 from conv_testutil import assert_same_values, check_conv_kernel, conv_loss
@@ -124,7 +124,7 @@ def test_a_window_over_a_shrunk_tap_domain_is_read_at_its_offset():
 def test_no_window_larger_than_what_the_gemms_read(monkeypatch):
     # a strided convolution's dX reads W[o, c, h - 2 r + 1, ...] by taps: a window
     # over (h, r) would hold ~h/2 copies of every weight per image row
-    import texpr.codegen.windows as windows
+    import texpr.codegen.rewrite.windows as windows
     monkeypatch.setattr(windows, "MIN_READERS", 1)
     L, (X, W, H) = conv_loss(3, 3, stride=2, size=9)
     outs = simplify.simplify([L] + list(te.differentiate(L, [X]).result))

@@ -1,4 +1,4 @@
-"""Generated text nests at most ``codegen.emit.TEXT_MAX_HEIGHT`` parentheses deep.
+"""Generated text nests at most ``codegen.loopnest.emit.TEXT_MAX_HEIGHT`` parentheses deep.
 
 CPython's parser refuses more than 200 nested parentheses ("too many nested
 parentheses") and its compiler about 1,000 nested nodes. A fuzzed gradient (seed
@@ -16,8 +16,8 @@ import pytest
 
 import texpr as te
 from texpr import expr as E
-from texpr.codegen.emit import TEXT_MAX_HEIGHT
-from texpr.codegen.stage import _StageLowering
+from texpr.codegen.loopnest.emit import TEXT_MAX_HEIGHT
+from texpr.codegen.loopnest.stage import _StageLowering
 from texpr.visitor import post_order
 
 from emit_testutil import CheckFailed, emitter, namespace, nesting
@@ -150,7 +150,7 @@ def test_a_deep_branch_of_a_large_statement_is_written_in_parts(monkeypatch):
     # statement of more than LET_MAX_DAG_NODES (2,000) nodes alone: a raw
     # SyntaxError. Here the bound is lowered to 60 (40 leaves) to build in seconds
     from texpr import codegen
-    from texpr.codegen import stage
+    from texpr.codegen.loopnest import stage
     monkeypatch.setattr(stage, "LET_MAX_DAG_NODES", 60)
     monkeypatch.setenv("TEXPR_SYMBOLIC_CACHE", "0")
     table = te.placeholder((3, 3), "T", "int64")

@@ -54,4 +54,4 @@ def test_docstring_examples():
         assert result.failed == 0, f"{module.__name__}: {result.failed} failed"
         attempted += result.attempted
     assert attempted >= 20
-    assert {"texpr.simplify.pipeline", "texpr.codegen.lower"} <= {m.__name__ for m in _modules()}
+    assert {"texpr.simplify.pipeline", "texpr.codegen.loopnest.lower"} <= {m.__name__ for m in _modules()}

@@ -4,7 +4,7 @@ import numpy as np
 
 import texpr as te
 from texpr import codegen
-from texpr.codegen import contraction
+from texpr.codegen.analysis import contraction
 
 
 def _dense_grad(n=64, k=96, m=48):

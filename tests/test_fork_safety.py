@@ -3,7 +3,7 @@ child forked after it started at the child's first parallel loop ("fork()
 called from a process already using GNU OpenMP, this is unsafe", SIGTERM),
 so an ``os.fork`` or a ``fork`` multiprocessing pool after a kernel ran lost
 its workers and ``Pool.map`` waited for good. Parallel units now run their
-serial twins there (texpr.codegen.forksafe), the PyTorch bridge's compiled
+serial twins there (texpr.codegen.backends.numba_cpu.forksafe), the PyTorch bridge's compiled
 driver falls back to the Python one, and a child starts compile workers of
 its own. Each test failed (a killed child, a hang) before."""
 
@@ -14,9 +14,9 @@ import pytest
 
 import texpr as te
 from texpr import codegen
-from texpr.codegen import compile as cmp
-from texpr.codegen import forksafe
-from texpr.codegen import stage
+from texpr.codegen.backends.numba_cpu import compile as cmp
+from texpr.codegen.backends.numba_cpu import forksafe
+from texpr.codegen.loopnest import stage
 
 from fork_testutil import FORKS_WITHOUT_JAX
 from test_gemm_chunks import _run_in_child
@@ -29,7 +29,7 @@ COLS = 512
 
 def _parallel_graph():
     # a map and a reduction over 4096 rows of 512: both stages run in parallel
-    # (chunked units: codegen.chunks)
+    # (chunked units: codegen.backends.numba_cpu.chunks)
     X = te.placeholder((4096, COLS), name="X")
     W = te.placeholder((COLS,), name="W")
     j = te.reduce_axis(COLS, "j")

@@ -168,8 +168,8 @@ def test_fuzz_ci_profile():
 
 
 #: the conv profile: conv -> activation -> conv programs only, every contraction on
-#: BLAS: the rewrites of convolutions' GEMMs (codegen.tap_split, codegen.windows)
-#: and their shift units (codegen.shifts), which the CI profile's few conv
+#: BLAS: the rewrites of convolutions' GEMMs (codegen.rewrite.tap_split, codegen.rewrite.windows)
+#: and their shift units (codegen.analysis.shifts), which the CI profile's few conv
 #: programs rarely reach
 CONV_SEED = 20262500
 CONV_PROGRAMS = 16

@@ -1,4 +1,4 @@
-"""GEMM stages run in chunks (texpr.codegen.gemm._run_chunked): three
+"""GEMM stages run in chunks (texpr.codegen.backends.numpy_host.gemm._run_chunked): three
 defects an attack on the chunked path found, each a test that failed before its
 fix -- summed chunks that disagreed on a turned-around GEMM's orientation (a raw
 ValueError, timing-dependent), a constant factor applied after the GEMM (inf
@@ -16,7 +16,7 @@ import pytest
 
 import texpr as te
 from texpr import codegen
-from texpr.codegen import gemm as G
+from texpr.codegen.backends.numpy_host import gemm as G
 from fork_testutil import FORKS_WITHOUT_JAX
 from test_codegen_contraction import _count_chunked
 

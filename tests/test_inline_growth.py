@@ -87,7 +87,7 @@ def _square_chain(depth, n=7):
 def test_the_written_out_size_is_exact(chain):
     # the estimate of every inlined stage equals the tree of its body with its
     # inlined producers substituted (codegen's own expansion)
-    from texpr.codegen.schedule import inline_expand
+    from texpr.codegen.ir.schedule import inline_expand
     from texpr.tensor import topo_order
     if chain == "cheap":
         X, t, out = _chain(2)

@@ -4,7 +4,7 @@
 leaves its dtype; the kernels wrapped around silently (``-N[i]`` at ``N[i] =
 -2**63`` gave ``-2**63``, ``N[i] * 3`` gave ``-2**63`` too, an attack). Value
 arithmetic whose interval may leave the dtype is now computed by checked helpers
-(codegen.runtime ``_iadd``/``_isub``/``_imul``/``_ifloordiv``), which fail with the
+(codegen.backends.numba_cpu.runtime ``_iadd``/``_isub``/``_imul``/``_ifloordiv``), which fail with the
 evaluator's error. Index arithmetic is unchanged: it is proven in range at build time.
 """
 
@@ -17,8 +17,9 @@ import pytest
 
 import texpr as te
 from texpr import codegen
-from texpr.codegen import runtime, stage
-from texpr.codegen.emit import TEXT_MAX_HEIGHT
+from texpr.codegen.backends.numba_cpu import runtime
+from texpr.codegen.loopnest import stage
+from texpr.codegen.loopnest.emit import TEXT_MAX_HEIGHT
 
 from emit_testutil import nesting
 

@@ -1,13 +1,13 @@
 """The lowering of repeated layers (issue 50): the dead-assignment and CSE passes
-run once per distinct unit text in a process (codegen.lower._tidy), isl makes
+run once per distinct unit text in a process (codegen.loopnest.lower._tidy), isl makes
 one loop nest per distinct schedule map up to the names of its variables
 (simplify.loop_ast.generate), and the text is the one made without remembering."""
 
 import texpr as te
-from texpr.codegen import lower as lower_mod
-from texpr.codegen import source as source_mod
-from texpr.codegen.memo import TextMemo
-from texpr.codegen.schedule import create_schedule, default_materialized
+from texpr.codegen.loopnest import lower as lower_mod
+from texpr.codegen.loopnest import source as source_mod
+from texpr.codegen.loopnest.memo import TextMemo
+from texpr.codegen.ir.schedule import create_schedule, default_materialized
 from texpr.simplify import loop_ast
 
 

@@ -2,7 +2,7 @@
 generator and running kernels changes no environment variable (OMP_WAIT_POLICY
 above all: GNU OpenMP's wait policy is the whole process's, PyTorch's too) and
 no BLAS thread count; OpenBLAS's workers are parked after a kernel call that
-woke them (codegen/parking.py), and the kernel's values stay right.
+woke them (codegen/backends/numpy_host/parking.py), and the kernel's values stay right.
 
 Each check runs in a fresh interpreter (``_child``): the environment a module
 sets on import, OpenBLAS's worker threads and the other Python threads of the
@@ -73,9 +73,9 @@ def test_import_and_kernel_leave_the_environment_and_blas_threads(user_policy):
 before_env = dict(os.environ)
 before = blas_threads()
 from texpr import codegen
-import texpr.codegen.compile
+import texpr.codegen.backends.numba_cpu.compile
 """ + _DENSE + """
-from texpr.codegen import gemm
+from texpr.codegen.backends.numpy_host import gemm
 for mode in (1, 2, 0):  # the BLAS's own threads, split on worker threads, the default
     gemm.GEMM_THREADS = mode
     check(kernel(x, w, h))
@@ -98,7 +98,8 @@ def test_blas_workers_are_parked_after_a_kernel_that_woke_them():
     # BLAS's thread count is what it was
     out = _child(_blas_threads() + """
 from texpr import codegen
-from texpr.codegen import gemm, parking
+from texpr.codegen.backends.numpy_host import gemm
+from texpr.codegen.backends.numpy_host import parking
 """ + _DENSE + """
 gemm.GEMM_THREADS = 1  # one call on the BLAS's own threads, whatever the load
 def tasks():
@@ -131,7 +132,8 @@ def test_no_park_while_another_thread_may_be_in_the_blas():
     # texpr's own worker threads do not count
     out = _child("""
 from texpr import codegen
-from texpr.codegen import gemm, parking
+from texpr.codegen.backends.numpy_host import gemm
+from texpr.codegen.backends.numpy_host import parking
 """ + _DENSE + """
 gemm.GEMM_THREADS = 1
 parks = parking._PARKS[0]
@@ -161,7 +163,8 @@ print(json.dumps({"libs": len(parking.parkable_libraries()), "alone": alone,
 def test_parking_off_by_environment():
     out = _child("""
 from texpr import codegen
-from texpr.codegen import gemm, parking
+from texpr.codegen.backends.numpy_host import gemm
+from texpr.codegen.backends.numpy_host import parking
 """ + _DENSE + """
 gemm.GEMM_THREADS = 1
 check(kernel(x, w, h))
@@ -180,7 +183,10 @@ def test_parallel_units_run_on_one_thread_while_the_machine_is_oversubscribed(mo
 
     import texpr as te
     from texpr import codegen
-    from texpr.codegen import chunks, gemm, stage, units
+    from texpr.codegen.backends.numba_cpu import chunks
+    from texpr.codegen.backends.numpy_host import gemm
+    from texpr.codegen.loopnest import stage
+    from texpr.codegen.backends.numba_cpu import units
 
     monkeypatch.setenv("TEXPR_SYMBOLIC_CACHE", "0")
     for knob, v in (("PARALLEL_MIN_POINTS", 1), ("PARALLEL_POINTS", 1), ("PARALLEL_MIN_WORK", 0)):

@@ -19,7 +19,7 @@ import pytest
 
 import texpr as te
 from texpr import codegen
-from texpr.codegen import native_call
+from texpr.codegen.backends.numba_cpu import native_call
 from texpr.codegen import profile as prof
 from texpr.errors import TexprError
 

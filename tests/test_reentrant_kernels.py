@@ -1,6 +1,6 @@
 """Kernels are re-entrant and thread-safe: the temporaries a kernel keeps from
 call to call (codegen.build.Kernel._execute, and the GEMM path's padded and
-masked operand copies, codegen.gemm.ContractionPlan._run_into) belong to one call
+masked operand copies, codegen.backends.numpy_host.gemm.ContractionPlan._run_into) belong to one call
 at a time. A call that re-enters the same kernel on the same thread (a signal
 handler, a callback from inside a unit) gets buffers of its own, and the call it
 interrupted still returns te.evaluate's values (issue 52, kind 1)."""
@@ -123,7 +123,7 @@ def test_a_nested_call_during_a_gemm_stage_leaves_its_operand_copies_alone(monke
     # building one operand and the GEMM, where a signal handler could run) must
     # not overwrite the copy the outer run reads
     from texpr import nn
-    from texpr.codegen import gemm
+    from texpr.codegen.backends.numpy_host import gemm
 
     X = te.placeholder((2, 3, 10, 10), name="X", dtype="float64")
     W = te.placeholder((4, 3, 3, 3), name="W", dtype="float64")

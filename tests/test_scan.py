@@ -584,7 +584,7 @@ def test_torch_bridge_through_a_scan():
 
 def _batched_rnn(T, B, n, dtype="float64"):
     """h[t, b] = tanh(h[t-1, b] @ W^T + X[t, b]): a step that is a (B x n) @ (n x n)
-    product, large enough for the per-step GEMM (codegen/scan_gemm.py)."""
+    product, large enough for the per-step GEMM (codegen/loopnest/scan_gemm.py)."""
     X = te.placeholder((T, B, n), name="X", dtype=dtype)
     W = te.placeholder((n, n), name="W", dtype=dtype)
     S = te.placeholder((T, B, n), name="S", dtype=dtype)

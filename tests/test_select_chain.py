@@ -9,7 +9,7 @@ fixed and tested here:
   condition (simplify.terms: ``_value_condition``, ``_false``);
 * the text-level CSE did not share what an ``if`` condition computes with its
   branches, nor what both branches of a conditional expression compute
-  (codegen.cse);
+  (codegen.loopnest.cse);
 * the emitter wrote a DAG as a tree: a large statement now gets a variable for
   each shared subexpression it always evaluates (ExprEmitter.bind_shared).
 """
@@ -22,7 +22,7 @@ import pytest
 import texpr as te
 from texpr import codegen
 from texpr import expr as E
-from texpr.codegen.cse import hoist_common_subexpressions
+from texpr.codegen.loopnest.cse import hoist_common_subexpressions
 from texpr.testing import numeric_gradient
 from texpr.visitor import post_order
 from simplify.terms import guarded_terms

@@ -10,7 +10,9 @@ import numpy as np
 
 import texpr as te
 from texpr import codegen, symcache
-from texpr.codegen import contraction, lower, stage
+from texpr.codegen.analysis import contraction
+from texpr.codegen.loopnest import lower
+from texpr.codegen.loopnest import stage
 
 
 def _dense():
@@ -28,7 +30,7 @@ def test_a_changed_constant_is_in_the_key_and_the_program_follows_it(monkeypatch
     assert symcache.settings_changed() == []
     monkeypatch.setattr(contraction, "BLAS_MIN_FLOP", 1 << 60)
     assert symcache.settings_changed() == [
-        ("texpr.codegen.contraction", "BLAS_MIN_FLOP", repr(1 << 60))]
+        ("texpr.codegen.analysis.contraction", "BLAS_MIN_FLOP", repr(1 << 60))]
     k2 = codegen.build([Y], [X, W])
     assert [u.kind for u in k2.units] == ["numba"]
     x = np.random.default_rng(0).normal(size=(64, 96)).astype("float32")
@@ -44,7 +46,7 @@ def test_state_that_is_no_setting_is_not_in_the_key(monkeypatch):
 
 
 def test_lower_forwards_the_constants_it_used_to_copy():
-    # setting lower.UNROLL sets codegen.stage's, where it is read
+    # setting lower.UNROLL sets codegen.loopnest.stage's, where it is read
     old = stage.UNROLL
     try:
         lower.UNROLL = 1

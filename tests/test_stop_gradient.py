@@ -109,7 +109,7 @@ def test_a_gemm_condition_under_it_stays_a_gemm():
     a, b = rng.standard_normal((6, 5)), rng.standard_normal((5, 4))
     m = np.array([1.0, -1.0, 0.5, np.nan, 2.0])
     with pytest.MonkeyPatch.context() as mp:
-        from texpr.codegen import contraction
+        from texpr.codegen.analysis import contraction
         mp.setattr(contraction, "cost_ok", lambda plan: True)  # small, on BLAS all the same
         mp.setenv("TEXPR_SYMBOLIC_CACHE", "0")
         kern = codegen.build([C], [A, B, M])

@@ -1,4 +1,4 @@
-"""codegen.unit_files: one listing of __pycache__ shared by a build's units, and
+"""codegen.backends.numba_cpu.unit_files: one listing of __pycache__ shared by a build's units, and
 checksum verdicts that never rest on a stale listing (issue 11: a warm build of
 the main job beside 4,842 other programs' units spent 3.6 s in 121 globs)."""
 
@@ -10,7 +10,8 @@ import pytest
 
 import texpr as te
 from texpr import codegen
-from texpr.codegen import compile as codegen_compile, unit_files
+from texpr.codegen.backends.numba_cpu import compile as codegen_compile
+from texpr.codegen.backends.numba_cpu import unit_files
 
 
 def _cache_dir(tmp_path):
@@ -270,7 +271,7 @@ def test_a_c_callback_unit_loads_from_the_disk_cache(tmp_path, monkeypatch):
     # runs) is cached beside its module like every unit, and loads from there in
     # a later build (helper-25: with cache=False in the executed text it was
     # compiled again in every process, 0.24-0.29 s against 0.01 s)
-    from texpr.codegen import chunks
+    from texpr.codegen.backends.numba_cpu import chunks
 
     monkeypatch.setenv("TEXPR_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("TEXPR_COMPILE_WORKERS", "0")

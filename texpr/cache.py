@@ -3,15 +3,15 @@
 One directory holds everything texpr keeps between runs:
 
 * **kernel modules** ``texpr_k_<key>.py`` (the generated source, written by
-  :mod:`texpr.codegen.compile`) and **numba files**
+  :mod:`texpr.codegen.backends.numba_cpu.compile`) and **numba files**
   ``__pycache__/texpr_k_<key>.*.nbi|.nbc`` (numba's machine code for them),
   among them the helper module ``texpr_k_rt<hash>.py`` every unit imports
-  (:mod:`texpr.codegen.runtime`);
+  (:mod:`texpr.codegen.backends.numba_cpu.runtime`);
 * **symbolic entries** ``symbolic/<key>.pkl`` (results of ``te.differentiate``,
   ``texpr.simplify.simplify`` and codegen's lowering, see :mod:`texpr.symcache`).
 
 The directory is ``$TEXPR_CACHE_DIR``, else ``$XDG_CACHE_HOME/texpr``, else
-``~/.cache/texpr`` (the same rule as ``texpr.codegen.compile.cache_dir``).
+``~/.cache/texpr`` (the same rule as ``texpr.codegen.backends.numba_cpu.compile.cache_dir``).
 
 Size bound: ``$TEXPR_CACHE_SIZE_LIMIT`` bytes (suffixes ``K``, ``M``, ``G``
 accepted; default ``2G``; ``0`` turns the bound off). When texpr writes an

@@ -2,7 +2,7 @@
 
 The forward is an XLA FFI custom call (``jax.ffi.ffi_call``) whose handler
 runs the compiled texpr kernel on XLA's own CPU buffers, without copies: the
-compiled driver of :mod:`texpr.codegen.native_call` (no Python on the call
+compiled driver of :mod:`texpr.codegen.backends.numba_cpu.native_call` (no Python on the call
 path; the call's one attribute is the kernel's descriptor), or for a kernel it
 cannot run (a contraction run as a GEMM) a Python handler
 (:mod:`texpr.jax_ffi`); ``jax.pure_callback`` on JAX versions without
@@ -44,14 +44,14 @@ def _has_ffi():
 
 
 #: run kernels whose units are all numba units from a compiled FFI handler
-#: (:mod:`texpr.codegen.native_call`: no Python on the call path); False keeps
+#: (:mod:`texpr.codegen.backends.numba_cpu.native_call`: no Python on the call path); False keeps
 #: the Python handler for every kernel
 NATIVE = True
 
 
 def _native_handler(kernel):
     """``(keepalive, address, descriptor address)`` of the compiled FFI handler
-    for ``kernel`` (:mod:`texpr.codegen.native_call`), or None."""
+    for ``kernel`` (:mod:`texpr.codegen.backends.numba_cpu.native_call`), or None."""
     from . import jax_ffi
     from .codegen.build import unit_error
     from .codegen.native_call import ffi_handler

@@ -101,7 +101,7 @@ _HANDLER = C.CFUNCTYPE(_vp, _vp)
 _ERROR_CALLBACK = C.CFUNCTYPE(C.c_int64, C.c_int64, C.c_int64, C.c_int64, C.c_int64)
 
 #: the call frame's field offsets (bytes) for a handler compiled elsewhere
-#: (:mod:`texpr.codegen.native_call`): the extension pointer, an extension's
+#: (:mod:`texpr.codegen.backends.numba_cpu.native_call`): the extension pointer, an extension's
 #: type and its metadata pointer, the metadata's version and traits fields, the
 #: operand and result pointer tables, a buffer's data pointer, the attribute
 #: pointer table and a scalar attribute's value pointer; and the type number of

@@ -31,7 +31,7 @@ nested deeper than pickle's recursion limit is written in the order
 :mod:`texpr.pickle_order` arranges (plain objects first without their state,
 then expressions children first, then the states), so it loads at any depth.
 
-Integrity (as :mod:`texpr.codegen.compile` for kernels): an entry is
+Integrity (as :mod:`texpr.codegen.backends.numba_cpu.compile` for kernels): an entry is
 ``MAGIC, key, sha256 of the payload, payload``, written atomically (a
 temporary file, then ``os.replace``). An entry that is truncated, corrupt,
 holds another key, fails to unpickle or to bind, or has the wrong type is

@@ -29,7 +29,7 @@ def _fresh_name(prefix):
 
 def check_name(name, what, prefix=None):
     """A validated name: any ``str`` is accepted as it is (names reach generated code
-    only as escaped comments, see :mod:`texpr.codegen.source`); ``None`` or ``""``
+    only as escaped comments, see :mod:`texpr.codegen.loopnest.source`); ``None`` or ``""``
     gives a fresh ``prefix<n>`` when ``prefix`` is given. Anything else raises
     :class:`TexprError` naming ``what`` (e.g. ``"placeholder"``) and the value."""
     if prefix is not None and (name is None or (isinstance(name, str) and not name)):

@@ -21,7 +21,7 @@ kernels; the tests check both (gradcheck eagerly, the custom op compiled).
 Data: CPU tensors that are already contiguous are used in place (no copy);
 other tensors are made contiguous first (that copies them). The outputs are
 fresh tensors (``torch.empty``) that the kernel writes through their data
-pointers, run by the compiled driver of :mod:`texpr.codegen.native_call`,
+pointers, run by the compiled driver of :mod:`texpr.codegen.backends.numba_cpu.native_call`,
 which calls the kernel's units without its Python driver. A kernel with a
 unit that driver cannot call (a contraction run as a GEMM) runs on numpy
 views of the tensors (``Tensor.numpy()``) instead, its outputs coming back
@@ -45,7 +45,7 @@ _TEXPR_DTYPES = {v: k for k, v in _TORCH_DTYPES.items()}
 
 
 #: run kernels whose units are all numba units through the compiled driver
-#: (:class:`texpr.codegen.native_call.Runner`, on the tensors' own memory) instead
+#: (:class:`texpr.codegen.backends.numba_cpu.native_call.Runner`, on the tensors' own memory) instead
 #: of the kernel's Python driver on numpy views; False: always the latter
 NATIVE = True
 

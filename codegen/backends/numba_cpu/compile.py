@@ -1,8 +1,8 @@
 """Numba compilation and the kernel caches -- the only texpr module that imports numba.
 
-The texts compiled are the units of :class:`codegen.lower.Program` (one per
-materialised stage, :attr:`codegen.lower.UnitSource.module_source`): canonical
-identifiers and no user names (see :mod:`codegen.source`), so each is a
+The texts compiled are the units of :class:`codegen.loopnest.lower.Program` (one per
+materialised stage, :attr:`codegen.loopnest.lower.UnitSource.module_source`): canonical
+identifiers and no user names (see :mod:`codegen.loopnest.source`), so each is a
 function of its stage's structure alone. Each is written under the cache
 directory as ``texpr_k_<key>.py``, ``key`` the sha256 of the numba version,
 the argument types and the text, so that numba's own on-disk cache
@@ -10,7 +10,7 @@ the argument types and the text, so that numba's own on-disk cache
 module) is found again by a second process running the same program: it loads
 the machine code instead of recompiling. In one process, compiled kernels are
 also kept in memory by the same key. The helpers the units call are one module
-of their own (:mod:`codegen.runtime`), written and cached the same way in the
+of their own (:mod:`codegen.backends.numba_cpu.runtime`), written and cached the same way in the
 first cache directory a process uses, loaded before any unit
 (:func:`_runtime_module`), and linked by numba into each unit's machine code.
 
@@ -77,14 +77,14 @@ import types as _pytypes
 import warnings
 
 # No OpenMP setting is made here. numba's ``omp`` layer, PyTorch and texpr's
-# chunked units (codegen.chunks) share one GNU OpenMP runtime in a process
+# chunked units (codegen.backends.numba_cpu.chunks) share one GNU OpenMP runtime in a process
 # (libgomp.so.1, loaded once), so its wait policy is the whole process's: texpr
 # once set OMP_WAIT_POLICY=PASSIVE on import, against its own OpenMP workers
 # spinning beside OpenBLAS's, and PyTorch's eager step then ran 1.5-2.7x slower
 # beside texpr than alone (issue 48; the digits step 2.0-2.3 ms against
 # 0.9-1.0 ms). libgomp's default spins a few milliseconds, then sleeps; the
 # spinner that held a core for 0.1 s after each call was OpenBLAS's, and texpr
-# now parks it after a kernel call instead (codegen.parking).
+# now parks it after a kernel call instead (codegen.backends.numpy_host.parking).
 import numba
 import numpy as np
 from numba.core import types
@@ -178,7 +178,7 @@ class _CacheUnusable(Exception):
     """The disk cache failed for this kernel (the cause is the message)."""
 
 
-#: the helper modules (:mod:`codegen.runtime`) loaded in this process: ``"disk"``,
+#: the helper modules (:mod:`codegen.backends.numba_cpu.runtime`) loaded in this process: ``"disk"``,
 #: the one of units cached on disk (``cache=True``), and ``"memory"``, the one of
 #: units compiled in memory (``cache=False``, named ``<MODULE>_m``)
 _RUNTIMES = {}
@@ -347,10 +347,10 @@ def _unit_flags(fn, source):
 
     * LLVM's SLP vectoriser on (numba leaves it off; the unrolled partial sums of
       the generated reductions need it); the loop vectoriser where it pays
-      (:mod:`codegen.vectorize`, a choice made from the text);
+      (:mod:`codegen.backends.numba_cpu.vectorize`, a choice made from the text);
     * the unit's array parameters ``noalias`` (numba's flag, which it sets itself
       on a parfor's body): they are distinct buffers, each base buffer one
-      parameter (:class:`codegen.lower._UnitBuffers`), inputs never written,
+      parameter (:class:`codegen.loopnest.lower._UnitBuffers`), inputs never written,
       ``out=`` buffers checked not to overlap (:func:`codegen.build._check_out`);
     * the module's first ("cheap") optimisation round at -O3 with the loop
       vectoriser, as NUMBA_OPT=max does, except in a unit with unrolled partial
@@ -363,7 +363,7 @@ def _unit_flags(fn, source):
       slowdown where it was compiled (see :data:`PARENT_COMPILES`);
     * the loop vectoriser off in both rounds for a unit with an inner loop that
       compares and does not depend on an enclosing loop
-      (:func:`codegen.vectorize.invariant_comparison_loop`): LLVM's vectoriser
+      (:func:`codegen.backends.numba_cpu.vectorize.invariant_comparison_loop`): LLVM's vectoriser
       takes exponential time on it.
     """
     from numba.core.cpu import CPUTargetOptions
@@ -430,10 +430,10 @@ def _compile(fn, sig, source):
 
 
 def _check_one_signature():
-    """Every helper of :mod:`codegen.runtime` has at most one compiled signature
+    """Every helper of :mod:`codegen.backends.numba_cpu.runtime` has at most one compiled signature
     (the call sites give each one argument types; several signatures of one
     function in numba's unlocked disk cache could be mixed up by two processes:
-    see :data:`codegen.runtime._PER_DTYPE`). Raises TexprError (a code
+    see :data:`codegen.backends.numba_cpu.runtime._PER_DTYPE`). Raises TexprError (a code
     generator bug) otherwise."""
     for mod in _RUNTIMES.values():
         for name in _runtime.NAMES:
@@ -535,7 +535,7 @@ def _entry_point(fn, sig):
 
 def compile_source(source, arg_specs, describe="", entry="kernel"):
     """Compile ``source`` (a canonical text defining the function ``entry``, free of
-    user names: :attr:`codegen.lower.UnitSource.module_source` defines
+    user names: :attr:`codegen.loopnest.lower.UnitSource.module_source` defines
     ``unit``) for arguments ``arg_specs`` (a list of ``(dtype, ndim)``,
     C-contiguous arrays).
 

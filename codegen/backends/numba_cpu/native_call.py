@@ -5,7 +5,7 @@ One job: :func:`describe` turns a :class:`codegen.build.Kernel` into a
 *descriptor* (an int64 array: where each buffer lives, each unit's compiled
 function and arguments, the outputs to copy), which one compiled driver runs
 for every kernel. The driver is a module of generated text, compiled and
-cached like a unit (:func:`codegen.compile.compile_source`):
+cached like a unit (:func:`codegen.backends.numba_cpu.compile.compile_source`):
 
 * ``core(d, io)``: given the data pointers of the inputs and of one buffer per
   output, allocates the temporaries and the error flag (one ``malloc``),
@@ -39,7 +39,7 @@ Safety:
   :func:`describe` returns None (the caller keeps the kernel's Python driver)
   for a unit whose compiled overload is not exactly that, with more than
   :data:`MAX_ARGS` arguments, a unit that is not a numba unit (a GEMM), or a
-  chunked unit (:mod:`codegen.chunks`: its parts are launched from Python),
+  chunked unit (:mod:`codegen.backends.numba_cpu.chunks`: its parts are launched from Python),
   or while kernel calls are profiled (:mod:`codegen.profile`: the Python
   driver times each unit);
 * XLA has checked the operands' shapes and dtypes against the call's declared
@@ -61,9 +61,9 @@ from numba.extending import intrinsic
 from texpr.jax_ffi import array_view
 
 from . import forksafe as _forksafe
-from . import profile as _profile
+from ... import profile as _profile
 from .compile import _array_type
-from .gemm import _oversubscribed
+from ..numpy_host.gemm import _oversubscribed
 from .units import NumbaUnit, one_thread
 
 __all__ = ["describe", "ffi_handler", "handler_address", "runner", "Runner", "MAX_ARGS"]
@@ -159,7 +159,7 @@ def _free(typingctx, addr):
 @intrinsic
 def _fetch_add(typingctx, addr, value):
     """Atomically add ``value`` to the int64 at address ``addr``; the old value
-    (sequentially consistent: the part counter of :mod:`codegen.chunks`)."""
+    (sequentially consistent: the part counter of :mod:`codegen.backends.numba_cpu.chunks`)."""
     if not isinstance(addr, types.Integer) or not isinstance(value, types.Integer):
         return None
 
@@ -286,7 +286,7 @@ def _call_unit_any(typingctx, addr, ptrs, sizes, items, idx, err, nargs):
 
 def _driver_source():
     """The text of the driver: ``core(d, io)`` and the FFI ``handler`` (a cfunc),
-    compiled and cached like a unit (:func:`codegen.compile.compile_source`:
+    compiled and cached like a unit (:func:`codegen.backends.numba_cpu.compile.compile_source`:
     content key, checked disk entries, numba's files repaired). It names this
     file's hash, so a change to the intrinsics it imports makes a new entry;
     the call frame's offsets are literals in it."""
@@ -294,11 +294,11 @@ def _driver_source():
         digest = hashlib.sha256(f.read()).hexdigest()[:16]
     from texpr.jax_ffi import LAYOUT as L
 
-    return f"""# texpr native driver, codegen/native_call.py {digest}
+    return f"""# texpr native driver, codegen/backends/numba_cpu/native_call.py {digest}
 import numpy as np
 from numba import carray, cfunc, njit, types
 
-from texpr.codegen.native_call import (_call_c, _call_unit_any, _free, _load, _load32, _malloc,
+from texpr.codegen.backends.numba_cpu.native_call import (_call_c, _call_unit_any, _free, _load, _load32, _malloc,
                                        _pointer, _store32)
 
 
@@ -461,7 +461,7 @@ def describe(kernel, on_error_address=0):
     addresses = []
     for u in kernel.units:
         if not isinstance(u, NumbaUnit) or u.chunks:
-            # (a chunked unit runs its parts from the Python driver: codegen.chunks)
+            # (a chunked unit runs its parts from the Python driver: codegen.backends.numba_cpu.chunks)
             return None
         a = _unit_overload(u)
         if a is None:
@@ -532,7 +532,7 @@ class Runner:
         if self._parallel and _forksafe.FORKED_FROM_OPENMP[0]:
             # the descriptor holds the parallel units' addresses: in a child forked
             # after numba's GNU OpenMP started, the Python driver runs their serial
-            # twins instead (codegen.forksafe)
+            # twins instead (codegen.backends.numba_cpu.forksafe)
             k = self.kernel
             arrays = [array_view(p, tuple(t.shape), t.dtype, int(np.prod(t.shape, dtype=np.int64)),
                                  np.dtype(t.dtype).itemsize)
@@ -541,12 +541,12 @@ class Runner:
             return
         io = np.array(pointers + self._tail, dtype=np.int64)
         if self._parallel and _oversubscribed():
-            with one_thread():  # (see codegen.units.one_thread)
+            with one_thread():  # (see codegen.backends.numba_cpu.units.one_thread)
                 failed = self._entry(self.desc, io)
         else:
             failed = self._entry(self.desc, io)
         if failed:
-            from .build import unit_error
+            from ...build import unit_error
 
             code, value, u = int(io[-3]), int(io[-2]), int(io[-1])
             raise unit_error(self.kernel.units[u] if u >= 0 else None, code, value)

@@ -12,7 +12,7 @@ the loads of a loop nest whose row-major offset is affine although their
 indices are not (a flatten or reshape: ``X[i, k // 49, k // 7 % 7, k % 7]`` is
 ``X.reshape(-1)[784 i + k]``), so that the loop nest computes one affine
 offset instead of floor divisions and remainders per element. The
-contraction matcher (:mod:`codegen.contraction`) uses the same proof for its
+contraction matcher (:mod:`codegen.analysis.contraction`) uses the same proof for its
 operands' strided views.
 """
 

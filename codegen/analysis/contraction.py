@@ -1,7 +1,7 @@
 """Contractions: a materialised stage that is a sum of products of two loads, run as GEMMs.
 
 A stage matches when, after the inlined stages are substituted
-(:func:`codegen.schedule.inline_expand`), its body is
+(:func:`codegen.ir.schedule.inline_expand`), its body is
 
     out[s] = c * sum(A[f(s, r)] * B[g(s, r)], axis=r, where=w)
 
@@ -66,8 +66,8 @@ masked terms are ``0 * x`` in the GEMMs; where an operand holds an infinity or
 a NaN, the plan computes the affected output elements again exactly, so they
 are the loop nest's (absent terms stay absent).
 
-**Running.** A plan is plain data (:class:`codegen.gemm.ContractionPlan`,
-picklable with its kernel); :mod:`codegen.gemm` runs it: operand views and
+**Running.** A plan is plain data (:class:`codegen.backends.numpy_host.gemm.ContractionPlan`,
+picklable with its kernel); :mod:`codegen.backends.numpy_host.gemm` runs it: operand views and
 packing, chunks, threads, the exact non-finite path.
 """
 
@@ -84,8 +84,8 @@ from texpr.visitor import post_order, substitute
 
 from .affine import affine_form as _affine
 from .bounds import may_refuse
-from .gemm import ContractionPlan, GemmPiece, OperandView, _TREE_OPS, _byte_view, _tree_nodes
-from .schedule import inline_expand
+from ..backends.numpy_host.gemm import ContractionPlan, GemmPiece, OperandView, _TREE_OPS, _byte_view, _tree_nodes
+from ..ir.schedule import inline_expand
 
 __all__ = ["match", "ContractionPlan", "GemmPiece", "OperandView", "cost_ok",
            "ContractionUnitSource", "ContractionUnit", "float_sum",
@@ -117,7 +117,7 @@ MAX_CLASSES = 1024
 MASK_MACS = 1
 #: a piece whose box holds more than 1/this times its domain's points tries taps
 TAP_EFFICIENCY = 0.5
-#: the zero-padded copy of an operand (:class:`codegen.gemm.OperandView`) may hold
+#: the zero-padded copy of an operand (:class:`codegen.backends.numpy_host.gemm.OperandView`) may hold
 #: at most this many times the elements of the operand, of what the GEMMs read of
 #: it and of the output together (or :data:`PAD_MIN_ELEMENTS`): a padding sized by
 #: the user's extents (``conv2d(..., stride=10**6, padding=10**6)`` padded a 5 x 5
@@ -193,8 +193,8 @@ def _conjuncts(c, out):
 def float_sum(op):
     """The body of a stage that is one float sum of one summand (a single-output
     ComputeOp, a ``Reduce`` with the sum combiner over float32 or float64), or
-    None: the stages the GEMM path and its rewrites (:mod:`codegen.operands`,
-    :mod:`codegen.tap_split`, :mod:`codegen.windows`) consider."""
+    None: the stages the GEMM path and its rewrites (:mod:`codegen.rewrite.operands`,
+    :mod:`codegen.rewrite.tap_split`, :mod:`codegen.rewrite.windows`) consider."""
     if not isinstance(op, ComputeOp) or op.num_outputs != 1 or not op.reduce_axis:
         return None
     red = op.body[0]
@@ -307,7 +307,7 @@ def _analyze(inst):
     if not dom.is_subset(inb[0].intersect(inb[1])):
         raise _NoMatch("a load may leave its tensor (the loop nest checks it)", "other")
     both = inb[0].intersect(inb[1])
-    # a window stage (codegen.windows) is zero outside its valid region: a conjunct
+    # a window stage (codegen.rewrite.windows) is zero outside its valid region: a conjunct
     # that region implies is an absent term there, masked on the exact path only
     valid = [_window_region(t, args, space, box) for t, args in inst.loads]
     # the conjuncts: implied by the operands' bounds (padding), spatial-only
@@ -403,9 +403,9 @@ def _analyze(inst):
 
 
 def _window_region(t, args, space, box):
-    """The set where a load of the window stage ``t`` (:mod:`codegen.windows`) reads
+    """The set where a load of the window stage ``t`` (:mod:`codegen.rewrite.windows`) reads
     its valid region, or None when ``t`` is no window stage."""
-    from .windows import WINDOW
+    from ..rewrite.windows import WINDOW
     region = getattr(t.op, "attrs", {}).get(WINDOW)
     if not region:
         return None
@@ -420,10 +420,10 @@ def _window_region(t, args, space, box):
 
 def _check_refusing_order(inst, placed, refusing):
     """Raise _NoMatch unless every data-dependent conjunct that may raise
-    (:func:`codegen.bounds.may_refuse`: a divisor of 0, an integer leaving its
+    (:func:`codegen.analysis.bounds.may_refuse`: a divisor of 0, an integer leaving its
     dtype) is evaluated by the GEMM path exactly where ``te.evaluate`` evaluates
     it: ``&&`` evaluates a conjunct where the ones before it hold, and its view
-    (:func:`codegen.gemm._operand`) evaluates it on the box where the view's
+    (:func:`codegen.backends.numpy_host.gemm._operand`) evaluates it on the box where the view's
     affine masks and its earlier data conditions hold. So the conjuncts before
     it must hold on the whole box or be its own operand's conditions, and none
     after it an affine mask of its operand; and the piece's box must be the
@@ -684,7 +684,7 @@ def match(op, inlined=(), key=None, why=None):
             why.append(f"isl: {exc}")
         return None
     # a stage whose packed operands are zero wherever its data-dependent conjuncts
-    # fail (codegen.operands): those masks matter only on the exact non-finite path
+    # fail (codegen.rewrite.operands): those masks matter only on the exact non-finite path
     packed = bool(op.attrs.get("texpr.packed_operands"))
     for p in pieces:
         for v in (p.a, p.b):
@@ -745,7 +745,7 @@ def mask_passes(plan):
     Returns an int: per piece, per operand view whose data masks apply on every
     run (not only on the exact path: a packed operand's), its elements times
     its masks' tree nodes -- numpy evaluates a mask node by node over the
-    operand's grid (:func:`codegen.gemm._operand`). The cost rule weighs it
+    operand's grid (:func:`codegen.backends.numpy_host.gemm._operand`). The cost rule weighs it
     against the GEMMs' multiply-adds (``MASK_MACS``)."""
     total = 0
     for p in plan.pieces:
@@ -780,11 +780,11 @@ def cost_refusal(plan):
     return None
 
 
-# ---- the unit kind (codegen.units) ----------------------------------------------------------
+# ---- the unit kind (codegen.backends.numba_cpu.units) ----------------------------------------------------------
 
 class ContractionUnitSource:
     """The description of a stage run as GEMMs, beside the numba units of a
-    program (:mod:`codegen.units`): ``kind`` ``"blas"``, ``stage``,
+    program (:mod:`codegen.backends.numba_cpu.units`): ``kind`` ``"blas"``, ``stage``,
     ``definition``, ``plan`` (its keys are buffer positions), ``args`` (the
     buffers it reads and writes), ``errors`` (none: a plan checks nothing at run
     time, isl proved its loads in bounds), ``parallel`` (False: the BLAS has
@@ -805,7 +805,7 @@ class ContractionUnitSource:
 
 
 class ContractionUnit:
-    """A runnable unit (:mod:`codegen.units` interface): ``run(arrays, err)`` runs
+    """A runnable unit (:mod:`codegen.backends.numba_cpu.units` interface): ``run(arrays, err)`` runs
     the plan on the kernel's flat buffers. Nothing is compiled."""
 
     kind = "blas"

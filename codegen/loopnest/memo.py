@@ -1,8 +1,8 @@
 """A process-wide memo of text transformations, bounded by the size of what it keeps.
 
 One job: :class:`TextMemo` remembers ``key -> value`` for the lowering's passes
-over unit texts (repeated layers give the same text, :mod:`codegen.lower` and
-:mod:`codegen.source`), forgetting the least recently used entries when the
+over unit texts (repeated layers give the same text, :mod:`codegen.loopnest.lower` and
+:mod:`codegen.loopnest.source`), forgetting the least recently used entries when the
 texts it holds exceed a number of characters (a unit of a long scan's adjoint
 can be a megabyte of text: a count alone would not bound the memory).
 Thread-safe: kernels are built from several threads.

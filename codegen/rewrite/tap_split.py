@@ -1,7 +1,7 @@
 """Tap splitting (col2im): a contraction whose im2col copy would be large becomes
 a GEMM over its channels and a sum over its kernel taps.
 
-One job: rewrite, before scheduling, a contraction stage (:mod:`codegen.contraction`)
+One job: rewrite, before scheduling, a contraction stage (:mod:`codegen.analysis.contraction`)
 in which one operand is read at indices that mix output (spatial) axes with
 reduction axes -- a convolution's input gradient,
 
@@ -15,7 +15,7 @@ reduction axes -- a convolution's input gradient,
                          axis=[kh, kw], where=<padding>)
 
 The first is a GEMM whose operands are views (no packing copy); the second
-(col2im) adds each output point's taps (strided adds, :mod:`codegen.shifts`,
+(col2im) adds each output point's taps (strided adds, :mod:`codegen.analysis.shifts`,
 or else a loop nest). The GEMM path ran
 the original as one GEMM over an im2col copy of ``H`` (every element of H
 copied once per tap: ``n * o * 9 * h * w``); the split writes and reads
@@ -26,7 +26,7 @@ convolutional neural networks for document processing", 2006; Caffe's
 ``col2im``), chosen here by pattern on any stage, never by operator name.
 
 **The pattern.** A stage ``out[s] = sum(c * A[a(s, r)] * B[b(s, r)], axis=r,
-where=w)`` that :func:`codegen.contraction.match` runs on BLAS (its cost rule
+where=w)`` that :func:`codegen.analysis.contraction.match` runs on BLAS (its cost rule
 says so), where:
 
 * ``A``'s *mixed* index dimensions are affine, or ``affine // c`` (a
@@ -52,7 +52,7 @@ inside its tensor).
 
 **Cost rule** (:func:`_pays`): split only when the GEMM stage has fewer
 elements than ``A``'s im2col copy (what the stage's GEMMs read of ``A``:
-:meth:`codegen.gemm.ContractionPlan.operand_elements`) or than the GEMM path's
+:meth:`codegen.backends.numpy_host.gemm.ContractionPlan.operand_elements`) or than the GEMM path's
 packing copies of both operands, if more (a strided convolution's dX reads
 ``W`` at mixed indices but packs ``H`` once per residue class), the tap sum's
 domain fills at least half its box or the tap sum runs as a shift plan, whose
@@ -85,7 +85,7 @@ from texpr.simplify.isl_bridge import VarSpace, box_set, card_within, isl, to_se
 from texpr.tensor import ComputeOp, topo_order
 from texpr.visitor import free_vars, post_order, substitute
 
-from . import contraction
+from ..analysis import contraction
 from .operands import PACKED, _linear
 
 __all__ = ["split_taps", "SPLIT", "MIN_DENSITY", "ENABLED"]
@@ -106,7 +106,7 @@ def split_taps(outputs, keep=()):
     Args:
         outputs: list of Tensors.
         keep: ops of the input graph that the caller holds on to (the packed
-            stages of :func:`codegen.operands.pack_operands`, to be
+            stages of :func:`codegen.rewrite.operands.pack_operands`, to be
             materialised); they are returned as the ops that replace them (a
             stage that reads a split stage is rebuilt).
     Returns ``(tensors, gemm_stages, kept)``: the output Tensors (the same objects
@@ -232,7 +232,7 @@ def _try(op, red, a, b, consts, conj, dtype, im2col):
     for c in gemm_conds:
         c2 = substitute(c, m1)
         where = c2 if where is None else E.logical_and(where, c2)
-    # a packed stage's data conjuncts are functions of A's index (codegen.operands):
+    # a packed stage's data conjuncts are functions of A's index (codegen.rewrite.operands):
     # at A's index in the taps' stage, its mixed dimensions the new axes
     t_ids = {id(v) for v in new_rest + new_taps + new_g + new_chan}
     for c in data_conds:
@@ -328,11 +328,11 @@ def _with_bounds(cond, bounds, axes):
 
 
 def _moves_only_valid(nest):
-    """Whether the tap sum runs as a shift plan (:mod:`codegen.shifts`), whose moves
+    """Whether the tap sum runs as a shift plan (:mod:`codegen.analysis.shifts`), whose moves
     visit only the points of its domain: then a sparse domain (a strided
     convolution's dX, each output point reading 1 or 2 of its 14 taps per axis)
     costs nothing for the points it lacks."""
-    from .shifts import plan_of
+    from ..analysis.shifts import plan_of
     return plan_of(nest, id) is not None
 
 

@@ -1,7 +1,7 @@
 """The text of a generated kernel: user names only in escaped comments, buffers
 named after their tensors, no dead assignments.
 
-:func:`codegen.lower.lower` writes the kernel with *canonical* identifiers
+:func:`codegen.loopnest.lower.lower` writes the kernel with *canonical* identifiers
 (buffers ``in0``, ``out0``, ``tmp0``; loop variables ``c0_0``; ...) and with
 comment lines that carry no user text (``# ---- stage 0``). That text is a
 function of the graph's structure alone: it is what the caches key on and what
@@ -26,7 +26,7 @@ import re
 import tokenize
 
 from .memo import TextMemo
-from .runtime import NAMES
+from ..backends.numba_cpu.runtime import NAMES
 
 __all__ = ["comment_text", "buffer_identifiers", "rename", "remove_dead_assignments",
            "parse_module"]
@@ -38,7 +38,7 @@ def parse_module(source):
     constructor recursion depth mismatch`` (CPython gh-106905). Kernels are
     built from several threads when a framework op is first called (or first
     differentiated) from several threads at once. The lock is numba's compiler
-    lock (re-entrant), the one :func:`codegen.compile._load` compiles a unit's
+    lock (re-entrant), the one :func:`codegen.backends.numba_cpu.compile._load` compiles a unit's
     text under: a lock of our own let a parse here run beside a compile there
     (CI, tests/test_codegen_cache.py, 4 threads building: the same SystemError)."""
     from numba.core.compiler_lock import global_compiler_lock

@@ -1,7 +1,7 @@
 """Chunked units: a large stage runs as parts of one spatial axis at the same
 time, each part a call of the same serial compiled function.
 
-One job: run a chunked unit (:attr:`codegen.lower.UnitSource.chunks`) in parts.
+One job: run a chunked unit (:attr:`codegen.loopnest.lower.UnitSource.chunks`) in parts.
 
 Why: numba's parfor pass (``parallel=True`` with ``prange`` loops) costs about
 0.5-1 s of compile time per unit, whatever its size (measured 2026-12-02 on the
@@ -9,12 +9,12 @@ suite's parallel units, fresh processes, quiet 2-core machine: maxpool2's two
 units 2.11 s vs 1.03 s compiled serially, upsample2's two 1.51 vs 0.49,
 depthwise's three 4.54 vs 2.22; numba's option to run the prange conversion
 alone did not change it). So a stage large enough to be parallel
-(:data:`codegen.stage.PARALLEL_MIN_POINTS`) is lowered, where its loop nests
+(:data:`codegen.loopnest.stage.PARALLEL_MIN_POINTS`) is lowered, where its loop nests
 allow it, as a serial function ``unit(b0, .., part, err)`` whose parallel loop
 runs only the values ``part[0] <= v < part[1]`` of one spatial axis of the
 stage (``part``: an ``int64[2]``). Instances at different values of that axis
 write different output elements (the rule
-:meth:`codegen.stage._StageLowering._check_chunkable` checks), so the parts are
+:meth:`codegen.loopnest.stage._StageLowering._check_chunkable` checks), so the parts are
 independent.
 
 How the parts run: one part per thread of GNU OpenMP's own team
@@ -23,7 +23,7 @@ runs prange loops on, called through ctypes, which releases the GIL). Every
 thread runs a small compiled *trampoline* (a numba ``cfunc``, one per argument
 count, compiled and cached like a unit) that takes the next part from an atomic
 counter and calls the unit's compiled function by address with that part
-(numba's calling convention, :func:`codegen.native_call._call_unit`). The
+(numba's calling convention, :func:`codegen.backends.numba_cpu.native_call._call_unit`). The
 launch costs about what a prange loop's does; the trampoline compiles in a
 fraction of a parfor pass and is shared by every unit with its argument count.
 Measured side by side (benchmarks/bench_compile.py, bench_suite.py): see
@@ -31,11 +31,11 @@ docs/stages.md.
 
 Without libgomp, the parts run on Python worker threads (each call releases
 the GIL: ``nogil=True``); with one thread, or in a child forked after GNU
-OpenMP started (:mod:`codegen.forksafe`: OpenMP would kill it), a chunked unit
+OpenMP started (:mod:`codegen.backends.numba_cpu.forksafe`: OpenMP would kill it), a chunked unit
 runs as one part, ``[0, n)``. A unit whose nests chunks cannot take (a
 scatter, a scan, two parallel axes, a parallel axis a schedule split, a buffer
 filled outside the loops over a non-leading axis) keeps its ``prange`` loops.
-The bridges' compiled driver (:mod:`codegen.native_call`) leaves a kernel with
+The bridges' compiled driver (:mod:`codegen.backends.numba_cpu.native_call`) leaves a kernel with
 chunked units to the Python driver.
 """
 
@@ -72,13 +72,13 @@ def _trampoline_source(nargs):
     ``part`` and ``err``): ``void trampoline(int64 address)``, run by every
     thread of the team on the call block at ``address`` (see :func:`_block`),
     and ``body(block)``, its work on the block as an array (what
-    :func:`codegen.compile.compile_source` compiles and caches)."""
+    :func:`codegen.backends.numba_cpu.compile.compile_source` compiles and caches)."""
     nb = nargs - 1  # arrays before err: the buffers and part
-    return f"""# texpr chunk trampoline: units of {nargs} arguments (codegen/chunks.py)
+    return f"""# texpr chunk trampoline: units of {nargs} arguments (codegen/backends/numba_cpu/chunks.py)
 import numpy as np
 from numba import carray, cfunc, njit, types
 
-from texpr.codegen.native_call import _call_unit, _fetch_add, _load, _pointer
+from texpr.codegen.backends.numba_cpu.native_call import _call_unit, _fetch_add, _load, _pointer
 
 
 @njit(cache=True, nogil=True)
@@ -245,7 +245,7 @@ def run(unit, bufs, err):
         if block[4]:
             err[0], err[1] = -1, 0
         return
-    from .gemm import _pool  # codegen's worker threads (the GEMMs' too)
+    from ..numpy_host.gemm import _pool  # codegen's worker threads (the GEMMs' too)
 
     parts = st.parts(nt)
     entry = unit._entry

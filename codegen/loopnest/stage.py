@@ -1,6 +1,6 @@
 """Stage lowering: one materialised stage -> its statements and loop nests (isl) -> source lines.
 
-One job: the loops of one stage (its unit's body, see :mod:`codegen.lower`). A
+One job: the loops of one stage (its unit's body, see :mod:`codegen.loopnest.lower`). A
 materialised stage becomes:
 
 1. its body with the inlined stages substituted (:func:`schedule.inline_expand`);
@@ -88,15 +88,15 @@ from texpr.scan import ScanOp
 from texpr.visitor import post_order, tree_sizes
 from texpr.tensor import ScatterAddOp, row_major_strides
 
-from .affine import affine_offsets
-from .bounds import _BoundsChecker
+from ..analysis.affine import affine_offsets
+from ..analysis.bounds import _BoundsChecker
 from .scan_lower import lower_scan
 from .emit import (LET_MAX_DAG_NODES, LET_MIN_NODES, LET_TREE_NODES, TEXT_MAX_HEIGHT,
                    ExprEmitter, const_str,
                    element, fill_value, helper_int)
-from .schedule import inline_expand
-from .runtime import CHECK_NAMES
-from .vectorize import unit_stride_loop
+from ..ir.schedule import inline_expand
+from ..backends.numba_cpu.runtime import CHECK_NAMES
+from ..backends.numba_cpu.vectorize import unit_stride_loop
 
 __all__ = ["default_order", "lift_zero_guards", "PARALLEL_MIN_POINTS", "UNROLL", "JAM",
            "MAX_LANES", "SPLIT_LANES"]
@@ -153,7 +153,7 @@ PARALLEL_MIN_POINTS = 1 << 16
 #: expression nodes of its body; a reduction's summand and condition) is below
 #: ``PARALLEL_MIN_WORK``. Waking the second thread costs about 0.1 ms here
 #: (numba's prange and a chunked unit's launch alike, OpenMP waiting passively:
-#: codegen.compile), so a stage of few cheap points runs faster serially.
+#: codegen.backends.numba_cpu.compile), so a stage of few cheap points runs faster serially.
 #: Calibrated on the suite's stages (2 cores, bench_variants, docs/stages.md):
 #: upsample2's and pixel_shuffle2's copies and selects (0.4 M points, work 3-9
 #: M) and layernorm's stages (0.13 M points) lose in parallel; max_pool2d's
@@ -162,7 +162,7 @@ PARALLEL_MIN_POINTS = 1 << 16
 PARALLEL_POINTS = 1 << 19
 PARALLEL_MIN_WORK = 16_000_000
 #: a parallel stage is a *chunked* serial unit whose parts of its outermost
-#: spatial axis run at the same time (:mod:`codegen.chunks`), where its loop nests
+#: spatial axis run at the same time (:mod:`codegen.backends.numba_cpu.chunks`), where its loop nests
 #: allow it, instead of prange loops (numba's parfor pass: about 0.5-1 s of
 #: compile time per unit)
 CHUNKS = True
@@ -204,7 +204,7 @@ _CHECK_CALL = re.compile(r"\b(" + "|".join(CHECK_NAMES) + r")\(")
 #: larger summands are not unrolled (compile time grows with the copies)
 UNROLL_MAX_NODES = 64
 #: repeated subexpressions of a statement are computed once, and large selects
-#: inside it by if statements of their own (:mod:`codegen.cse`)
+#: inside it by if statements of their own (:mod:`codegen.loopnest.cse`)
 CSE = True
 #: in the default order's scores, a load invariant in a loop counts as much as a
 #: unit-stride one, and the output's store is invariant in a reduction loop
@@ -215,7 +215,7 @@ CSE = True
 #: earlier scores alone
 INVARIANT_FREE = True
 #: loads whose row-major offset isl proves affine over the iteration box are
-#: addressed by that offset, not by their ``//`` and ``%`` indices (:mod:`codegen.affine`)
+#: addressed by that offset, not by their ``//`` and ``%`` indices (:mod:`codegen.analysis.affine`)
 AFFINE_OFFSETS = True
 
 
@@ -592,14 +592,14 @@ def speculative_selects(name, exprs, space, box, em):
 
 class _StageLowering:
     """Lowers one materialised stage to source lines written by ``w``
-    (:class:`codegen.emit._Writer`) at ``depth``: ``run`` emits the stage,
+    (:class:`codegen.loopnest.emit._Writer`) at ``depth``: ``run`` emits the stage,
     ``uses_prange`` tells whether a loop runs in parallel, ``errors`` (shared
     list) receives the messages of its run-time checks (code = position + 1).
 
     ``k`` prefixes the local identifiers (``i{k}_0``, ``acc{k}_0``, ...): the
     program lowers every stage as a unit of its own with ``k = 0``, so the text
     depends on the stage's structure alone. ``buffers`` maps ``id(tensor)`` to
-    the :class:`codegen.lower.BufferInfo` whose ``name`` the text uses.
+    the :class:`codegen.loopnest.lower.BufferInfo` whose ``name`` the text uses.
 
     Dispatch: :meth:`run` picks the lowering by the op's kind (scatter-add,
     reduction, elementwise); a new op kind adds a branch there (or a method
@@ -615,7 +615,7 @@ class _StageLowering:
         # a where= written as a chain of flag blocks binding values one block reads
         # from another (_guard): numba's parfor pass miscompiles such a body
         self.split_guard = False
-        # chunked lowering (codegen.chunks): the parallel loop over ``chunk_axis``
+        # chunked lowering (codegen.backends.numba_cpu.chunks): the parallel loop over ``chunk_axis``
         # runs the part ``part[0] <= value < part[1]`` of its range only
         self.chunking = False  # lower parallel loops as chunks (set by the unit)
         self.chunk_axis = None  # the one spatial axis every chunked loop runs over
@@ -1571,16 +1571,16 @@ class _StageLowering:
     def _emit_reassociated_sum(self, node, v, lo, hi, depth, stmt_vars):
         """The innermost loop of a float sum written once, each accumulator (one per
         lane of a register-blocked axis) updated by ``_radd`` (an add LLVM may
-        reassociate, :data:`codegen.runtime.REASSOC_HELPER`): LLVM's loop
+        reassociate, :data:`codegen.backends.numba_cpu.runtime.REASSOC_HELPER`): LLVM's loop
         vectoriser keeps the partial sums in vector registers, so the copies of
         :meth:`_emit_unrolled_sum` are not needed. Written, and True, only where
         the vectoriser will take the loop and gain: at least
         :data:`REASSOCIATE_MIN_TRIPS` trips (the constant trip count, else the
         reduction axis's extent), every subscript moves by -1, 0 or +1
-        per iteration (:func:`codegen.vectorize.unit_stride_loop`, the rule that
+        per iteration (:func:`codegen.backends.numba_cpu.vectorize.unit_stride_loop`, the rule that
         turns the vectoriser on for the unit) and the body has no branch and no
         run-time check (a call that may set the error flag,
-        :data:`codegen.runtime.CHECK_NAMES`). Otherwise nothing is written and
+        :data:`codegen.backends.numba_cpu.runtime.CHECK_NAMES`). Otherwise nothing is written and
         the caller unrolls. Measured (benchmarks/bench_variants.py, 2026-12-04,
         ``L.REASSOCIATE = False`` against the default in one process): layernorm's
         value and gradient 0.23 -> 0.10 ms, the other suite cases within noise."""

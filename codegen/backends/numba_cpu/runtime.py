@@ -6,8 +6,8 @@ functions -- NaN-propagating ``_fmax_<dtype>``/``_fmin_<dtype>``,
 ``_ck``/``_rk``/``_nz``/``_fail`` and ``_iadd``/``_isub``/``_imul``/``_ifloordiv``
 -- each compiled for one signature only, and the intrinsic ``_radd`` (a float add
 LLVM may reassociate, :data:`REASSOC_HELPER`) (see
-:data:`_PER_DTYPE`; :func:`codegen.compile._compile` checks it). They are
-defined once, in a module of their own that :mod:`codegen.compile` writes
+:data:`_PER_DTYPE`; :func:`codegen.backends.numba_cpu.compile._compile` checks it). They are
+defined once, in a module of their own that :mod:`codegen.backends.numba_cpu.compile` writes
 to the cache directory and loads before any unit (``texpr_k_rt<hash>.py``, its
 machine code in numba's disk cache beside it, like a unit's), instead of in
 every unit's module with ``inline="always"``.
@@ -162,7 +162,7 @@ _VALUE_HELPERS = "\n\n".join(
     [_PER_FLOAT.format(dt=dt).strip() for dt in FLOATS]
     + [_PER_DTYPE.format(dt=dt).strip() for dt in DTYPES] + [_ERF32.strip()])
 
-#: the GEMM guard of scan steps (codegen.scan_gemm), defined in every unit's module
+#: the GEMM guard of scan steps (codegen.loopnest.scan_gemm), defined in every unit's module
 #: itself, not here: its operands are views whose layouts vary (several signatures)
 GEMM_GUARD = '''
 @njit(cache=True)
@@ -192,7 +192,7 @@ def _gemm_ok(a, b, k, lim):
 #: value. The first failure is kept (later ones leave ``err`` alone), so a
 #: sequential loop reports the first offending point's value; in a parallel loop it
 #: is one of them. Every argument is an int64 (the call sites cast:
-#: :func:`codegen.emit.helper_int`) and ``err`` an int64 array: one signature each
+#: :func:`codegen.loopnest.emit.helper_int`) and ``err`` an int64 array: one signature each
 CHECK_HELPERS = '''
 @njit(cache=True, inline="always")
 def _fail(err, code, v):
@@ -287,7 +287,7 @@ def _ifloordiv(a, b, narrow, err, code):
 
 #: ``_radd(acc, v)``: ``acc + v`` (``v`` cast to ``acc``'s float type) as one LLVM
 #: ``fadd`` carrying the ``reassoc`` flag and no other: the innermost loop of a float
-#: sum written once with it (:meth:`codegen.stage._StageLowering._emit_reassociated_sum`)
+#: sum written once with it (:meth:`codegen.loopnest.stage._StageLowering._emit_reassociated_sum`)
 #: is a reduction LLVM's loop vectoriser may split into partial sums in vector
 #: registers, which it never does to a plain ``+=`` (IEEE order). Only the order of
 #: the sum's terms changes, which the evaluator does not fix either; NaN, infinities

@@ -32,7 +32,7 @@ under a second with the vectoriser off).
 
 import ast
 
-from .source import parse_module
+from ...loopnest.source import parse_module
 
 __all__ = ["loop_vectorize_pays", "invariant_comparison_loop", "unit_stride_loop"]
 

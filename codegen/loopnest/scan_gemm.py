@@ -2,7 +2,7 @@
 
 A recurrent cell's step multiplies the previous state by a weight matrix:
 ``pre[b, g] = sum_k h[t - 1, b, k] * W[g, k]``. Inside a scan the step is part of
-one compiled unit, so the stage-level GEMM path (:mod:`codegen.contraction`, a
+one compiled unit, so the stage-level GEMM path (:mod:`codegen.analysis.contraction`, a
 plan run by numpy between units) cannot take it; a loop nest does the
 product at a few GFLOP/s. This module recognises the step stage
 
@@ -19,7 +19,7 @@ of the two axes and the other's extent as the row stride (a C-contiguous
         <the step's loop nest>                   # exact IEEE terms (and the
                                                  # empty sum where t fails), as before
 
-``_gemm_ok`` (codegen/emit.py) passes when every operand value is finite and
+``_gemm_ok`` (codegen/loopnest/emit.py) passes when every operand value is finite and
 ``max|A| * max|B| * K`` stays below the dtype's largest value, so that no
 product and no partial sum overflows: then the GEMM is the loop nest up to
 rounding. Otherwise (an inf or NaN, or values large enough to overflow) the
@@ -40,7 +40,7 @@ from texpr.triangles import linear_form
 from texpr.visitor import free_vars, post_order
 
 from .emit import ExprEmitter
-from .schedule import inline_expand
+from ..ir.schedule import inline_expand
 
 #: the smallest product (M * N * K multiply-adds) worth a BLAS call per step
 GEMM_MIN_MACS = 4096

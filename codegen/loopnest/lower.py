@@ -2,9 +2,9 @@
 
 One job: decide the kernel's buffers (inputs, outputs, temporaries: flat 1-D
 arrays) and cut the program into *units*, each the module text of one
-materialised stage, lowered by :mod:`codegen.stage` (statements, loop nests,
+materialised stage, lowered by :mod:`codegen.loopnest.stage` (statements, loop nests,
 reduction modes, unrolling, blocking), with the values emitted by
-:mod:`codegen.emit` and the checks decided by :mod:`codegen.bounds`.
+:mod:`codegen.loopnest.emit` and the checks decided by :mod:`codegen.analysis.bounds`.
 
 A unit's text (:attr:`UnitSource.module_source`) defines
 ``unit(b0, b1, ..., err)``: its parameters are only the buffers the stage reads
@@ -14,15 +14,15 @@ or writes, named by position of first use in the text, then ``err``
 same local identifiers (``i0_0``, ``acc0_0``, ...) and comments without user
 text, so the text is a function of the stage's structure alone (shapes and
 constants included, names and position in the graph excluded): the compiled
-code is keyed on it (:mod:`codegen.compile`), so a layer repeated with the
+code is keyed on it (:mod:`codegen.backends.numba_cpu.compile`), so a layer repeated with the
 same shapes compiles once, editing one operator recompiles only its stages,
 and two graphs that share a stage share its machine code.
 
 A stage big enough to gain from a second thread (``PARALLEL_MIN_POINTS`` points
-and ``PARALLEL_MIN_WORK`` work, :mod:`codegen.stage`; or one the schedule marks
+and ``PARALLEL_MIN_WORK`` work, :mod:`codegen.loopnest.stage`; or one the schedule marks
 parallel) is a *chunked* unit where its loop nests allow it: serial text
 ``unit(b0, .., part, err)`` whose parallel loop runs one part of a spatial
-axis, the parts run at the same time (:mod:`codegen.chunks`), so it compiles
+axis, the parts run at the same time (:mod:`codegen.backends.numba_cpu.chunks`), so it compiles
 without numba's parfor pass (about 0.5-1 s a unit). Otherwise (a scan, a
 scatter, a split or second parallel axis) the unit gets ``parallel=True`` and
 ``prange`` loops.
@@ -35,8 +35,8 @@ error).
 
 Re-exported for importers of this module: ``default_order``,
 ``lift_zero_guards``, the tuning constants (``PARALLEL_MIN_POINTS``, ``UNROLL``,
-``JAM``, ``MAX_LANES``, ``SPLIT_LANES``, ... of :mod:`codegen.stage`),
-``ExprEmitter``, ``const_str``, ``element`` (:mod:`codegen.emit`).
+``JAM``, ``MAX_LANES``, ``SPLIT_LANES``, ... of :mod:`codegen.loopnest.stage`),
+``ExprEmitter``, ``const_str``, ``element`` (:mod:`codegen.loopnest.emit`).
 """
 
 import sys
@@ -51,15 +51,15 @@ from texpr.tensor import PlaceholderOp
 
 from .memo import TextMemo
 from .emit import ExprEmitter, _Writer, const_str, element  # noqa: F401
-from .runtime import GEMM_GUARD, IMPORT_LINE
+from ..backends.numba_cpu.runtime import GEMM_GUARD, IMPORT_LINE
 from . import stage as _stage
 from . import cse as _cse
 from .source import buffer_identifiers, remove_dead_assignments, rename
 from .stage import _StageLowering, default_order, lift_zero_guards
-from . import bounds as _bounds
+from ..analysis import bounds as _bounds
 
-#: the tuning constants this module used to copy from :mod:`codegen.stage` (and
-#: :mod:`codegen.bounds`): they are read there, where they are used, and setting
+#: the tuning constants this module used to copy from :mod:`codegen.loopnest.stage` (and
+#: :mod:`codegen.analysis.bounds`): they are read there, where they are used, and setting
 #: them here sets them there (a copy set here changed nothing)
 _FORWARDED = {name: _stage for name in (
     "BUFFER_TILE", "JAM", "JAM_MOVE", "MAX_LANES", "MAX_RESIDUE_SPLITS",
@@ -89,7 +89,7 @@ __all__ = ["lower", "Program", "BufferInfo", "UnitSource", "default_order", "Exp
            "const_str", "element", "lift_zero_guards"]
 
 #: the numba helpers every unit module imports (NaN-propagating min/max, the checks:
-#: one module for all units, :mod:`codegen.runtime`)
+#: one module for all units, :mod:`codegen.backends.numba_cpu.runtime`)
 HELPERS = IMPORT_LINE + "\n\n" + GEMM_GUARD.strip() + "\n"
 
 _PRELUDE = "import math\n\nimport numpy as np\nfrom numba import njit, prange\n"
@@ -111,7 +111,7 @@ class ViewInfo(BufferInfo):
     through an axis permutation with reversals: the state of a scan whose only
     reader re-indexes it (:func:`texpr.simplify.materialize.scan_view`).
     ``perm[j] = (d, reversed)``: the tensor's axis ``j`` is the base's axis ``d``
-    (``n - 1 - i`` when reversed). :func:`codegen.emit.element` applies it."""
+    (``n - 1 - i`` when reversed). :func:`codegen.loopnest.emit.element` applies it."""
 
     def __init__(self, base, tensor, perm, extents=None):
         super().__init__(base.name, tensor, base.role)
@@ -142,7 +142,7 @@ class UnitSource:
     """One materialised stage, lowered: what a compiled unit is made from.
 
     ``kind`` (``"numba"``: ``module_source`` is compiled by
-    :func:`codegen.compile.compile_units`); ``stage`` (the op's name);
+    :func:`codegen.backends.numba_cpu.compile.compile_units`); ``stage`` (the op's name);
     ``definition`` (``te.tensor_str`` of its output, for messages);
     ``module_source`` (canonical text defining ``unit(b0, .., err)``, see the
     module docstring); ``args`` (indices into :attr:`Program.buffers`, in
@@ -154,7 +154,7 @@ class UnitSource:
     defines ``unit(b0, .., part, err)``, serial, which runs the points whose
     value of that axis is in ``part[0] <= v < part[1]``, and the parts
     ``[0, n)`` is cut into run at the same time, each starting at a multiple of
-    ``chunk_align``, :mod:`codegen.chunks`). Picklable."""
+    ``chunk_align``, :mod:`codegen.backends.numba_cpu.chunks`). Picklable."""
 
     kind = "numba"
 
@@ -305,9 +305,9 @@ def _lower_unit(op, stage, buffers, order, idents, inlined, parallel):
 
 def _blas_unit(op, plan):
     """The unit of a stage run as GEMMs (or as strided moves, a
-    :class:`codegen.shifts.ShiftPlan`): its definition and its plan as comments."""
-    from .contraction import ContractionUnitSource
-    from .shifts import ShiftPlan, ShiftUnitSource
+    :class:`codegen.analysis.shifts.ShiftPlan`): its definition and its plan as comments."""
+    from ..analysis.contraction import ContractionUnitSource
+    from ..analysis.shifts import ShiftPlan, ShiftUnitSource
     w = _Writer()
     w.comment(0, "---- stage (BLAS)", f"---- stage {op.name}: {tensor_str(op.output(0))}")
     w.comment(0, "BLAS", plan.describe())
@@ -345,9 +345,9 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
     :func:`schedule.default_materialized`); ``inputs``: the placeholder Tensors
     in argument order; ``parallel``: allow ``prange`` loops; ``contraction``:
     None, or a function ``(op, key) -> ContractionPlan or None`` choosing the
-    stages that run as GEMMs (:mod:`codegen.contraction`; ``key`` maps a tensor
+    stages that run as GEMMs (:mod:`codegen.analysis.contraction`; ``key`` maps a tensor
     to its buffer's position): such a stage is a unit of kind ``"blas"``
-    (:class:`codegen.contraction.ContractionUnitSource`) instead of a loop nest.
+    (:class:`codegen.analysis.contraction.ContractionUnitSource`) instead of a loop nest.
 
     Raises TexprError (a placeholder read but not listed in ``inputs``; index
     arithmetic not provably exact in int64; an isl failure),
@@ -418,12 +418,12 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
         if u.kind == "shift":
             parts.append(u.source.rstrip("\n"))
             driver.append(f"    # unit{k}: {u.stage} runs as a shift plan: strided copies and adds "
-                          "(codegen.shifts; see its comment)")
+                          "(codegen.analysis.shifts; see its comment)")
             continue
         parts.append(u.source.replace("\ndef unit(", f"\ndef unit{k}(", 1).rstrip("\n"))
         if u.chunks:
             driver.append(f"    # unit{k}: the parts [lo, hi) of 0..{u.chunks} at the same time, "
-                          "one per thread (codegen.chunks)")
+                          "one per thread (codegen.backends.numba_cpu.chunks)")
             driver.append(f"    unit{k}({', '.join([idents[a] for a in u.args])}, "
                           f"np.array([0, {u.chunks}]), err)  # (here: one part, all of it)")
         else:

@@ -216,7 +216,7 @@ def _transform(stmt, counter):
     return out + hoisted + [new], bool(out or hoisted)
 
 
-#: the run-time checks of generated code (codegen.bounds, codegen.emit): calls
+#: the run-time checks of generated code (codegen.analysis.bounds, codegen.loopnest.emit): calls
 #: that flag an error; the first one to fail is the one reported
 _CHECKS = frozenset({"_ck", "_rk", "_nz", "_fail", "_iadd", "_isub", "_imul",
                      "_ifloordiv"})

@@ -3,8 +3,8 @@
 One job: the text of values (:class:`ExprEmitter`, :func:`const_str`), of buffer
 elements (:func:`element`: flat buffers, row-major offsets with static extents)
 and the line writer (:class:`_Writer`, canonical and readable comments). It
-decides nothing about loops (:mod:`codegen.stage`) or bounds
-(:mod:`codegen.bounds` tells it which loads to check).
+decides nothing about loops (:mod:`codegen.loopnest.stage`) or bounds
+(:mod:`codegen.analysis.bounds` tells it which loads to check).
 """
 
 import numpy as np
@@ -15,7 +15,7 @@ from texpr.errors import TexprError
 from texpr.printer import expr_str
 from texpr.visitor import post_order, tree_sizes
 
-from .bounds import DATA_INDEX_LIMIT
+from ..analysis.bounds import DATA_INDEX_LIMIT
 from .source import comment_text
 
 __all__ = ["ExprEmitter", "const_str", "element"]
@@ -62,7 +62,7 @@ def fill_value(value, dtype):
 
 
 def helper_int(text):
-    """``text``, an integer expression passed to a helper of :mod:`codegen.runtime`,
+    """``text``, an integer expression passed to a helper of :mod:`codegen.backends.numba_cpu.runtime`,
     as an int64 that is never a numba literal: numba types a constant, or a
     variable holding one (``i0_0 = 0``), as its value (``Literal[int](4)``) and
     compiles the helper once per value it is called with (52 versions of
@@ -75,7 +75,7 @@ class ExprEmitter:
 
     ``names``: id(Var) -> source name; ``buffers``: id(Tensor) -> BufferInfo;
     ``checks``: ids of loads needing a bounds check; ``flat``: loads addressed
-    by an affine row-major offset (:func:`codegen.affine.affine_offsets`);
+    by an affine row-major offset (:func:`codegen.analysis.affine.affine_offsets`);
     ``errors``: the error table (list of messages; the flag holds the 1-based
     code)."""
 
@@ -85,13 +85,13 @@ class ExprEmitter:
         self.bound = {}
         self.checks = set()
         self.value_checks = set()  # ids of int loads / casts range-checked (DATA_INDEX_LIMIT)
-        #: ids of integer + - * on values that may leave their dtype (codegen.bounds):
+        #: ids of integer + - * on values that may leave their dtype (codegen.analysis.bounds):
         #: written as the checked helpers _iadd/_isub/_imul/_ifloordiv
         self.arith_checks = set()
-        #: id(load) -> its row-major offset as an affine expression (codegen.affine)
+        #: id(load) -> its row-major offset as an affine expression (codegen.analysis.affine)
         self.flat = {}
         #: ids of selects whose two arms are evaluated before choosing (``_sel``: no
-        #: branch), decided by the stage (:func:`codegen.stage.speculative_selects`)
+        #: branch), decided by the stage (:func:`codegen.loopnest.stage.speculative_selects`)
         self.speculative = set()
 
     def _value_check(self, e, text):
@@ -153,7 +153,7 @@ class ExprEmitter:
         more than :data:`LET_TREE_NODES` nodes: a chain of selects each reading the
         level below several times is a DAG of O(d) nodes and a text of O(3^d) (an
         attack's chain of depth 5 gave 89 KB units that numba compiled in 300 s;
-        smaller statements keep their text, :mod:`codegen.cse` shares their
+        smaller statements keep their text, :mod:`codegen.loopnest.cse` shares their
         repeats). A node used twice or more, of at least :data:`LET_MIN_NODES`
         tree nodes, is bound when
 
@@ -378,7 +378,7 @@ class ExprEmitter:
             return f"np.power({self.cast(e.args[0], d)}, {self.cast(e.args[1], d)})"
         x = self.cast(e.args[0], d)
         one = const_str(1.0, d)
-        if name == "exp" and d == "float32":  # no libm call: it vectorises (codegen.runtime)
+        if name == "exp" and d == "float32":  # no libm call: it vectorises (codegen.backends.numba_cpu.runtime)
             return f"_exp_float32({x})"
         if name in _UNARY_NP:
             return f"{_UNARY_NP[name]}({x})"
@@ -388,7 +388,7 @@ class ExprEmitter:
             e = f"_exp_float32(-{x})" if d == "float32" else f"np.exp(-{x})"
             return f"({one} / ({one} + {e}))"
         if name == "erf":
-            if d == "float32":  # no libm call: a loop of it vectorises (codegen.runtime)
+            if d == "float32":  # no libm call: a loop of it vectorises (codegen.backends.numba_cpu.runtime)
                 return f"_erf_float32({x})"
             return f"{_NP[d]}(math.erf({x}))"
         raise TexprError(f"codegen: intrinsic {name} has no code generator")
@@ -417,7 +417,7 @@ class ExprEmitter:
 LET_TREE_NODES = 400
 #: the smallest shared subexpression (tree nodes) given a variable of its own there
 LET_MIN_NODES = 4
-#: a statement with more distinct nodes than this is left to codegen.cse (the
+#: a statement with more distinct nodes than this is left to codegen.loopnest.cse (the
 #: analysis keeps a set of nodes per node)
 LET_MAX_DAG_NODES = 2000
 #: a value's text nests at most this many parentheses deep, as estimated node by
@@ -483,7 +483,7 @@ def element(buf, idx):
 class _Writer:
     """Source lines. Comments are written twice: the canonical text (no user
     names: what the caches key on and what Python runs) and the readable text
-    of ``Kernel.source`` (escaped with :func:`codegen.source.comment_text`)."""
+    of ``Kernel.source`` (escaped with :func:`codegen.loopnest.source.comment_text`)."""
 
     def __init__(self):
         self.lines = []

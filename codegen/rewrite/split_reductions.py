@@ -11,7 +11,7 @@ and Inductor's split reductions do:
 The first reduces :data:`PARTS` contiguous slices of the first reduction axis
 long enough to split (``c`` = ceil(n / PARTS) of its ``n`` values each): its
 ``PARTS x outputs`` points run in parallel, each with the inner loop's
-independent accumulators of any long reduction (:mod:`codegen.stage`). The
+independent accumulators of any long reduction (:mod:`codegen.loopnest.stage`). The
 second combines the partial results in slice order. A stage that no thread
 could share (one output: a scalar loss) ran on one core with one
 loop-carried accumulator: 6.0 ms for the max and the sum of a 1.28 M-element
@@ -32,7 +32,7 @@ from texpr.simplify.graph import rebuild
 from texpr.tensor import ComputeOp
 from texpr.visitor import substitute
 
-from . import contraction
+from ..analysis import contraction
 
 __all__ = ["split_reductions", "PARTS", "MAX_OUTPUTS", "MIN_POINTS", "SPLIT", "ENABLED"]
 

@@ -15,11 +15,11 @@ in TVM):
 ``tile(x, y, fx, fy)`` split both and order ``xo, yo, xi, yi``
 ``vectorize(ax)``      a hint: ``ax`` should be the innermost loop
 ``blas(flag=True)``    run a contraction stage as GEMMs (True) or as its loop
-                       nest (False); see :mod:`texpr.codegen.contraction`
+                       nest (False); see :mod:`texpr.codegen.analysis.contraction`
 =====================  =====================================================
 
 Stages not touched keep ``None`` decisions, and :func:`resolve` fills them
-with the default rules (module docstring of :mod:`texpr.codegen.lower`).
+with the default rules (module docstring of :mod:`texpr.codegen.loopnest.lower`).
 
 Errors: :class:`texpr.errors.ScheduleError` for impossible requests (inlining a
 reduction, a scatter or an output, an axis of another stage, parallelising a
@@ -56,7 +56,7 @@ class Stage:
         self.vectorize_axes = []
         self.ordered = False
         self.attached = True
-        self.blas_flag = None  # None: the cost rule decides (codegen.contraction)
+        self.blas_flag = None  # None: the cost rule decides (codegen.analysis.contraction)
 
     # -- helpers ------------------------------------------------------------
     @property
@@ -125,7 +125,7 @@ class Stage:
 
     def blas(self, flag=True):
         """Run this stage as GEMMs on numpy's BLAS (``flag`` True) or as its loop
-        nest (False), overriding the cost rule of :mod:`texpr.codegen.contraction`
+        nest (False), overriding the cost rule of :mod:`texpr.codegen.analysis.contraction`
         (by default a contraction runs on BLAS when its GEMMs are large enough,
         and a stage the user split, reordered, parallelised or vectorised keeps its
         loops). ``blas(True)`` on a stage that is not a contraction raises

@@ -6,7 +6,7 @@ proven in bounds, which are proven out of bounds (a build-time
 :class:`OutOfBoundsError`), which are checked at run time (``_ck``), and which
 loaded integers used in index arithmetic get a range check (``_rk``). The
 run-time checks are the numba helpers ``_ck``, ``_rk`` and ``_nz`` of
-:mod:`codegen.runtime`: they set the unit's error flag ``err`` (``[code,
+:mod:`codegen.backends.numba_cpu.runtime`: they set the unit's error flag ``err`` (``[code,
 offending value]``) instead of raising, so that numba can still parallelise
 the loop.
 """
@@ -156,7 +156,7 @@ class _BoundsChecker:
         self.values = set()  # ids of int loads / float->int casts to range-check at run time
         self.var_ranges = {}  # id(Var) -> (lo, hi) for variables that are not axes
         #: ids of integer + - * on values (not in an index or a comparison) that
-        #: may leave their dtype: computed by a checked helper (codegen.runtime)
+        #: may leave their dtype: computed by a checked helper (codegen.backends.numba_cpu.runtime)
         self.arith = set()
         self._value_ranges = {}
         self._seen = set()

@@ -1,5 +1,5 @@
 """GEMM plans and how they run: the plain data a matched contraction stage
-becomes (:mod:`codegen.contraction` decides, at build time, whether and how a
+becomes (:mod:`codegen.analysis.contraction` decides, at build time, whether and how a
 stage is one) and the code that runs it on numpy's BLAS at run time.
 
 A :class:`ContractionPlan` holds :class:`GemmPiece` s, each one (batched) GEMM
@@ -61,7 +61,7 @@ class OperandView:
     same axes (expression trees, see :func:`_tree`; a ReLU's adjoint reads
     ``where=dense[i, j] > 0``), the same way; ``exact_masks``: conditions like
     ``masks`` applied only on the exact path (:meth:`ContractionPlan._non_finite`):
-    outside them a window stage (:mod:`codegen.windows`) holds zeros, which
+    outside them a window stage (:mod:`codegen.rewrite.windows`) holds zeros, which
     stand for absent terms."""
 
     def __init__(self, key, shape, pad, axes, offset, strides, masks, data_masks=(),
@@ -214,7 +214,7 @@ class ContractionPlan:
 
     def _wakes_blas(self):
         """Whether a GEMM of this plan is large enough for OpenBLAS to run it on
-        its worker threads (:data:`codegen.parking.THREADED_MNK`), which then spin
+        its worker threads (:data:`codegen.backends.numpy_host.parking.THREADED_MNK`), which then spin
         until parked."""
         wakes = getattr(self, "_wakes", None)
         if wakes is None:
@@ -423,7 +423,7 @@ def _blas_one_thread():
 
 def _pool():
     """The worker threads of the GEMMs and packing copies, and of chunked units'
-    parts without libgomp (:mod:`codegen.chunks`); created on first use."""
+    parts without libgomp (:mod:`codegen.backends.numba_cpu.chunks`); created on first use."""
     if not _POOL or _POOL[0][0] != os.getpid():
         # a forked child inherits the pool object but not its threads: a new one
         from concurrent.futures import ThreadPoolExecutor
@@ -576,7 +576,7 @@ def _operand(view, arrays, piece_axes, dtype, real=None, padded=None, workspace=
     ok = _mask_array(view.masks, view.axes, piece_axes, shape, view) if view.masks else None
     exact = getattr(view, "exact_masks", None)
     if exact and real is not None:
-        # a window stage's zeros (codegen.windows): absent terms, masked where the
+        # a window stage's zeros (codegen.rewrite.windows): absent terms, masked where the
         # exact path classifies non-finite values (elsewhere they are 0 * x = 0)
         more = _mask_array(exact, view.axes, piece_axes, shape)
         ok = more if ok is None else ok & more
@@ -589,7 +589,7 @@ def _operand(view, arrays, piece_axes, dtype, real=None, padded=None, workspace=
         ok = np.ones(shape, dtype=bool) if ok is None else np.broadcast_to(ok, shape).copy()
         # in order, each where the ones before it hold: te.evaluate's `&&`, so a
         # condition that can raise (a divisor of 0) is evaluated where the evaluator
-        # evaluates it (codegen.contraction matches such a stage only where the
+        # evaluates it (codegen.analysis.contraction matches such a stage only where the
         # view's affine masks are the conjuncts before it)
         with np.errstate(all="ignore"):
             for t in view.data_masks:
@@ -690,7 +690,7 @@ def _eval_tree(t, grid, arrays, mask=None):
 
 
 def _tree_nodes(t):
-    """The nodes of an expression tree (:func:`codegen.contraction._tree`), each a
+    """The nodes of an expression tree (:func:`codegen.analysis.contraction._tree`), each a
     tuple whose first item names its kind, in pre-order."""
     yield t
     for x in t[1:]:
@@ -703,7 +703,7 @@ def _tree_nodes(t):
 
 
 def _tree_keys(t):
-    """The buffer keys an expression tree (:func:`codegen.contraction._tree`) loads from."""
+    """The buffer keys an expression tree (:func:`codegen.analysis.contraction._tree`) loads from."""
     return {n[1] for n in _tree_nodes(t) if n[0] in ("ld", "ldc")}
 
 

@@ -8,9 +8,9 @@ init extent ``L`` becomes::
         <each materialised body stage at step t>   (its own loop nest, parallel over
                                                     its axes when it is big)
 
-The scan is one compiled unit (:mod:`texpr.codegen.lower`). Each body stage is
+The scan is one compiled unit (:mod:`texpr.codegen.loopnest.lower`). Each body stage is
 lowered inside it by the ordinary stage lowering
-(:class:`texpr.codegen.stage._StageLowering`) as a *step stage*: the body
+(:class:`texpr.codegen.loopnest.stage._StageLowering`) as a *step stage*: the body
 stage without its time axis, the step ``t`` a bounded variable (``L <= t <
 T``) that is not a loop of the stage. A step stage writes into a view of one
 step: an update into ``S_a[t]`` (the state's own buffer), any other body stage
@@ -38,7 +38,7 @@ __all__ = ["lower_scan"]
 @functools.lru_cache(maxsize=None)
 def _step_classes():
     """The stage lowering and its expression emitter, told which loads are proven in
-    bounds (built on first use: :mod:`texpr.codegen.stage` imports this module)."""
+    bounds (built on first use: :mod:`texpr.codegen.loopnest.stage` imports this module)."""
     from .emit import ExprEmitter
     from .stage import _StageLowering
 
@@ -78,7 +78,7 @@ class _ScanBuffers(dict):
 
 
 class _Row:
-    """Step ``t`` of a state stored through a view (:class:`codegen.lower.ViewInfo`):
+    """Step ``t`` of a state stored through a view (:class:`codegen.loopnest.lower.ViewInfo`):
     the step stage's index ``i..`` is the state's ``(t, i..)``."""
 
     def __init__(self, state, tensor, tname):
@@ -163,9 +163,9 @@ def _proven_loads(step, tv, inlined):
     from texpr.simplify.isl_bridge import VarSpace, box_set, to_set
     from texpr.visitor import post_order
 
-    from .bounds import _BoundsChecker
+    from ..analysis.bounds import _BoundsChecker
     from .stage import lift_zero_guards
-    from .schedule import inline_expand
+    from ..ir.schedule import inline_expand
 
     body = [inline_expand(b, inlined) for b in step.body]
     red = body[0] if isinstance(body[0], Reduce) else None
@@ -197,7 +197,7 @@ def _pointwise(op, pairs, mat, inlined):
     from texpr.expr import Reduce
     from texpr.visitor import post_order
 
-    from .schedule import inline_expand
+    from ..ir.schedule import inline_expand
 
     if len(op.outputs) != 1 or len(mat) != 1:
         return None
@@ -219,10 +219,10 @@ def _pointwise(op, pairs, mat, inlined):
 
 def lower_scan(sl, depth):
     """Emit the scan stage of the stage lowering ``sl`` (a
-    :class:`texpr.codegen.stage._StageLowering` whose ``op`` is a ScanOp) at ``depth``:
+    :class:`texpr.codegen.loopnest.stage._StageLowering` whose ``op`` is a ScanOp) at ``depth``:
     the whole scan is one compiled unit (its step stages are loop nests inside it)."""
     from .lower import BufferInfo
-    from .schedule import Stage
+    from ..ir.schedule import Stage
 
     op, w, k = sl.op, sl.w, sl.k
     T, L = op.time_extent, op.init_extent
@@ -292,9 +292,9 @@ def _lower_init_in_place(sl, depth, a, out, init):
     """The init of state ``a`` as a loop nest that writes the state's first steps
     (``out[:L]``, in the state's layout) directly: the inlined elementwise init's
     body (no buffer of its own, no copy), or a copy of the init's buffer into a
-    state that lives in another tensor's buffer (:class:`codegen.lower.ViewInfo`)."""
+    state that lives in another tensor's buffer (:class:`codegen.loopnest.lower.ViewInfo`)."""
     from .lower import alias_info
-    from .schedule import Stage
+    from ..ir.schedule import Stage
     from .stage import _StageLowering
 
     src = init.op
@@ -322,7 +322,7 @@ def _lower_pointwise(sl, depth, point, tv, buffers):
 
     from .lower import alias_info
     from .stage import PARALLEL_MIN_POINTS, _StageLowering
-    from .schedule import Stage
+    from ..ir.schedule import Stage
 
     op, k = sl.op, sl.k
     body, _u, step_axes = point

@@ -31,13 +31,13 @@ __all__ = ["FORKED_FROM_OPENMP", "OPENMP_USED", "serial_source", "openmp_started
 
 #: True in a process forked from one whose GNU OpenMP layer had started
 FORKED_FROM_OPENMP = [False]
-#: True once this process launched a GNU OpenMP team itself (codegen.chunks)
+#: True once this process launched a GNU OpenMP team itself (codegen.backends.numba_cpu.chunks)
 OPENMP_USED = [False]
 
 
 def openmp_started():
     """Whether GNU OpenMP has started in this process: a chunked unit launched
-    its team (:mod:`codegen.chunks`), or numba's threading layer is GNU OpenMP
+    its team (:mod:`codegen.backends.numba_cpu.chunks`), or numba's threading layer is GNU OpenMP
     and has started (numba starts it when it first compiles or loads a parallel
     function). True also when numba's state cannot be read (the serial twins
     are then used in a forked child: slower, never killed)."""

@@ -1,8 +1,8 @@
 """The runnable units of a kernel: what :class:`codegen.build.Kernel` calls in order.
 
-One job: turn a :class:`codegen.lower.Program`'s unit descriptions
-(:class:`codegen.lower.UnitSource`, picklable) into runnable units, compiling
-the numba ones in one batch (:func:`codegen.compile.compile_units`: memory,
+One job: turn a :class:`codegen.loopnest.lower.Program`'s unit descriptions
+(:class:`codegen.loopnest.lower.UnitSource`, picklable) into runnable units, compiling
+the numba ones in one batch (:func:`codegen.backends.numba_cpu.compile.compile_units`: memory,
 disk, worker processes).
 
 The interface every unit kind implements (the driver relies on nothing else):
@@ -20,7 +20,7 @@ The interface every unit kind implements (the driver relies on nothing else):
   ``compiled`` (True when this build compiled it: numba ran, here or in a
   worker). Optional: ``calls_blas`` (a numba unit whose code calls a BLAS,
   besides the ``"blas"`` kind: the kernel then parks the BLAS's worker
-  threads after a call, :mod:`codegen.parking`).
+  threads after a call, :mod:`codegen.backends.numpy_host.parking`).
 
 Adding a kind (e.g. a contraction run by a library call instead of a loop
 nest): give its description in ``Program.units`` a ``kind`` of its own, write
@@ -35,7 +35,7 @@ import operator
 from . import chunks as _chunks
 from . import compile as _compile
 from . import forksafe as _forksafe
-from . import gemm as _gemm
+from ..numpy_host import gemm as _gemm
 
 __all__ = ["NumbaUnit", "FACTORIES", "make_units", "one_thread"]
 
@@ -59,13 +59,13 @@ class NumbaUnit:
         self.fn = compiled.fn
         self._entry = compiled.entry
         # a parallel unit keeps its text: in a child forked after numba's GNU
-        # OpenMP layer started, it runs its serial twin (codegen.forksafe)
+        # OpenMP layer started, it runs its serial twin (codegen.backends.numba_cpu.forksafe)
         self.parallel = "@njit(parallel=True" in desc.module_source
-        # a scan step run as np.dot (codegen.scan_gemm) calls SciPy's BLAS
+        # a scan step run as np.dot (codegen.loopnest.scan_gemm) calls SciPy's BLAS
         self.calls_blas = "np.dot(" in desc.module_source
         self._desc = desc if self.parallel else None
         self._serial = None
-        # a chunked unit (codegen.chunks): the extent of the axis its parts cut
+        # a chunked unit (codegen.backends.numba_cpu.chunks): the extent of the axis its parts cut
         self.chunks = getattr(desc, "chunks", 0)
         self.chunk_align = getattr(desc, "chunk_align", 1)
         self._chunk_state = None
@@ -111,7 +111,7 @@ def one_thread():
     parallel units (prange loops and chunked units alike) run on the calling
     thread alone.
 
-    Used while the machine is oversubscribed (:func:`codegen.gemm._oversubscribed`:
+    Used while the machine is oversubscribed (:func:`codegen.backends.numpy_host.gemm._oversubscribed`:
     the load average above the usable CPUs plus a half). GNU OpenMP, whose
     team runs both kinds of unit, makes a thread that finishes its share wait
     at the region's end by spinning first (its default wait policy, which is
@@ -123,7 +123,7 @@ def one_thread():
     2 threads waiting by default; 1.6-2.8 and 1.7-2.9 ms with OpenMP waiting
     passively, as texpr once set it for the whole process; 1.8-1.9 and
     1.7-1.8 ms on one thread). The PyTorch bridge's compiled driver
-    (:class:`codegen.native_call.Runner`) does the same for a whole call; a
+    (:class:`codegen.backends.numba_cpu.native_call.Runner`) does the same for a whole call; a
     kernel XLA calls (the JAX bridge) keeps its threads."""
     numba = _compile.numba
     before = numba.get_num_threads()
@@ -138,18 +138,18 @@ def one_thread():
 
 
 def _contraction_unit(desc):
-    from .contraction import ContractionUnit
+    from ...analysis.contraction import ContractionUnit
     return ContractionUnit(desc)
 
 
 def _shift_unit(desc):
-    from .shifts import ShiftUnit
+    from ...analysis.shifts import ShiftUnit
     return ShiftUnit(desc)
 
 
 #: kind -> factory(description) for the unit kinds not compiled by numba
-#: (``"blas"``: a contraction stage run as GEMMs, :mod:`codegen.contraction`;
-#: ``"shift"``: a window or tap-sum stage run as strided moves, :mod:`codegen.shifts`)
+#: (``"blas"``: a contraction stage run as GEMMs, :mod:`codegen.analysis.contraction`;
+#: ``"shift"``: a window or tap-sum stage run as strided moves, :mod:`codegen.analysis.shifts`)
 FACTORIES = {"blas": _contraction_unit, "shift": _shift_unit}
 
 

@@ -1,8 +1,8 @@
 """Shift plans: a window stage or a tap-sum stage run as strided moves by one
 precompiled function, instead of a loop nest compiled for the stage.
 
-One job: turn the two kinds of stage that :mod:`codegen.windows` and
-:mod:`codegen.tap_split` make -- a window (im2col) and the sum of a taps'
+One job: turn the two kinds of stage that :mod:`codegen.rewrite.windows` and
+:mod:`codegen.rewrite.tap_split` make -- a window (im2col) and the sum of a taps'
 stage over its taps (col2im) -- into a :class:`ShiftPlan`: plain data, one
 *move* per combination of tap values, each a copy (or an add) of a strided
 view of one buffer into a strided view of another, plus the zeros around
@@ -19,8 +19,8 @@ conv2d_s1's shapes, paying per innermost row of 27 elements. The moves ran
 2026-12-05); the whole value and gradient in-process, A/B: 8.8 ms with the
 moves, 10.0 with the loop nests.
 
-**Which stages.** A window stage (``attrs[codegen.windows.WINDOW]``) and a
-tap-sum stage (``attrs[codegen.tap_split.SPLIT]`` on a reduction) have a plan
+**Which stages.** A window stage (``attrs[codegen.rewrite.windows.WINDOW]``) and a
+tap-sum stage (``attrs[codegen.rewrite.tap_split.SPLIT]`` on a reduction) have a plan
 when every move has at most ``RANK`` axes, the moves share their first axis
 (the one the function's outer loop runs over) and read one source buffer,
 there are at most ``MAX_MOVES`` tap combinations, and, for a tap sum, for
@@ -147,8 +147,8 @@ _MODES = {"copy": 0, "add": 1, "zero": 2}
 _WORDS = 3 + 3 * RANK  # per move in the table: mode, offsets, extents, strides
 
 #: the compiled moves, one function for every plan of a dtype (compiled and cached
-#: like a unit, :func:`codegen.compile.compile_source`: once per cache directory)
-MOVES_SOURCE = f"""# texpr shift moves (codegen/shifts.py)
+#: like a unit, :func:`codegen.backends.numba_cpu.compile.compile_source`: once per cache directory)
+MOVES_SOURCE = f"""# texpr shift moves (codegen/analysis/shifts.py)
 import numpy as np
 from numba import njit
 
@@ -202,13 +202,13 @@ _FUNCTIONS = {}
 
 
 def _moves_compiled(dtype):
-    """The first :class:`codegen.compile.Compiled` of the moves for ``dtype`` in this
+    """The first :class:`codegen.backends.numba_cpu.compile.Compiled` of the moves for ``dtype`` in this
     process (None after that: it is in memory)."""
     if dtype in _FUNCTIONS:
         return None
-    from .compile import compile_source
+    from ..backends.numba_cpu.compile import compile_source
     c = compile_source(MOVES_SOURCE, [(dtype, 1), (dtype, 1), ("int64", 1), ("int64", 1)],
-                       "the shift moves (codegen/shifts.py)", entry="moves")
+                       "the shift moves (codegen/analysis/shifts.py)", entry="moves")
     _FUNCTIONS[dtype] = c.entry
     return c
 
@@ -239,8 +239,8 @@ def _strides(shape):
 def plan_of(op, key):
     """The :class:`ShiftPlan` of a window or tap-sum stage, or None (the stage keeps
     its loop nest). ``key``: tensor -> buffer key."""
-    from .tap_split import SPLIT
-    from .windows import WINDOW
+    from ..rewrite.tap_split import SPLIT
+    from ..rewrite.windows import WINDOW
     attrs = getattr(op, "attrs", {})
     if not ENABLED:
         return None
@@ -264,9 +264,9 @@ class _NoPlan(Exception):
 
 
 def _window_plan(op, key):
-    """A window stage (codegen.windows): per combination of taps, the valid box of
+    """A window stage (codegen.rewrite.windows): per combination of taps, the valid box of
     positions copied from the source, the rest zeros."""
-    from .windows import WINDOW
+    from ..rewrite.windows import WINDOW
     region = op.attrs[WINDOW]
     order = op.attrs["texpr.window_order"]
     body = op.body[0]
@@ -333,11 +333,11 @@ def _tap_sum_parts(op):
 
 
 def _tap_sum_plan(op, key):
-    """A tap-sum stage (codegen.tap_split): per combination of taps, the box of
+    """A tap-sum stage (codegen.rewrite.tap_split): per combination of taps, the box of
     output points where the ``where`` holds gets the taps' stage added."""
     red, ld, spatial, taps = _tap_sum_parts(op)
     # the load's indices and the where's comparisons as affine forms over the
-    # stage's axes (codegen.affine, checked by isl over the box), keyed by axis
+    # stage's axes (codegen.analysis.affine, checked by isl over the box), keyed by axis
     from .affine import affine_form
     from .contraction import _cond_affine, _conjuncts
     axes = spatial + taps
@@ -415,13 +415,13 @@ def _lattice_tap_sum_plan(op, key):
     values (its conjuncts evaluated exactly, each conjunct reading at most one
     output axis) must be an arithmetic progression ``lo + step * t``, and the
     load's indices, with the axes written so, affine in ``t`` (proved by isl,
-    :func:`codegen.affine.affine_form`): the move adds the taps' stage into
+    :func:`codegen.analysis.affine.affine_form`): the move adds the taps' stage into
     the output at stride ``step``."""
     red, ld, spatial, taps = _tap_sum_parts(op)
     from texpr.visitor import free_vars, substitute
     from .affine import affine_form, eval_cond
     from .contraction import _conjuncts
-    from .operands import _linear
+    from ..rewrite.operands import _linear
     shape = op.output(0).shape
     combos = math.prod(t.dom[1] - t.dom[0] for t in taps)
     if combos > MAX_MOVES:
@@ -497,18 +497,18 @@ def _lattice_tap_sum_plan(op, key):
                      ld.tensor.shape, lattice=True)
 
 
-# ---- the unit kind (codegen.units) ----------------------------------------------------------
+# ---- the unit kind (codegen.backends.numba_cpu.units) ----------------------------------------------------------
 
 class ShiftUnitSource(ContractionUnitSource):
     """The description of a stage run as a :class:`ShiftPlan`, beside the numba units
-    of a program (:mod:`codegen.units`), as a GEMM stage's: ``kind`` ``"shift"``.
+    of a program (:mod:`codegen.backends.numba_cpu.units`), as a GEMM stage's: ``kind`` ``"shift"``.
     Picklable."""
 
     kind = "shift"
 
 
 class ShiftUnit(ContractionUnit):
-    """A runnable unit (:mod:`codegen.units` interface): ``run(arrays, err)`` runs the
+    """A runnable unit (:mod:`codegen.backends.numba_cpu.units` interface): ``run(arrays, err)`` runs the
     plan on the kernel's flat buffers, as a GEMM unit does. Made with the kernel
     (inside ``codegen.build``), it compiles or loads the shared moves function
     of its dtype then, not at the first call: ``compile_seconds`` and

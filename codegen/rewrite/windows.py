@@ -2,7 +2,7 @@
 that reads it.
 
 One job: rewrite, before scheduling, the contraction stages that run on BLAS
-(:mod:`codegen.contraction`) and read an operand through a sliding window, so
+(:mod:`codegen.analysis.contraction`) and read an operand through a sliding window, so
 that they read a materialised window stage instead. A convolution and its
 weight gradient both read its input through the same window,
 
@@ -17,18 +17,18 @@ adds one stage,
                                        X[n, c, h + kh - 1, w + kw - 1], 0)
 
 (zeros outside ``X``, so no padded copy; run as strided moves,
-:mod:`codegen.shifts`, or else as a loop nest), and both stages
+:mod:`codegen.analysis.shifts`, or else as a loop nest), and both stages
 read ``X_win[c, kh, kw, n, h, w]``: plain views, whose strides merge into both
 GEMMs' operands (the convolution's ``K = (c, kh, kw)`` beside its images
 ``(n, h, w)``; the weight gradient's ``K = (n, h, w)`` beside ``(c, kh, kw)``),
 so neither GEMM copies it. The stages keep their ``where``: what the window's
 zeros stand for are absent terms, applied as masks on the GEMM path's exact
-path only (a non-finite operand, :meth:`codegen.gemm.ContractionPlan._non_finite`),
+path only (a non-finite operand, :meth:`codegen.backends.numpy_host.gemm.ContractionPlan._non_finite`),
 where a term the original never visits must stay absent rather than be ``0 *
 inf``; the stage is marked (``attrs[WINDOWED]``) and the window stage carries
-its valid region (``attrs[WINDOW]``) for :func:`codegen.contraction.match`.
+its valid region (``attrs[WINDOW]``) for :func:`codegen.analysis.contraction.match`.
 
-**The pattern.** A load of a stage that :func:`codegen.contraction.match` runs
+**The pattern.** A load of a stage that :func:`codegen.analysis.contraction.match` runs
 on BLAS (its cost rule says so) whose index dimensions are each either one
 stage axis (a *plain* dimension) or ``a * u + b * v + c`` over two stage axes
 (a *window* dimension: ``u`` the position, the longer axis, ``v`` the tap),
@@ -61,7 +61,7 @@ from texpr.simplify.isl_bridge import isl
 from texpr.tensor import ComputeOp, topo_order
 from texpr.visitor import substitute
 
-from . import contraction
+from ..analysis import contraction
 from .operands import _linear
 
 __all__ = ["window_operands", "WINDOW", "WINDOWED", "MIN_READERS", "ENABLED"]

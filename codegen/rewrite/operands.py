@@ -1,7 +1,7 @@
 """Packed operands: a computed factor of a contraction becomes a stage of its own.
 
 One job: rewrite, before scheduling, the reduction stages that are a GEMM
-(:mod:`codegen.contraction`) but for computed operands, so that the GEMM path
+(:mod:`codegen.analysis.contraction`) but for computed operands, so that the GEMM path
 runs them. The simplifier folds an elementwise producer into its consumer: a
 convolution of ``relu(conv0 + b)`` reads
 
@@ -34,7 +34,7 @@ term that the original never visited must stay absent rather than give ``0 *
 inf``. The stage is marked (``attrs[PACKED]``) for that.
 
 A rewrite is kept only when the new stage matches the GEMM path and its cost
-rule says BLAS pays (:func:`codegen.contraction.cost_ok`); a group is packed
+rule says BLAS pays (:func:`codegen.analysis.contraction.cost_ok`); a group is packed
 only when its expressions are cheap (``texpr.simplify.materialize.is_cheap``:
 no division, no intrinsic), it can raise nothing (no integer arithmetic that
 may leave its dtype or divide by zero, none over loaded integers: the packed
@@ -58,13 +58,13 @@ from texpr.simplify.materialize import is_cheap
 from texpr.tensor import ComputeOp, topo_order
 from texpr.visitor import free_vars, post_order, substitute
 
-from . import contraction
-from .bounds import int_arith_on_data, may_refuse
+from ..analysis import contraction
+from ..analysis.bounds import int_arith_on_data, may_refuse
 
 __all__ = ["pack_operands", "PACKED"]
 
 #: the attrs key that marks a stage whose data-dependent conjuncts its packed
-#: operands already apply (read by :func:`codegen.contraction.match`)
+#: operands already apply (read by :func:`codegen.analysis.contraction.match`)
 PACKED = "texpr.packed_operands"
 
 
