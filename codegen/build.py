@@ -17,6 +17,7 @@ from texpr.tensor import (ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, check_
 
 from .backends.numpy_host import parking as _parking
 from . import profile as _profile
+from .backends.numba_cpu import dialect as _numba_cpu  # noqa: F401 (registers the default target)
 from .backends.unit_errors import unit_error
 from .explain import explain as _explain
 from .loopnest.lower import lower

@@ -72,10 +72,9 @@ class UnitSource:
     ``[0, n)`` is cut into run at the same time, each starting at a multiple of
     ``chunk_align``, :mod:`codegen.backends.numba_cpu.chunks`). Picklable."""
 
-    kind = "numba"
-
     def __init__(self, stage, definition, module_source, args, arg_specs, errors, parallel,
-                 source, chunks=0, chunk_align=1):
+                 source, chunks=0, chunk_align=1, kind="numba"):
+        self.kind = kind
         self.stage, self.definition, self.module_source = stage, definition, module_source
         self.args, self.arg_specs, self.errors = tuple(args), list(arg_specs), list(errors)
         self.parallel, self.source, self.chunks = parallel, source, chunks

@@ -72,6 +72,7 @@ sum's order of terms, which the evaluator does not fix either):
   every iteration.
 """
 
+import functools
 import math
 import re
 
@@ -93,8 +94,7 @@ from .emit import (LET_MAX_DAG_NODES, LET_MIN_NODES, LET_TREE_NODES, TEXT_MAX_HE
                    ExprEmitter, const_str,
                    element, fill_value, helper_int)
 from ..ir.schedule import inline_expand
-from ..backends.numba_cpu.runtime import CHECK_NAMES
-from ..backends.numba_cpu.vectorize import unit_stride_loop
+from . import dialect as _dialect
 
 __all__ = ["default_order", "lift_zero_guards", "PARALLEL_MIN_POINTS", "UNROLL", "JAM",
            "MAX_LANES", "SPLIT_LANES"]
@@ -198,7 +198,12 @@ REASSOCIATE_MIN_TRIPS = 128
 #: a statement that branches, and the run-time checks (calls that may set the
 #: error flag), which keep a sum's loop unrolled by copies
 _BRANCH = re.compile(r"\s*(if|elif|else|while|for)\b")
-_CHECK_CALL = re.compile(r"\b(" + "|".join(CHECK_NAMES) + r")\(")
+
+
+@functools.lru_cache(maxsize=None)
+def _check_call(names):
+    """A regex finding a call of one of the check helpers ``names``."""
+    return re.compile(r"\b(" + "|".join(names) + r")\(")
 #: larger summands are not unrolled (compile time grows with the copies)
 UNROLL_MAX_NODES = 64
 #: repeated subexpressions of a statement are computed once, and large selects
@@ -1441,10 +1446,10 @@ class _StageLowering:
             if id(node.var) in par_vars:
                 self.uses_prange = True
                 if node.stride == 1:
-                    w(depth, f"for {v} in prange({lo}, {hi}):")
+                    w(depth, f"for {v} in {_dialect.current().parallel_range}({lo}, {hi}):")
                 else:
                     s = node.stride
-                    w(depth, f"for {v}_t in prange(({hi} - {lo} + {s - 1}) // {s}):")
+                    w(depth, f"for {v}_t in {_dialect.current().parallel_range}(({hi} - {lo} + {s - 1}) // {s}):")
                     w(depth + 1, f"{v} = {lo} + {v}_t * {s}")
             elif (self.unroll is not None and node.stride == 1 and self._long(node) and (
                     (isinstance(node.body, LA.Stmt) and node.body.name.startswith("U"))
@@ -1600,8 +1605,8 @@ class _StageLowering:
         body.done()
         written = w.lines[start:]
         text = "\n".join(line[4 * depth:] for line in written)
-        if (any(_BRANCH.match(line) for line in written[1:]) or _CHECK_CALL.search(text)
-                or not unit_stride_loop(text)):
+        if (any(_BRANCH.match(line) for line in written[1:]) or _check_call(_dialect.current().check_names).search(text)
+                or not _dialect.current().unit_stride_loop(text)):
             del w.lines[start:]
             return False
         return True
