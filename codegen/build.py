@@ -23,6 +23,7 @@ from .explain import explain as _explain
 from .loopnest.lower import lower
 from .units import make_units
 from .ir.schedule import Schedule, create_schedule, default_materialized
+from .rewrite.passes import rewrite
 
 __all__ = ["build", "Kernel"]
 
@@ -381,13 +382,13 @@ def _check_out(outputs, out, args):
     return out
 
 
-def _chooser(schedule, inlined, parallel, reasons=None):
+def _chooser(schedule, inlined, blas, reasons=None):
     """``(op, key) -> plan or None``: which stages run as GEMMs (:mod:`codegen.analysis.contraction`),
     and which window and tap-sum stages as shift plans (:mod:`codegen.analysis.shifts`).
 
     A stage the user marked ``blas(True)`` must match (else ScheduleError);
     ``blas(False)`` never runs on BLAS; by default a stage without loop decisions
-    (split, reorder, parallel, vectorize) in a parallel build runs on BLAS when it
+    (split, reorder, parallel, vectorize) in a build with ``blas=True`` runs on BLAS when it
     matches and :func:`contraction.cost_ok` says it pays. ``reasons`` (a dict,
     when given) gets, per sum-reduction stage name left a loop nest, why
     (:meth:`Kernel.explain`)."""
@@ -404,8 +405,8 @@ def _chooser(schedule, inlined, parallel, reasons=None):
         flag = st.blas_flag
         if flag is False:
             return None, "the schedule says blas(False)"
-        if flag is None and not parallel:
-            return None, "a serial build (parallel=False) keeps every stage a loop nest"
+        if flag is None and not blas:
+            return None, "the build says blas=False: every stage is a loop nest"
         if flag is None and (st.ordered or st.parallel_set or st.vectorize_axes):
             return None, "the schedule sets its loops (split, reorder, parallel or vectorize)"
         from .analysis.shifts import plan_of
@@ -436,7 +437,7 @@ def _load_kernel(program, inputs, outputs):
     return _compile_kernel(program, inputs, outputs)
 
 
-def build(outputs, inputs, schedule=None, *, parallel=True):
+def build(outputs, inputs, schedule=None, *, parallel=True, blas=True):
     """Compile the graph computing ``outputs`` from ``inputs`` into a :class:`Kernel`.
 
     Args:
@@ -446,7 +447,11 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
         schedule: a :class:`Schedule` from ``create_schedule(outputs)``; None
             for the default schedule (then :func:`texpr.simplify.simplify` runs
             first: it is idempotent on simplified graphs).
-        parallel: allow ``prange`` loops (False: every loop is sequential).
+        parallel: allow parallel loop nests (False: every loop nest is
+            sequential; GEMMs still run on the BLAS, cut into parts on the
+            worker threads).
+        blas: allow the library lowerings: GEMMs on the BLAS, shift plans, and
+            the rewrites that prepare them (False: every stage is a loop nest).
     Returns:
         A :class:`Kernel` (compiled; compilation is cached in memory and on disk,
         see :mod:`texpr.codegen.backends.numba_cpu.compile`).
@@ -476,25 +481,15 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
     simp, rule = _simplifier()
     if schedule is None:
         outs = list(simp(outs))
-        packed, parts, windows = [], [], []
-        if parallel:  # (serial builds keep every stage on loop nests)
-            from .rewrite.operands import pack_operands
-            from .rewrite.tap_split import split_taps
-            from .rewrite.windows import window_operands
-            from .rewrite.split_reductions import split_reductions
-            outs, packed = pack_operands(outs)
-            outs, split, packed = split_taps(outs, keep=packed)
-            outs, windows, packed = window_operands(outs, keep=packed + split)
-            packed = packed + windows
-            outs, parts = split_reductions(outs)
+        outs, found = rewrite(outs, gemms=blas, parallel=parallel)  # (codegen.rewrite.passes)
         schedule = create_schedule(outs)
-        for op in packed:  # a GEMM reads it: computed once, not inlined at every tap
+        for op in found.materialize:  # a GEMM reads it: computed once, not inlined at every tap
             schedule[op].compute_root()
-        for op in windows:  # a shift plan copies its source: a buffer, not inlined into it
+        for op in found.windows:  # a shift plan copies its source: a buffer, not inlined into it
             for t in op.input_tensors():
                 if isinstance(t.op, ComputeOp) and t.op in schedule.ops:
                     schedule[t].compute_root()
-        for op in parts:  # the slices in parallel, each a contiguous run of the reduction
+        for op in found.parts:  # the slices in parallel, each a contiguous run of the reduction
             st = schedule[op]
             st.reorder(*st.leaf_axes)
             st.parallel(op.axis[0])
@@ -518,18 +513,18 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
         if id(op) in mat or op in [t.op for t in outs]:
             for t in op.outputs:
                 check_allocatable(t, "build")
-    program = _lowered(schedule, inputs, mat, inl, parallel)
+    program = _lowered(schedule, inputs, mat, inl, parallel, blas)
     return _housekeeping(_compile_kernel(program, inputs, outs))
 
 
 # ---- hooks of the on-disk caches (texpr.symcache, texpr.cache) ----------------------
 
 
-def _lowered(schedule, inputs, mat, inl, parallel):
+def _lowered(schedule, inputs, mat, inl, parallel, blas):
     """``lower(schedule, inputs, mat, inl, parallel)`` through the symbolic cache
     (:mod:`texpr.symcache`, kind ``"lower"``): the key is the scheduled graph,
     every stage's decisions, the materialised and inlined stages, the inputs
-    and ``parallel``; a hit binds the Program's buffers to these tensors."""
+    ``parallel`` and ``blas``; a hit binds the Program's buffers to these tensors."""
     from texpr import symcache
 
     def extra(c):
@@ -538,14 +533,14 @@ def _lowered(schedule, inputs, mat, inl, parallel):
         return ["inputs", list(inputs), "outputs", list(schedule.outputs), "stages", stages,
                 "materialized", sorted(c.position(op) for op in schedule.ops if id(op) in mat),
                 "inlined", sorted(c.position(op) for op in schedule.ops if id(op) in inl),
-                "parallel", bool(parallel)]
+                "parallel", bool(parallel), "blas", bool(blas)]
 
     # the key holds texpr's source: whatever lower() returns, an entry of this key
     # was written by this very lower() (a foreign or damaged entry fails its checksum)
     def run():
         reasons = {}
         program = lower(schedule, inputs, mat, inl, parallel=parallel,
-                        contraction=_chooser(schedule, inl, parallel, reasons))
+                        contraction=_chooser(schedule, inl, blas, reasons))
         program.loop_reasons = reasons  # cached with it: Kernel.explain reads it
         return program
 
