@@ -18,6 +18,8 @@ negative indices, ties, singular points, dtypes, adjoint names),
 import importlib as _importlib
 
 from . import dtypes
+# the errors of float(e), bool(e), np.exp(e), ... (installed into texpr.expr)
+from . import habits  # noqa: F401
 from .errors import (AxisError, ConcretizationError, DTypeError, FeedError,
                      NotDifferentiableError, OutOfBoundsError, ScanBodyInputError,
                      ScanDependenceError, ScanError, ScanInitError, ScanShapeError,
