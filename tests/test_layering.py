@@ -32,9 +32,8 @@ The layers.
 Rules: core never imports codegen, and imports ``texpr.simplify`` only from
 ``texpr/differentiate.py`` (``te.differentiate`` hands the raw adjoints to the
 simplifier; nothing in simplify imports it back). simplify never imports
-codegen. No cycle among the core and simplify modules. codegen is being
-restructured: its cycles are checked against :data:`CODEGEN_CYCLES_ALLOWED`
-(the four that exist today), so a new one fails; the list is to be emptied.
+codegen. No import cycle anywhere: not among the core and simplify modules,
+not in codegen, not across the layers.
 """
 
 import ast
@@ -45,17 +44,10 @@ PACKAGES = {"texpr": "texpr", "simplify": "texpr.simplify", "codegen": "texpr.co
 USER_LEVEL = ("texpr.examples", "texpr.bridge", "texpr.torch", "texpr.jax")
 #: the one module of the core that imports texpr.simplify
 SIMPLIFY_ENTRY = "texpr.differentiate"
-#: the files whose lazy ``__getattr__`` computes a module name
-LAZY_FACES = ("texpr", "texpr.simplify")
+#: the files whose lazy ``__getattr__`` computes a module name (and codegen's
+#: aliases of the module paths it had before its pipeline layout)
+LAZY_FACES = ("texpr", "texpr.simplify", "texpr.codegen._aliases")
 
-#: codegen's import cycles today (issue 49: the codegen restructuring empties this)
-CODEGEN_CYCLES_ALLOWED = [
-    {"texpr.codegen.contraction", "texpr.codegen.operands", "texpr.codegen.windows"},
-    {"texpr.codegen.shifts", "texpr.codegen.tap_split"},
-    {"texpr.codegen.lower", "texpr.codegen.scan_lower", "texpr.codegen.stage"},
-    {"texpr.codegen.build", "texpr.codegen.chunks", "texpr.codegen.native_call",
-     "texpr.codegen.units"},
-]
 
 
 def _modules():
@@ -227,16 +219,13 @@ def test_no_cycle_among_texpr_and_simplify_modules():
     assert found == [], f"import cycles (function-level imports count): {found}"
 
 
-def test_no_new_cycle_in_codegen():
-    found = _cycles(m for m in MODULES if _layer(m) == "codegen")
-    new = [sorted(c) for c in found if c not in CODEGEN_CYCLES_ALLOWED]
-    assert new == [], f"new codegen import cycles: {new}"
-    gone = [sorted(c) for c in CODEGEN_CYCLES_ALLOWED if c not in found]
-    assert gone == [], f"these codegen cycles are gone: remove them from the allow-list: {gone}"
+def test_no_cycle_in_codegen():
+    found = [sorted(c) for c in _cycles(m for m in MODULES if _layer(m) == "codegen")]
+    assert found == [], f"codegen import cycles (function-level imports count): {found}"
 
 
-def test_no_cycle_at_all_besides_codegens_allowed_ones():
-    found = [sorted(c) for c in _cycles(MODULES) if c not in CODEGEN_CYCLES_ALLOWED]
+def test_no_cycle_at_all():
+    found = [sorted(c) for c in _cycles(MODULES)]
     assert found == [], f"import cycles across the layers: {found}"
 
 

@@ -2,7 +2,7 @@
 
 One job: run the rewrites that prepare a simplified graph for its lowerings, in
 order, each a pass ``list[Tensor] -> list[Tensor]`` (same outputs, same values)
-run by :func:`texpr.simplify.pipeline.run_passes`, so that
+run by :func:`texpr.simplify.runner.run_passes`, so that
 ``TEXPR_PRINT_PASSES=1`` prints the graph after each and ``TEXPR_VERIFY=1``
 checks each on random data, as for the simplifier's passes:
 
@@ -19,7 +19,7 @@ What a pass decides for the schedule (which new stages get buffers, which run
 in parallel) is collected in a :class:`Rewritten`, which the build applies.
 """
 
-from texpr.simplify.pipeline import run_passes
+from texpr.simplify.runner import run_passes
 
 from .operands import pack_operands
 from .split_reductions import split_reductions
