@@ -1,6 +1,6 @@
 """``build``: a graph (and optionally a schedule) -> a compiled :class:`Kernel`.
 
-A Kernel is a thin driver over its units (:mod:`codegen.backends.numba_cpu.units`, one per
+A Kernel is a thin driver over its units (:mod:`codegen.units`, one per
 materialised stage): ``__call__`` checks the arrays, allocates the outputs and
 temporaries, and runs the units in order on the flat buffers, raising after
 the first unit whose error flag is set.
@@ -17,7 +17,7 @@ from texpr.tensor import (ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, check_
 
 from .backends.numpy_host import parking as _parking
 from . import profile as _profile
-from .backends.numba_cpu import dialect as _numba_cpu  # noqa: F401 (registers the default target)
+from .backends import registered as _backends  # noqa: F401 - registers the backends
 from .backends.unit_errors import unit_error
 from .explain import explain as _explain
 from .loopnest.lower import lower
@@ -50,9 +50,9 @@ class Kernel:
     Attributes: ``source`` (generated Python: the units, then the driver
     ``kernel``), ``stages`` (names of the materialised stages, in execution
     order), ``units`` (the runnable units, one per stage, see
-    :mod:`codegen.backends.numba_cpu.units`), ``inputs``, ``outputs``, ``compile_seconds`` (wall
+    :mod:`codegen.units`), ``inputs``, ``outputs``, ``compile_seconds`` (wall
     seconds spent compiling or loading the units), ``units_compiled`` (units
-    numba compiled for this build, here or in a worker process),
+    the backend compiled for this build, here or in a worker process),
     ``units_reused`` (units taken from the memory or disk cache, including a
     stage that occurs twice in the graph; a GEMM unit, which compiles nothing,
     counts here, as reused), ``from_disk_cache`` (no unit was
@@ -454,12 +454,12 @@ def build(outputs, inputs, schedule=None, *, parallel=True, blas=True):
             the rewrites that prepare them (False: every stage is a loop nest).
     Returns:
         A :class:`Kernel` (compiled; compilation is cached in memory and on disk,
-        see :mod:`texpr.codegen.backends.numba_cpu.compile`).
+        see the loop-nest backend's compiler (:mod:`codegen.backends`)).
     Raises:
         TexprError: a non-Tensor output, a non-placeholder input, a placeholder
         missing from ``inputs``; ScheduleError: a schedule of another graph or
         an impossible request; OutOfBoundsError: a load provably outside its
-        tensor; codegen.CompileError: numba rejected the generated code;
+        tensor; codegen.CompileError: the backend's compiler rejected the generated code;
         TexprError: index arithmetic that cannot be proven to stay in int64
         (the message names the stage and the subexpression).
     """

@@ -245,3 +245,32 @@ def test_nothing_below_the_user_level_imports_it():
 
 def test_only_the_lazy_package_faces_compute_a_module_name():
     assert sorted(COMPUTED) == sorted(LAZY_FACES)
+
+
+def _external_imports(top):
+    """module -> the top-level names of the outside packages it imports (at any depth)."""
+    out = {}
+    for name, (path, _) in _modules().items():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        seen = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                seen.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                seen.add(node.module.split(".")[0])
+        out[name] = seen & set(top)
+    return out
+
+
+def test_numba_is_imported_only_by_its_backend():
+    # the loop-nest lowering writes through a dialect: no codegen module outside
+    # backends/numba_cpu imports numba or llvmlite (issue 49)
+    users = {m for m, ts in _external_imports({"numba", "llvmlite"}).items() if ts}
+    outside = sorted(m for m in users if not m.startswith("texpr.codegen.backends.numba_cpu"))
+    assert users and outside == []
+
+
+def test_islpy_is_imported_only_by_the_isl_bridge():
+    users = sorted(m for m, ts in _external_imports({"islpy"}).items() if ts)
+    assert users == ["texpr.simplify.isl_bridge"]

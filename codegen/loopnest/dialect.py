@@ -85,7 +85,7 @@ def current():
     if d is None:
         if not _REGISTERED:
             raise TexprError("codegen: no loop-nest backend is registered "
-                             "(import texpr.codegen registers numba_cpu)")
+                             "(import texpr.codegen registers the default one)")
         d = next(iter(_REGISTERED.values()))
     return d
 

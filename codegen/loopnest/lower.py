@@ -14,7 +14,7 @@ or writes, named by position of first use in the text, then ``err``
 same local identifiers (``i0_0``, ``acc0_0``, ...) and comments without user
 text, so the text is a function of the stage's structure alone (shapes and
 constants included, names and position in the graph excluded): the compiled
-code is keyed on it (:mod:`codegen.backends.numba_cpu.compile`), so a layer repeated with the
+code is keyed on it (the loop-nest backend's compiler (:mod:`codegen.backends`)), so a layer repeated with the
 same shapes compiles once, editing one operator recompiles only its stages,
 and two graphs that share a stage share its machine code.
 
@@ -22,8 +22,8 @@ A stage big enough to gain from a second thread (``PARALLEL_MIN_POINTS`` points
 and ``PARALLEL_MIN_WORK`` work, :mod:`codegen.loopnest.stage`; or one the schedule marks
 parallel) is a *chunked* unit where its loop nests allow it: serial text
 ``unit(b0, .., part, err)`` whose parallel loop runs one part of a spatial
-axis, the parts run at the same time (:mod:`codegen.backends.numba_cpu.chunks`), so it compiles
-without numba's parfor pass (about 0.5-1 s a unit). Otherwise (a scan, a
+axis, the parts run at the same time (the backend's chunked units (docs/stages.md)), so it compiles
+without the backend's parallel-loop pass (about 0.5-1 s a unit). Otherwise (a scan, a
 scatter, a split or second parallel axis) the unit gets ``parallel=True`` and
 ``prange`` loops.
 
