@@ -24,6 +24,7 @@ from .loopnest.lower import lower
 from .units import make_units
 from .ir.schedule import Schedule, create_schedule, default_materialized
 from .rewrite.passes import rewrite
+from .loopnest import dialect as _dialect
 
 __all__ = ["build", "Kernel"]
 
@@ -524,7 +525,7 @@ def _lowered(schedule, inputs, mat, inl, parallel, blas):
     """``lower(schedule, inputs, mat, inl, parallel)`` through the symbolic cache
     (:mod:`texpr.symcache`, kind ``"lower"``): the key is the scheduled graph,
     every stage's decisions, the materialised and inlined stages, the inputs
-    ``parallel`` and ``blas``; a hit binds the Program's buffers to these tensors."""
+    ``parallel``, ``blas`` and the active target dialect; a hit binds the Program's buffers to these tensors."""
     from texpr import symcache
 
     def extra(c):
@@ -533,7 +534,8 @@ def _lowered(schedule, inputs, mat, inl, parallel, blas):
         return ["inputs", list(inputs), "outputs", list(schedule.outputs), "stages", stages,
                 "materialized", sorted(c.position(op) for op in schedule.ops if id(op) in mat),
                 "inlined", sorted(c.position(op) for op in schedule.ops if id(op) in inl),
-                "parallel", bool(parallel), "blas", bool(blas)]
+                "parallel", bool(parallel), "blas", bool(blas),
+                "dialect", [_dialect.current().name, type(_dialect.current()).__qualname__]]
 
     # the key holds texpr's source: whatever lower() returns, an entry of this key
     # was written by this very lower() (a foreign or damaged entry fails its checksum)

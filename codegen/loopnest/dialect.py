@@ -32,6 +32,8 @@ __all__ = ["Dialect", "register", "registered", "current", "using"]
 class Dialect:
     """The interface a loop-nest backend implements (see the module docstring)."""
 
+    #: the name it is registered under (set by :func:`register`)
+    name = None
     #: the ``kind`` of the unit descriptions this dialect's text makes
     unit_kind = None
     #: the name of a parallel ``range`` in the unit text
@@ -71,7 +73,10 @@ def register(name, dialect):
     if not isinstance(dialect, Dialect):
         raise TexprError(f"codegen: dialect {name!r} must be a codegen.loopnest.dialect.Dialect, "
                          f"got {type(dialect).__name__}")
-    _REGISTERED.setdefault(name, dialect)
+    if name in _REGISTERED and _REGISTERED[name] is not dialect:
+        raise TexprError(f"codegen: a dialect named {name!r} is registered already")
+    dialect.name = name
+    _REGISTERED[name] = dialect
 
 
 def registered():
