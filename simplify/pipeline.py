@@ -36,6 +36,7 @@ from .entry import simplify, simplify_with_record  # noqa: F401 - re-exported
 from .record import SimplifyRecord, keep_record, record_of  # noqa: F401 - re-exported
 from .propagate import propagate_zero_conditions
 from .scatter import gathers_to_scatters
+from .shared_heads import share_head_contractions
 from .prefix_scan import prefix_sums_to_scans
 from .scan_body import simplify_scan_bodies
 from .solve import solve_equalities, tighten_domains
@@ -54,6 +55,7 @@ PIPELINE = (
     tighten_domains,            # reduction boxes shrink to the projection; gist where
     prefix_sums_to_scans,       # sums over triangles (k <= j) -> scans: O(n), not O(n^2)
     gathers_to_scatters,        # data-dependent index equalities -> scatter-add
+    share_head_contractions,    # factors' adjoints with one core: the core computed once
     inline_elementwise,         # stages that became elementwise go into their consumers
     inline_tail_accesses,       # reshape/flatten/adjoint sum after reductions: fold them in
     algebraic_cleanup,          # ISL / sympy canonical forms of index arithmetic

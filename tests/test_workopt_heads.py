@@ -1,0 +1,153 @@
+"""Work-optimal gradients, round 2 (issue 51): shared head contractions and
+multi-dimensional triangles under prod, max and user reducers.
+
+Each test asserts the exact iteration count of the simplified gradients
+(``simplify.iteration_count``) and their values: equal to the raw adjoint
+(``te.evaluate``), to float64 central finite differences and, where PyTorch has
+the operation, to its autograd in float64.
+"""
+
+import numpy as np
+import pytest
+
+import texpr as te
+from texpr import codegen, simplify
+from texpr.testing import numeric_jacobian
+
+F64 = "float64"
+
+
+def _grads(Y, Xs):
+    H = te.placeholder(Y.shape, "H", dtype=F64)
+    gs = te.differentiate(Y, Xs, head=H).result
+    raw = te.differentiate(Y, Xs, head=H, simplify=False).result
+    return H, gs, raw
+
+
+def _feed(tensors, seed=0, lo=-1.0, hi=1.0):
+    rng = np.random.default_rng(seed)
+    return {op.output(0): rng.uniform(lo, hi, op.output(0).shape)
+            for op in te.topo_order(list(tensors)) if isinstance(op, te.PlaceholderOp)}
+
+
+def check(Y, Xs, count, seed=0, feed=None):
+    """The simplified gradients of ``Y`` by ``Xs`` (placeholder head): exactly
+    ``count`` points, values equal to the raw adjoint and to finite differences.
+    Returns (H, gradients, feed)."""
+    H, gs, raw = _grads(Y, Xs)
+    got = simplify.iteration_count(gs)
+    assert got == count, (got, count, te.graph_str(gs))
+    feed = feed or _feed([Y, H] + gs + raw, seed)
+    vals = te.evaluate(gs + raw, feed)
+    for g, r in zip(vals[:len(gs)], vals[len(gs):]):
+        np.testing.assert_allclose(g, r, rtol=1e-9, atol=1e-12)
+    for X, g in zip(Xs, vals[:len(gs)]):
+        jac = numeric_jacobian(Y, X, feed)
+        fd = np.tensordot(feed[H], jac, axes=len(Y.shape))
+        np.testing.assert_allclose(g, fd, rtol=1e-6, atol=1e-8)
+    return H, gs, feed
+
+
+def _torch_grads(fn, xs, h):
+    """``h . d fn(*xs) / d xs`` by PyTorch autograd (float64)."""
+    torch = pytest.importorskip("torch")
+    ts = [torch.tensor(x, dtype=torch.float64, requires_grad=True) for x in xs]
+    (fn(torch, *ts) * torch.tensor(h, dtype=torch.float64)).sum().backward()
+    return [t.grad.numpy() for t in ts]
+
+
+# ---- shared head contractions ----------------------------------------------------------
+
+
+def _three_factors(R=4, K=5, C=6):
+    A, B, D = (te.placeholder((R, K), n, dtype=F64) for n in "ABD")
+    Cc = te.placeholder((R, K, C), "C", dtype=F64)
+    k = te.reduce_axis(K, "k")
+    out = te.compute((R, C), lambda r, c: te.sum(A[r, k] * B[r, k] * D[r, k] * Cc[r, k, c],
+                                                 axis=k), name="out")
+    return out, (A, B, D, Cc)
+
+
+def test_three_differentiated_factors_share_one_head_contraction():
+    # dA = B D u, dB = A D u, dD = A B u with u[r, k] = sum_c H[r, c] C[r, k, c] formed
+    # once: 120 + 3 * 20 points (each factor contracting the head itself: 3 * 120)
+    out, (A, B, D, Cc) = _three_factors()
+    H, gs, feed = check(out, [A, B, D], 4 * 5 * 6 + 3 * 4 * 5)
+    shared = [op for op in simplify.materialized_stages(gs) if op.tag == "shared_head"]
+    assert len(shared) == 1, te.graph_str(gs)
+    want = _torch_grads(lambda torch, a, b, d: torch.einsum("rk,rk,rk,rkc->rc", a, b, d,
+                                                            torch.tensor(feed[Cc])),
+                        [feed[A], feed[B], feed[D]], feed[H])
+    for g, w in zip(te.evaluate(gs, feed), want):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14)
+
+
+def test_factors_of_one_input_share_the_head_contraction():
+    # the issue's case: out[r, c] = sum_k A[r, k] B[r, k] C[r, k, c] with A and B
+    # functions of X: u once (120), then dX = u (B A' + A B') elementwise (20, A and B
+    # inlined into it); 300 points before (u formed for each factor, A and B stored)
+    R, K, C = 4, 5, 6
+    X = te.placeholder((R, K), "X", dtype=F64)
+    Cc = te.placeholder((R, K, C), "C", dtype=F64)
+    A = te.compute((R, K), lambda r, k: te.exp(X[r, k]), name="A")
+    B = te.compute((R, K), lambda r, k: te.sin(X[r, k]), name="B")
+    k = te.reduce_axis(K, "k")
+    out = te.compute((R, C), lambda r, c: te.sum(A[r, k] * B[r, k] * Cc[r, k, c], axis=k),
+                     name="out")
+    H, (g,), feed = check(out, [X], R * K * C + R * K)
+    (want,) = _torch_grads(lambda torch, x: torch.einsum(
+        "rk,rk,rkc->rc", torch.exp(x), torch.sin(x), torch.tensor(feed[Cc])), [feed[X]], feed[H])
+    np.testing.assert_allclose(te.evaluate(g, feed), want, rtol=1e-12, atol=1e-14)
+
+
+def test_transposed_factor_reads_the_shared_stage_transposed():
+    # B is read as Bt[k, r]: its adjoint's core is u with its axes swapped, matched
+    R, K, C = 4, 5, 6
+    A = te.placeholder((R, K), "A", dtype=F64)
+    Bt = te.placeholder((K, R), "Bt", dtype=F64)
+    Cc = te.placeholder((R, K, C), "C", dtype=F64)
+    k = te.reduce_axis(K, "k")
+    out = te.compute((R, C), lambda r, c: te.sum(A[r, k] * Bt[k, r] * Cc[r, k, c], axis=k),
+                     name="out")
+    check(out, [A, Bt], R * K * C + 2 * R * K)
+
+
+def test_bilinear_pooling_head():
+    # Y[b, o] = sum_i x[b, i] y[b, i] W[o, i]: dx and dy share H @ W (105 points) and
+    # dW is its own contraction with x * y (105): 105 + 21 + 21 + 105, not 3 * 105
+    Bn, I, O = 3, 7, 5
+    x = te.placeholder((Bn, I), "x", dtype=F64)
+    y = te.placeholder((Bn, I), "y", dtype=F64)
+    W = te.placeholder((O, I), "W", dtype=F64)
+    i = te.reduce_axis(I, "i")
+    Y = te.compute((Bn, O), lambda b, o: te.sum(x[b, i] * y[b, i] * W[o, i], axis=i), name="Y")
+    H, gs, feed = check(Y, [x, y, W], 2 * Bn * I * O + 2 * Bn * I)
+    want = _torch_grads(lambda torch, a, b, w: torch.einsum("bi,bi,oi->bo", a, b, w),
+                        [feed[x], feed[y], feed[W]], feed[H])
+    for g, w in zip(te.evaluate(gs, feed), want):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14)
+
+
+def test_a_core_not_shared_is_left_alone():
+    # one differentiated factor: B u would cost u's points plus the box; the
+    # contraction with B folded in stays one reduction (120 points)
+    out, (A, B, D, Cc) = _three_factors()
+    check(out, [A], 4 * 5 * 6)
+
+
+def test_an_empty_core_domain_keeps_the_sum():
+    # where=c >= 4 k is empty for k = 3: the sum is an exact 0 there, B * 0 would be
+    # nan for an infinite B, so the stages keep their reductions (sharing would cost
+    # 3 * 24 + 2 * 12 points instead of 2 * 3 * 24, but is not exact)
+    R, K, C = 3, 4, 12
+    A = te.placeholder((R, K), "A", dtype=F64)
+    B = te.placeholder((R, K), "B", dtype=F64)
+    Cc = te.placeholder((R, C), "C", dtype=F64)
+    c = te.reduce_axis(C, "c")
+    out = te.compute((R, K), lambda r, k: te.sum(A[r, k] * B[r, k] * Cc[r, c], axis=c,
+                                                 where=c >= 4 * k), name="out")
+    H, (gA, gB), feed = check(out, [A, B], 2 * R * 24)
+    feed[B] = feed[B].copy()
+    feed[B][:, 3] = np.inf
+    got = te.evaluate(gA, feed)
+    assert np.all(got[:, 3] == 0.0), got
