@@ -34,6 +34,7 @@ def check(Y, Xs, count, seed=0, feed=None):
     """The simplified gradients of ``Y`` by ``Xs`` (placeholder head): exactly
     ``count`` points, values equal to the raw adjoint and to finite differences.
     Returns (H, gradients, feed)."""
+    Xs = [Xs] if isinstance(Xs, te.Tensor) else list(Xs)
     H, gs, raw = _grads(Y, Xs)
     got = simplify.iteration_count(gs)
     assert got == count, (got, count, te.graph_str(gs))
@@ -151,3 +152,121 @@ def test_an_empty_core_domain_keeps_the_sum():
     feed[B][:, 3] = np.inf
     got = te.evaluate(gA, feed)
     assert np.all(got[:, 3] == 0.0), got
+
+
+# ---- multi-dimensional triangles under prod, max and user reducers ---------------------
+
+
+def _logaddexp():
+    return te.comm_reducer(lambda u, v: te.log(te.exp(u) + te.exp(v)),
+                           lambda d: te.const(-np.inf, d), name="logaddexp")
+
+
+_CMP = {"<=": lambda a, b: a <= b, "<": lambda a, b: a < b,
+        ">=": lambda a, b: a >= b, ">": lambda a, b: a > b}
+
+
+def _triangle(red, shape, cmps, src=None):
+    X = te.placeholder(shape, "X", dtype=F64)
+    ks = [te.reduce_axis(e, f"k{d}") for d, e in enumerate(shape)]
+    src = src or (lambda X, ks: X[tuple(ks)])
+    P = te.compute(shape, lambda *ii: red(src(X, ks), axis=ks, where=te.all(
+        *[_CMP[c](k, i) for c, k, i in zip(cmps, ks, ii)])), name="P")
+    return P, X
+
+
+@pytest.mark.parametrize("cmps,count", [(("<=", "<="), 100), (("<", ">="), 116),
+                                        ((">", "<"), 111)])
+def test_two_dimensional_prefix_product_gradient_is_linear(cmps, count):
+    # P[y, x] = prod(X[k, l], where=k <= y && l <= x), 5x4: the rest stages of the
+    # general rule made the gradient quadratic (3,915 points at 6x5); as a 1-D
+    # triangle over k of the rows' 1-D triangles over l, forward and adjoint are one
+    # scan per axis: 5 * 20 (two forward scans, two reverse scans, the terms)
+    P, X = _triangle(te.prod, (5, 4), cmps, src=lambda X, ks: X[tuple(ks)] * X[tuple(ks)] + 0.5)
+    check(P, X, count)
+
+
+def test_three_dimensional_prefix_product():
+    # one forward and one reverse scan per axis (7 * 36 would be (2d + 1) x size)
+    P, X = _triangle(te.prod, (4, 3, 3), ("<=", ">", "<"))
+    check(P, X, 300)
+
+
+def test_two_dimensional_prefix_product_with_zeros_against_torch_and_kernel():
+    # no division: zeros, one and two in a rectangle, give exact gradients; the value
+    # and the gradient in one compiled kernel
+    P, X = _triangle(te.prod, (5, 4), ("<=", "<="))
+    H = te.placeholder((5, 4), "H", dtype=F64)
+    (g,) = te.differentiate(P, [X], head=H)
+    x = np.random.default_rng(8).uniform(0.5, 1.5, (5, 4))
+    x[1, 2] = x[3, 0] = x[3, 1] = 0.0
+    h = np.random.default_rng(9).uniform(-1, 1, (5, 4))
+    (want,) = _torch_grads(lambda torch, t: torch.cumprod(torch.cumprod(t, 0), 1), [x], h)
+    want_p = np.cumprod(np.cumprod(x, 0), 1)
+    np.testing.assert_allclose(te.evaluate(g, {X: x, H: h}), want, rtol=1e-12, atol=1e-15)
+    got_p, got_g = codegen.build([P, g], [X, H])(x, h)
+    np.testing.assert_allclose(got_p, want_p, rtol=1e-12)
+    np.testing.assert_allclose(got_g, want, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("cmps,count", [(("<=", "<="), 129), ((">=", "<="), 129)])
+def test_two_dimensional_running_user_reducer(cmps, count):
+    # a user logaddexp splits at its first axis only (row-major order kept); the
+    # gradient is the two reverse scans, linear (4,575 points at 6x5 before)
+    P, X = _triangle(_logaddexp(), (5, 4), cmps)
+    H, (g,), feed = check(P, X, count)
+    if cmps == ("<=", "<="):
+        (want,) = _torch_grads(lambda torch, t: torch.logcumsumexp(
+            torch.logcumsumexp(t, 1), 0), [feed[X]], feed[H])
+        np.testing.assert_allclose(te.evaluate(g, feed), want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("red", ["max", "min"])
+def test_two_dimensional_running_max_is_one_scan_per_axis(red):
+    # the forward: one running max per axis (60 points at 6x5, the triangle 315);
+    # the gradient: the argmax stage scanned the same way (a tuple scan of value and
+    # flat index: 71 points with its steps' starts) and one scatter of the head to
+    # each output's argmax (30), whose flat index the scatter splits into its two
+    # digits; 630 points before
+    P, X = _triangle(getattr(te, red), (6, 5), ("<=", "<="))
+    (s,) = simplify.simplify([P])
+    assert simplify.iteration_count([s]) == 60
+    H, (g,), feed = check(P, X, 101)
+    x = np.random.default_rng(10).uniform(-1, 1, (6, 5))
+    x[2, 3] = np.nan
+    want = np.array([[getattr(np, red)(x[:y + 1, :c + 1]) for c in range(5)] for y in range(6)])
+    np.testing.assert_array_equal(te.evaluate(s, {X: x}), want)
+
+
+def test_two_dimensional_running_max_ties_go_to_the_first_point():
+    # tied data: each output's adjoint goes to the first maximal point of its
+    # rectangle in row-major order (k, then l), as te.max's rule says
+    P, X = _triangle(te.max, (5, 4), ("<=", ">="))
+    H = te.placeholder((5, 4), "H", dtype=F64)
+    (g,) = te.differentiate(P, [X], head=H)
+    x = np.random.default_rng(11).integers(0, 3, (5, 4)).astype(float)
+    h = 2.0 ** np.arange(20).reshape(5, 4)
+    want = np.zeros((5, 4))
+    for y in range(5):
+        for c in range(4):
+            box = x[:y + 1, c:]
+            k, l = np.unravel_index(int(np.argmax(box)), box.shape)
+            want[k, c + l] += h[y, c]
+    np.testing.assert_array_equal(te.evaluate(g, {X: x, H: h}), want)
+
+
+def test_two_dimensional_max_and_product_in_one_kernel():
+    # the tuple scan (value, flat index) and the product's scans compiled together
+    X = te.placeholder((5, 4), "X", dtype=F64)
+    Pm, _ = _triangle(te.max, (5, 4), ("<=", "<="), src=lambda _X, ks: X[tuple(ks)])
+    Pp, _ = _triangle(te.prod, (5, 4), ("<", "<="), src=lambda _X, ks: X[tuple(ks)])
+    L = te.compute((5, 4), lambda i, j: Pm[i, j] + Pp[i, j], name="L")
+    H = te.placeholder((5, 4), "H", dtype=F64)
+    (g,) = te.differentiate(L, [X], head=H)
+    (raw,) = te.differentiate(L, [X], head=H, simplify=False)
+    x = np.random.default_rng(12).integers(-2, 3, (5, 4)).astype(float)
+    h = np.random.default_rng(13).uniform(-1, 1, (5, 4))
+    got = codegen.build([L, g], [X, H])(x, h)
+    want = te.evaluate([L, raw], {X: x, H: h})
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-15)

@@ -59,6 +59,7 @@ from .expr import (Add, And, Call, Const, Div, Expr, FloorDiv, FloorMod, Load, M
                    make_reduce, select)
 from .reduction import CommReducer
 from .prefix_adjoint import triangle_rule
+from .triangles import nested_stages, triangle_split
 from .printer import expr_str
 from .rules import jvp, t_add
 from .tensor import ComputeOp, PlaceholderOp, ScatterAddOp
@@ -613,6 +614,11 @@ def contribution(out, inp, head, cache=None, name=None):
 
     body = op.body[out.value_index]
     red = body if isinstance(body, Reduce) else None
+    split = _separable_triangle(out, red, cache)
+    if split is not None:  # one reverse scan per axis (see _separable_triangle)
+        inner, outer = split
+        h_inner = contribution(outer, inner, head, cache)
+        return None if h_inner is None else contribution(inner, inp, h_inner, cache, name)
     i_axes = _reduce_copy(op.axis, "r_")
     k_axes = _reduce_copy(red.axes, "r_") if red is not None else ()
     mapping = dict(zip(op.axis + (red.axes if red is not None else ()), i_axes + k_axes))
@@ -647,6 +653,35 @@ def contribution(out, inp, head, cache=None, name=None):
     dense = _finish(name if not pieces else name + "_dense", p, j, term, i_axes + k_axes,
                     where, dtype, attrs=attrs)
     return _gather_scatters(dense, name, p, inp, pieces, exprs, i_axes + k_axes, where, dtype)
+
+
+def _separable_triangle(out, red, cache):
+    """``(T, Y')`` for a ``prod`` or user reduction ``out`` over several axes whose
+    ``where=`` holds one axis ``k`` in a triangle with an output axis that nothing
+    else mentions (``P[y, x] = prod(X[k, l], where=k <= y && l <= x)``), else None:
+    ``T[k, ..]`` reduces over the other axes and ``Y'`` (equal to ``out``) is the 1-D
+    triangle over ``k`` of ``T`` (:func:`texpr.triangles.nested_stages`). The
+    contribution of ``out`` is then the contribution of ``T`` under the head that
+    ``Y'`` gives ``T``: each is a 1-D triangle's reverse scan
+    (:mod:`texpr.prefix_adjoint`), or split again, so the adjoint is one reverse
+    scan per axis, linear in the domain's box, with no division (zeros exact),
+    where the rest stages of the general rule are quadratic. A user reducer splits
+    at its first axis only (its points keep their row-major order); ``prod`` at
+    any axis."""
+    if red is None or red.combiner.kind not in ("prod", "custom") or len(red.axes) < 2 \
+            or len(red.source) != 1 or len(red.combiner.lhs) != 1:
+        return None
+    key = ("triangle_split", id(out.op))
+    if cache is not None and key in cache:
+        return cache[key]
+    where = triangle_split(out.op, red.combiner.kind == "prod")
+    result = None
+    if where is not None:
+        inner, outer = nested_stages(out.op, where)
+        result = (inner[0], outer.output(0))
+    if cache is not None:
+        cache[key] = result
+    return result
 
 
 def _gather_scatters(acc, name, p, inp, pieces, exprs, dom_axes, where, dtype):
