@@ -220,11 +220,13 @@ def _argmax_loads(ix):
 
 def _flat_solution(c, axis, fixed, space):
     """``{id(j_d): index}`` when the equality ``c`` sets a row-major flat position of
-    several output axes to data, ``sum_d a_d j_d + c0 == L`` (``a_d`` the strides of
-    the axes' box, all lower bounds 0: a 2-D argmax's flat index), else None. Each
-    axis is a digit of ``v = L - c0``: ``j_d = v // a_d % n_d``, the first
-    ``v // a_0``; a ``v`` outside the box gives a first digit out of its range,
-    which the scatter's index checks skip (the sum matched no point)."""
+    several output axes to data, ``sum_d a_d j_d + c0 == L`` (all lower bounds 0,
+    the strides decreasing to ``a_last = 1`` with ``a_d >= a_(d+1) n_(d+1)``: a
+    multi-axis argmax's flat index, one of whose axes may be pinned), else None.
+    Then at most one point of the box matches ``v = L - c0``, the greedy digits
+    ``j_0 = v // a_0``, ``j_d = (v % a_0 % .. % a_(d-1)) // a_d``; a ``v`` that no
+    point matches gives a digit outside its range, which the scatter's index
+    checks skip (the sum matched no point)."""
     spatial = {id(a): a for a in axis}
     for lhs, other in ((c.a, c.b), (c.b, c.a)):
         form = linear_form(lhs)
@@ -236,15 +238,15 @@ def _flat_solution(c, axis, fixed, space):
         dims = sorted(coefs.values(), key=lambda vc: -vc[1])
         if any(v.dom[0] != 0 for v, _c in dims) or dims[-1][1] != 1:
             continue
-        if any(dims[d][1] != dims[d + 1][1] * dims[d + 1][0].extent
+        if any(dims[d][1] < dims[d + 1][1] * dims[d + 1][0].extent
                for d in range(len(dims) - 1)):
             continue
         if _mentions(other, set(coefs)):
             continue
-        v = other - c0 if c0 else other
+        rem = other - c0 if c0 else other
         out = {}
-        for d, (var, coef) in enumerate(dims):
-            digit = E.floordiv(v, coef) if coef != 1 else v
-            out[id(var)] = digit if d == 0 else E.floormod(digit, var.extent)
+        for var, coef in dims:
+            out[id(var)] = E.floordiv(rem, coef) if coef != 1 else rem
+            rem = E.floormod(rem, coef) if coef != 1 else rem
         return out
     return None

@@ -25,8 +25,10 @@ of multi-term local derivatives (:mod:`texpr.simplify.inline`: a reduction
 computed once, then scaled by each local factor), applied across stages.
 
 The rewrite happens only where it lowers the iteration count: the core's points
-plus the stages' boxes must be fewer than the stages' points (so a core shared by
-two or more stages, over at least one reduction axis of extent above one). A
+plus the boxes of the stages that stay stages (requested ones, and those whose
+free factors are not cheap to recompute: the others are inlined into their
+consumers) must be fewer than the stages' points, so a core shared by two or
+more stages. A
 stage whose core has an empty reduction domain at some of its points is left
 alone: its sum there is an exact zero, while ``free * 0`` is NaN for an
 infinite free factor.
@@ -46,6 +48,7 @@ from .cleanup import _canon_var
 from .domain import Domain, domain_count
 from .graph import is_sum_stage, rebuild
 from .isl_bridge import DomainError, isl
+from .materialize import is_cheap
 
 #: the most spatial axes of a core whose orders are all tried when matching cores
 MAX_PERMUTED_AXES = 4
@@ -132,6 +135,7 @@ def _full_projection(s):
 def _plan(tensors):
     """``{id(op): (group, order)}`` for the stages rewritten (module docstring)."""
     groups, members, alive = {}, {}, []
+    outputs = {id(t.op) for t in tensors}
     for op in topo_order(tensors):
         s = _split(op)
         if s is None:
@@ -155,7 +159,10 @@ def _plan(tensors):
             before = sum(domain_count(op.axis + s.red.axes, s.red.where) for op, s, _o in group)
         except DomainError:
             continue
-        boxes = sum(int(np.prod(op.shape, dtype=np.int64)) for op, _s, _o in group)
+        # a member stays a stage of its own (a box's points) when it is requested or
+        # its free factors are not cheap; else the consumers compute it inline
+        boxes = sum(int(np.prod(op.shape, dtype=np.int64)) for op, s, _o in group
+                    if id(op) in outputs or not is_cheap(_product(s.free)))
         if core + boxes >= before or not _full_projection(s0):
             continue
         cell = [None]  # the shared stage, built at the first member rebuilt

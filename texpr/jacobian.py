@@ -614,11 +614,14 @@ def contribution(out, inp, head, cache=None, name=None):
 
     body = op.body[out.value_index]
     red = body if isinstance(body, Reduce) else None
-    split = _separable_triangle(out, red, cache)
-    if split is not None:  # one reverse scan per axis (see _separable_triangle)
-        inner, outer = split
-        h_inner = contribution(outer, inner, head, cache)
-        return None if h_inner is None else contribution(inner, inp, h_inner, cache, name)
+    chain = _separable_triangle(out, red, cache)
+    if chain is not None:  # one reverse scan per axis (see _separable_triangle)
+        h = head
+        for a, b in zip(chain, chain[1:]):
+            h = contribution(a, b, h, cache)
+            if h is None:
+                return None
+        return contribution(chain[-1], inp, h, cache, name)
     i_axes = _reduce_copy(op.axis, "r_")
     k_axes = _reduce_copy(red.axes, "r_") if red is not None else ()
     mapping = dict(zip(op.axis + (red.axes if red is not None else ()), i_axes + k_axes))
@@ -656,32 +659,50 @@ def contribution(out, inp, head, cache=None, name=None):
 
 
 def _separable_triangle(out, red, cache):
-    """``(T, Y')`` for a ``prod`` or user reduction ``out`` over several axes whose
-    ``where=`` holds one axis ``k`` in a triangle with an output axis that nothing
-    else mentions (``P[y, x] = prod(X[k, l], where=k <= y && l <= x)``), else None:
-    ``T[k, ..]`` reduces over the other axes and ``Y'`` (equal to ``out``) is the 1-D
-    triangle over ``k`` of ``T`` (:func:`texpr.triangles.nested_stages`). The
-    contribution of ``out`` is then the contribution of ``T`` under the head that
-    ``Y'`` gives ``T``: each is a 1-D triangle's reverse scan
-    (:mod:`texpr.prefix_adjoint`), or split again, so the adjoint is one reverse
-    scan per axis, linear in the domain's box, with no division (zeros exact),
-    where the rest stages of the general rule are quadratic. A user reducer splits
-    at its first axis only (its points keep their row-major order); ``prod`` at
-    any axis."""
+    """The chain ``[Y', T_1, .., T_m]`` restating a ``prod`` or user reduction ``out``
+    over several axes whose ``where=`` holds one axis ``k`` in a triangle with an
+    output axis that nothing else mentions (``P[y, x] = prod(X[k, l], where=k <= y
+    && l <= x)``), else None: ``Y'`` (equal to ``out``) is the 1-D triangle over
+    ``k`` of ``T_1[k, ..]``, the reduction over the other axes, itself restated the
+    same way while it splits (:func:`texpr.triangles.nested_stages`); the last
+    stage reads the source. The contribution of ``out`` is the chain of the
+    contributions of each stage to the next: each a 1-D triangle's reverse scan
+    (:mod:`texpr.prefix_adjoint`), so the adjoint is one reverse scan per axis,
+    linear in the domain's box, with no division (zeros exact), where the rest
+    stages of the general rule are quadratic. The forward the reverse scans read
+    is the chain itself (one scan per axis), so every level reads the values of
+    the stage it restates. A user reducer splits at its first axis only (its
+    points keep their row-major order); ``prod`` at any axis."""
     if red is None or red.combiner.kind not in ("prod", "custom") or len(red.axes) < 2 \
             or len(red.source) != 1 or len(red.combiner.lhs) != 1:
         return None
     key = ("triangle_split", id(out.op))
     if cache is not None and key in cache:
         return cache[key]
-    where = triangle_split(out.op, red.combiner.kind == "prod")
-    result = None
-    if where is not None:
-        inner, outer = nested_stages(out.op, where)
-        result = (inner[0], outer.output(0))
+    top, chain = _restated(out.op, red.combiner.kind == "prod")
+    result = chain if len(chain) > 1 else None
     if cache is not None:
         cache[key] = result
     return result
+
+
+def _restated(op, any_axis):
+    """``(Y', chain)``: the one-output reduction stage ``op`` split at its triangles
+    as long as they split (:func:`_separable_triangle`); ``Y'`` its restated
+    output, ``chain`` the stages from ``Y'`` down to the one reading the source."""
+    red = op.body[0]
+    split = triangle_split(op, any_axis) if len(red.axes) >= 2 else None
+    if split is None:
+        return op.output(0), [op.output(0)]
+    below = []
+
+    def restate(inner):
+        t, chain = _restated(inner[0].op, any_axis)
+        below.extend(chain)
+        return (t,)
+
+    _inner, outer = nested_stages(op, split, inner_hook=restate)
+    return outer.output(0), [outer.output(0)] + below
 
 
 def _gather_scatters(acc, name, p, inp, pieces, exprs, dom_axes, where, dtype):
