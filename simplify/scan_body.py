@@ -17,6 +17,7 @@ from texpr.scan import ScanOp
 from texpr.tensor import PlaceholderOp, topo_order
 
 from .graph import rebuild, remap_loads
+from .shared_heads import share_head_contractions
 
 
 def _body_pipeline():
@@ -25,8 +26,9 @@ def _body_pipeline():
     from .scatter import gathers_to_scatters
     from .support import restrict_to_support
 
+    # (a shared core's stage need not have the body's leading time axis)
     skip = (gathers_to_scatters, restrict_to_support, simplify_scan_bodies,
-            prefix_sums_to_scans)
+            prefix_sums_to_scans, share_head_contractions)
     return tuple(p for p in PIPELINE if p not in skip)
 
 

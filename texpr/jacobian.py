@@ -41,7 +41,10 @@ Two levels:
     built-in ``te.max``/``te.min`` for max-like reductions. Over a triangle
     (``where=j < i``: a prefix product, a running user reduction) the rule is
     instead the adjoint of the reduction's scan, one term per point
-    (:mod:`texpr.prefix_adjoint`): linear per row, no rest stages.
+    (:mod:`texpr.prefix_adjoint`): linear per row, no rest stages. Over a
+    triangle in each of several axes (``where=k <= y && l <= x``) the reduction
+    is restated as a chain of 1-D triangles (:func:`_separable_triangle`) and
+    the contribution runs down the chain: one reverse scan per axis.
 
   ``where=`` conditions of the reduction restrict the contribution's sum.
 
