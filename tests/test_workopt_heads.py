@@ -129,6 +129,33 @@ def test_bilinear_pooling_head():
         np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14)
 
 
+def test_volume_renderer_shares_its_head_contraction():
+    # alpha and the transmittance (an exclusive prefix product of 1 - alpha) are both
+    # functions of sigma: img[r, c] = sum_k T[r, k] alpha[r, k] col[r, k, c]. The
+    # head contracted with the colours is formed once (192 points, not twice), dcol is
+    # its own 192, the transmittance's scans and terms 4 * 64: 640 points (832 before)
+    R, N = 4, 16
+    sig = te.placeholder((R, N), "sigma", dtype=F64)
+    col = te.placeholder((R, N, 3), "col", dtype=F64)
+    a = te.compute((R, N), lambda r, k: 1.0 - te.exp(-sig[r, k] * 0.1), name="alpha")
+    j = te.reduce_axis(N, "j")
+    T = te.compute((R, N), lambda r, k: te.prod(1.0 - a[r, j], axis=j, where=j < k), name="T")
+    k = te.reduce_axis(N, "k")
+    img = te.compute((R, 3), lambda r, c: te.sum(T[r, k] * a[r, k] * col[r, k, c], axis=k),
+                     name="img")
+    H, gs, feed = check(img, [sig, col], 2 * R * N * 3 + 4 * R * N)
+
+    def render(torch, s, c):
+        alpha = 1.0 - torch.exp(-s * 0.1)
+        ones = torch.ones((R, 1), dtype=torch.float64)
+        trans = torch.cat([ones, torch.cumprod(1.0 - alpha, 1)[:, :-1]], 1)
+        return torch.einsum("rk,rk,rkc->rc", trans, alpha, c)
+
+    want = _torch_grads(render, [feed[sig], feed[col]], feed[H])
+    for g, w in zip(te.evaluate(gs, feed), want):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14)
+
+
 def test_a_core_not_shared_is_left_alone():
     # one differentiated factor: B u would cost u's points plus the box; the
     # contraction with B folded in stays one reduction (120 points)
