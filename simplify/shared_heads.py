@@ -29,9 +29,10 @@ plus the boxes of the stages that stay stages (requested ones, and those whose
 free factors are not cheap to recompute: the others are inlined into their
 consumers) must be fewer than the stages' points, so a core shared by two or
 more stages. A
-stage whose core has an empty reduction domain at some of its points is left
-alone: its sum there is an exact zero, while ``free * 0`` is NaN for an
-infinite free factor.
+stage whose core has an empty reduction domain at some of its points, or a data
+mask (a condition ISL cannot see, a select with a zero branch), is left alone:
+its sum there is a structural zero, while ``free * 0`` is NaN for an infinite
+free factor.
 """
 
 import itertools
@@ -94,7 +95,14 @@ def _split(op):
         return None
     if any(isinstance(n, Reduce) for n in post_order(s.free)):
         return None
+    if any(isinstance(n, E.Select) and any(_zero(b) for b in n.args[1:])
+           for n in post_order(s.core)):
+        return None  # a symbolic zero in the core: see _full_projection
     return s
+
+
+def _zero(e):
+    return isinstance(e, E.Const) and not isinstance(e.value, bool) and e.value == 0
 
 
 def _keys(s):
@@ -120,7 +128,10 @@ def _keys(s):
 
 def _full_projection(s):
     """Whether every point of the core's spatial box has a nonempty reduction domain
-    (and the condition is quasi-affine, so ISL can tell)."""
+    (and the condition is quasi-affine, so ISL can tell). Where it is empty, or
+    where a data mask (a residual condition, a select with a zero branch) may
+    leave no term, the sum is a structural zero that ``free * U`` would turn
+    into NaN for an infinite free factor (docs/conventions.md, "Zeros")."""
     try:
         dom = Domain(s.axes + s.red.axes, s.red.where)
         if dom.residual is not None:
