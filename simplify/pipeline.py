@@ -31,6 +31,7 @@ from .propagate import propagate_zero_conditions
 from .record import SimplifyRecord
 from .runner import SimplifyError, VERIFY_MAX_POINTS, verify_equal  # noqa: F401 - re-exported
 from .scatter import gathers_to_scatters
+from .shared_heads import share_head_contractions
 from .solve import solve_equalities, tighten_domains
 from .support import restrict_to_support
 from .zeros import explicit_zero_products
@@ -54,6 +55,7 @@ PIPELINE = (
     tighten_domains,            # reduction boxes shrink to the projection; gist where
     prefix_sums_to_scans,       # sums over triangles (k <= j) -> scans: O(n), not O(n^2)
     gathers_to_scatters,        # data-dependent index equalities -> scatter-add
+    share_head_contractions,    # factors' adjoints with one core: the core computed once
     inline_elementwise,         # stages that became elementwise go into their consumers
     inline_tail_accesses,       # reshape/flatten/adjoint sum after reductions: fold them in
     algebraic_cleanup,          # ISL / sympy canonical forms of index arithmetic
@@ -63,8 +65,10 @@ PIPELINE = (
 
 #: the passes a scan's body runs: all but those that turn stages into scatter-adds,
 #: scans or support stages (a body holds compute stages only), and this one
+#: (a shared core's stage need not have the body's leading time axis: no head sharing)
 BODY_PIPELINE = tuple(p for p in PIPELINE if p not in (
-    simplify_scan_bodies, prefix_sums_to_scans, gathers_to_scatters, restrict_to_support))
+    simplify_scan_bodies, prefix_sums_to_scans, gathers_to_scatters, restrict_to_support,
+    share_head_contractions))
 
 MAX_ROUNDS = 4
 

@@ -41,44 +41,68 @@ from texpr import expr as E
 from texpr.errors import TexprError
 from texpr.expr import Reduce, const, iter_var, select
 from texpr.scan import ScanOp
-from texpr.triangles import conjunct_list as _conjuncts, triangle_bound as _bound
+from texpr.triangles import conjunct_list as _conjuncts, nested_stages, triangle_bound as _bound, \
+    triangle_split
 from texpr.tensor import ComputeOp, PlaceholderOp, topo_order
 from texpr.visitor import free_vars, substitute
 
+from .cleanup import _extreme_key
 from .graph import rebuild
 from .materialize import stage_count
 
-_OPS = {"sum": lambda a, b: a + b, "prod": lambda a, b: a * b}
+_OPS = {"sum": lambda a, b: a + b, "prod": lambda a, b: a * b,
+        "max": E.maximum, "min": E.minimum}
+#: reducers whose points may be split at any axis (the others keep row-major order)
+_ANY_ORDER = ("sum", "prod", "max", "min")
 
 
 def _combine(comb, kind):
-    """``(prev, term) -> expr``: one step of the scan for the Combiner ``comb``, or
-    None when the combiner has no scan form. ``sum`` and ``prod`` are their
-    operators; a single-component user reducer is its combine, with the state on
+    """``(prev, term) -> exprs``: one step of the scan for the Combiner ``comb`` (tuples
+    of its components), or None when the combiner has no scan form. ``sum``,
+    ``prod``, ``max`` and ``min`` are their operators; a user reducer (tuple
+    reducers included: the gradient's argmax stages) is its combine, with the state on
     the side of the points already combined: a prefix combines ``prev (+) term``
     (``term`` the later point), a suffix ``term (+) prev`` (``term`` the earlier
     point), so the points meet in the reduction's own row-major order and only
     associativity is used (a combine that keeps the accumulator at a tie keeps
     the first tied point, as the reduction does)."""
     if comb.kind in _OPS:
-        return _OPS[comb.kind]
-    if comb.kind != "custom" or len(comb.lhs) != 1:
+        op = _OPS[comb.kind]
+        return lambda prev, term: (op(prev[0], term[0]),)
+    if comb.kind != "custom":
         return None
-    lhs, rhs, res = comb.lhs[0], comb.rhs[0], comb.result[0]
 
     def step(prev, term):
         a, b = (prev, term) if kind == "prefix" else (term, prev)
-        return substitute(res, {lhs: a, rhs: b})
+        bind = dict(zip(comb.lhs, a))
+        bind.update(zip(comb.rhs, b))
+        return tuple(substitute(r, bind) for r in comb.result)
 
     return step
 
 
-def _as_scan(op):
-    """The scan form of the reduction stage ``op`` (a Tensor of ``op``'s shape), or None."""
-    if op.num_outputs != 1 or not isinstance(op.body[0], Reduce):
+def _reduction_parts(op):
+    """The Reduce of the reduction stage ``op`` when every output is one component of
+    it (a tuple reducer's stage), else None."""
+    if not isinstance(op, ComputeOp) or not isinstance(op.body[0], Reduce):
         return None
     red = op.body[0]
-    if len(red.axes) != 1 or len(red.source) != 1:
+    n = len(red.source)
+    if op.num_outputs != n or len(red.combiner.lhs) != n:
+        return None
+    for v, b in enumerate(op.body):
+        if not (isinstance(b, Reduce) and b.value_index == v and b.combiner is red.combiner
+                and b.axes == red.axes and b.where is red.where
+                and all(x is y for x, y in zip(b.source, red.source))):
+            return None
+    return red
+
+
+def _as_scan(op):
+    """The scan form of the reduction stage ``op`` (a tuple of Tensors of ``op``'s
+    shape, one per output), or None."""
+    red = _reduction_parts(op)
+    if red is None or len(red.axes) != 1:
         return None
     if _combine(red.combiner, "prefix") is None:
         return None
@@ -93,17 +117,17 @@ def _as_scan(op):
     if found is None:
         return None
     j, c0, kind = found
-    src = red.source[0]
-    mentions = {id(v) for v in free_vars([src] + rest)}
+    srcs = red.source
+    mentions = {id(v) for v in free_vars(list(srcs) + rest)}
     if id(j) in mentions:
         return None
     n = j.extent
     p = next(d for d, a in enumerate(op.axis) if a is j)
     others = [a for a in op.axis if a is not j]
-    dtype = op.dtypes[0]
-    # the state: time axis (j, or reversed j) first, then the other axes
-    state = PlaceholderOp(f"{op.name}_state", (n,) + tuple(a.extent for a in others),
-                          dtype).output(0)
+    # the states: time axis (j, or reversed j) first, then the other axes
+    states = [PlaceholderOp(f"{op.name}_state" + (f"{v}" if v else ""),
+                            (n,) + tuple(a.extent for a in others), dtype).output(0)
+              for v, dtype in enumerate(op.dtypes)]
     first = 0 if kind == "prefix" else n - 1
 
     def axes_of(shape_axes):
@@ -111,11 +135,27 @@ def _as_scan(op):
 
     # init: the reduction at the first step
     i_axes = axes_of([j] + others)
-    mapping = {j: const(first, j.dtype)}
-    mapping.update(zip(others, i_axes[1:]))
-    init_body = substitute(red, mapping)
-    init = ComputeOp(f"{op.name}_first", [iter_var(0, 1, "t0", "spatial")] + i_axes[1:],
-                     (init_body,), tag="scan_init").output(0)
+    t0 = iter_var(0, 1, "t0", "spatial")
+    k_first = c0 if kind == "prefix" else n - 1 + c0  # the one point the first step may add
+    one_point = (k_first - k.dom[0] + 1 if kind == "prefix" else k.dom[1] - k_first) <= 1
+    if len(srcs) > 1 and one_point:
+        # a tuple reducer's first step holds at most one point: one elementwise stage
+        # per component (identity (+) x is x), which the scan takes into its states'
+        # first steps; one stage of several outputs would be stored on its own
+        at = {k: const(k_first, k.dtype), **dict(zip(others, i_axes[1:]))}
+        guard = E.all_of([const(k.dom[0] <= k_first < k.dom[1])]
+                         + [substitute(c, at) for c in rest])
+        init = tuple(
+            ComputeOp(f"{op.name}_first" + (f"{v}" if v else ""), [t0] + i_axes[1:],
+                      (select(guard, substitute(src, at), const(ident.value, dtype)),),
+                      tag="scan_init").output(0)
+            for v, (src, ident, dtype) in enumerate(zip(srcs, red.combiner.identity,
+                                                        op.dtypes)))
+    else:
+        mapping = {j: const(first, j.dtype)}
+        mapping.update(zip(others, i_axes[1:]))
+        init = ComputeOp(f"{op.name}_first", [t0] + i_axes[1:],
+                         tuple(substitute(b, mapping) for b in op.body), tag="scan_init").outputs
     # update: the previous step combined with the new term
     u_axes = axes_of([j] + others)
     t = u_axes[0]
@@ -124,29 +164,29 @@ def _as_scan(op):
     # k = j + c0 runs over [c0, n - 1 + c0]: test only the ends of k's domain it leaves
     in_dom = ([kv >= k.dom[0]] if c0 < k.dom[0] else []) + \
         ([kv < k.dom[1]] if n - 1 + c0 >= k.dom[1] else [])
-    guard = E.all_of(in_dom
-                     + [substitute(c, {k: kv, **dict(zip(others, u_axes[1:]))}) for c in rest])
-    term = substitute(src, {k: kv, **dict(zip(others, u_axes[1:]))})
-    ident = red.combiner.identity[0]
-    new_term = select(guard, term, const(ident.value, dtype))
-    prev = state[tuple([t - 1] + list(u_axes[1:]))]
-    upd = ComputeOp(f"{op.name}_step", u_axes, (_combine(red.combiner, kind)(prev, new_term),),
-                    tag="scan_update").output(0)
-    scan = ScanOp(f"{op.name}_scan", [init], [upd], [state], tag="prefix_scan",
+    at = {k: kv, **dict(zip(others, u_axes[1:]))}
+    guard = E.all_of(in_dom + [substitute(c, at) for c in rest])
+    new_terms = tuple(select(guard, substitute(src, at), const(ident.value, dtype))
+                      for src, ident, dtype in zip(srcs, red.combiner.identity, op.dtypes))
+    prev = tuple(st[tuple([t - 1] + list(u_axes[1:]))] for st in states)
+    upd = ComputeOp(f"{op.name}_step", u_axes, _combine(red.combiner, kind)(prev, new_terms),
+                    tag="scan_update").outputs
+    scan = ScanOp(f"{op.name}_scan", list(init), list(upd), states, tag="prefix_scan",
                   attrs={"of": op.name, "kind": kind})
-    out = scan.output(0)
     if kind == "prefix" and p == 0:
-        return out
+        return scan.outputs
     y_axes = axes_of(op.axis)
     yj = y_axes[p] if kind == "prefix" else (n - 1) - y_axes[p]
-    idx = [yj] + [a for d, a in enumerate(y_axes) if d != p]
-    return ComputeOp(op.name, y_axes, (out[tuple(idx)],), tag=op.tag, attrs=op.attrs).output(0)
+    idx = tuple([yj] + [a for d, a in enumerate(y_axes) if d != p])
+    # one re-indexing per component (one stage of several outputs would be stored)
+    return tuple(ComputeOp(op.name + (f"_v{v}" if v else ""), y_axes, (o[idx],), tag=op.tag,
+                           attrs=op.attrs).output(0) for v, o in enumerate(scan.outputs))
 
 
 def _split_triangle(op):
     """A reduction over several axes, one of which (``k``) is held only by a
     triangle ``k - j <= c`` (or ``>=``) with an output axis ``j`` that nothing
-    else mentions, as two stages (a Tensor of ``op``'s shape), or None::
+    else mentions, as two stages (a tuple of Tensors of ``op``'s shape), or None::
 
         T[k, ..] = reduce(s, axis=the other axes, where=the other conditions)
         Y[.., j, ..] = reduce(T[k, ..], axis=k, where=k - j <= c)
@@ -154,62 +194,26 @@ def _split_triangle(op):
     The outer stage is a 1-D prefix (suffix) and becomes a scan; the inner one
     is split or scanned again when it has the same form (a summed-area table
     ``sum(I[k, l], where=k <= y && l <= x)``: one prefix sum per axis, in
-    O(H * W), and its adjoint, the same with ``>=``). ``sum`` and ``prod`` split
-    at any axis; a user reducer only at its first axis, so that its points keep
-    their row-major order."""
-    if op.num_outputs != 1 or not isinstance(op.body[0], Reduce):
+    O(H * W), and its adjoint, the same with ``>=``). ``sum``, ``prod``, ``max``,
+    ``min`` and order-free tuple reducers (the gradient's argmax stages) split at
+    any axis; a user reducer only at its first axis, so that its points keep
+    their row-major order (texpr.triangles builds the two stages)."""
+    red = _reduction_parts(op)
+    if red is None or len(red.axes) < 2 or _combine(red.combiner, "prefix") is None:
         return None
-    red = op.body[0]
     comb = red.combiner
-    if len(red.axes) < 2 or len(red.source) != 1 or _combine(comb, "prefix") is None:
+    split = triangle_split(op, comb.kind in _ANY_ORDER or getattr(comb, "order_free", False))
+    if split is None:
         return None
-    parts = _conjuncts(red.where)
-    for pos, k in enumerate(red.axes):
-        if comb.kind not in _OPS and pos:
-            break
-        for ci, c in enumerate(parts):
-            b = _bound(c, k, op.axis)
-            if b is None:
-                continue
-            j = b[0]
-            rest = parts[:ci] + parts[ci + 1:]
-            if any(v is j for v in free_vars(list(red.source) + rest)):
-                continue
-            return _nested(op, k, j, c, rest)
-    return None
-
-
-def _nested(op, k, j, bound, rest):
-    """The two stages of :func:`_split_triangle` (the outer one, as a Tensor)."""
-    red = op.body[0]
-    others = [a for a in op.axis if a is not j]
-    lo = k.dom[0]
-    t_k = iter_var(0, k.extent, k.name, "spatial")
-    t_others = [iter_var(0, a.extent, a.name, "spatial") for a in others]
-    mapping = {k: t_k + lo if lo else t_k, **dict(zip(others, t_others))}
-    inner_axes = tuple(a for a in red.axes if a is not k)
-    where = substitute(E.all_of(rest), mapping)
-    src = substitute(red.source[0], mapping)
-    inner = ComputeOp(f"{op.name}_{k.name}", [t_k] + t_others,
-                      (E.make_reduce(red.combiner, (src,), inner_axes, where, 0),),
-                      tag=op.tag).output(0)
-    inner = _cheapest(inner)
-    k2 = iter_var(k.dom[0], k.dom[1], k.name, "reduce")
-    y_axes = [iter_var(0, a.extent, a.name, "spatial") for a in op.axis]
-    ymap = dict(zip(op.axis, y_axes))
-    term = inner[tuple([k2 - lo if lo else k2] + [ymap[a] for a in others])]
-    outer_where = substitute(bound, {k: k2, **ymap})
-    outer = ComputeOp(op.name, y_axes, (E.make_reduce(red.combiner, (term,), (k2,),
-                                                      outer_where, 0),),
-                      tag=op.tag, attrs=op.attrs)
+    _inner, outer = nested_stages(op, split, inner_hook=_cheapest)
     return _as_scan(outer)
 
 
-def _cheapest(t):
-    """``t`` (a reduction stage's output) as a scan, or split and scanned, when that
-    visits fewer points; else ``t``."""
-    new = _scanned(t.op)
-    return t if new is None else new
+def _cheapest(ts):
+    """``ts`` (a reduction stage's outputs) as a scan, or split and scanned, when that
+    visits fewer points; else ``ts``."""
+    new = _scanned(ts[0].op)
+    return ts if new is None else new
 
 
 def _new_cost(new, op):
@@ -219,7 +223,7 @@ def _new_cost(new, op):
     step is the scan's (a cheap one is computed into its state)."""
     old = {id(o) for o in topo_order(op.input_tensors())}
     total = 0
-    for o in topo_order([new]):
+    for o in topo_order(list(new)):
         if id(o) in old or isinstance(o, PlaceholderOp) or getattr(o, "tag", "") == "scan_init":
             continue
         if isinstance(o, ComputeOp) and isinstance(o.body[0], E.Load) \
@@ -240,14 +244,26 @@ def _scanned(op):
         return None
     if new is None or _new_cost(new, op) >= stage_count(op):
         return None
-    return new
+    return tuple(new)
 
 
 def prefix_sums_to_scans(tensors):
     """Prefix/suffix sums and products (triangular domains) become scans (module docstring)."""
 
-    def fn(op, _orig, _tmap):
+    # a max (min) whose argmax (argmin) stage is computed anyway reads its value
+    # component (cleanup.eliminate_common_stages): only the argmax stage is scanned
+    args, alive = set(), []
+    for op in topo_order(tensors):
+        k = _extreme_key(op)
+        if k is not None and op.num_outputs == 2:
+            args.add(k[0])
+            alive.append(k)
+
+    def fn(op, orig, _tmap):
         if not isinstance(op, ComputeOp) or not isinstance(op.body[0], Reduce):
+            return None
+        k = _extreme_key(orig)
+        if k is not None and orig.num_outputs == 1 and k[0] in args:
             return None
         return _scanned(op)
 

@@ -22,6 +22,7 @@ is the forward's points, never ``points x |X|``.
 from texpr import expr as E
 from texpr.expr import Load, iter_var
 from texpr.tensor import ScatterAddOp
+from texpr.triangles import linear_form
 from texpr.visitor import free_vars, post_order, substitute
 
 from .domain import Domain
@@ -110,6 +111,11 @@ def _scatter(op, where, source, init=None, name=None):
     used = []
     for c in conjuncts(dom.residual):
         if not isinstance(c, E.EQ):
+            continue
+        flat = _flat_solution(c, axis, fixed, dom.space)
+        if flat is not None:
+            fixed.update(flat)
+            used.append(c)
             continue
         for j, other in ((c.a, c.b), (c.b, c.a)):
             if id(j) in spatial_ids and id(j) not in fixed \
@@ -210,3 +216,37 @@ def _argmax_loads(ix):
     """The loads from argmax/argmin stages inside the index expression ``ix``."""
     return [n for n in post_order(ix)
             if isinstance(n, Load) and getattr(n.tensor.op, "tag", None) == "argmax"]
+
+
+def _flat_solution(c, axis, fixed, space):
+    """``{id(j_d): index}`` when the equality ``c`` sets a row-major flat position of
+    several output axes to data, ``sum_d a_d j_d + c0 == L`` (all lower bounds 0,
+    the strides decreasing to ``a_last = 1`` with ``a_d >= a_(d+1) n_(d+1)``: a
+    multi-axis argmax's flat index, one of whose axes may be pinned), else None.
+    Then at most one point of the box matches ``v = L - c0``, the greedy digits
+    ``j_0 = v // a_0``, ``j_d = (v % a_0 % .. % a_(d-1)) // a_d``; a ``v`` that no
+    point matches gives a digit outside its range, which the scatter's index
+    checks skip (the sum matched no point)."""
+    spatial = {id(a): a for a in axis}
+    for lhs, other in ((c.a, c.b), (c.b, c.a)):
+        form = linear_form(lhs)
+        if form is None or not _not_affine(other, space):
+            continue
+        coefs, c0 = form
+        if len(coefs) < 2 or any(k not in spatial or k in fixed for k in coefs):
+            continue
+        dims = sorted(coefs.values(), key=lambda vc: -vc[1])
+        if any(v.dom[0] != 0 for v, _c in dims) or dims[-1][1] != 1:
+            continue
+        if any(dims[d][1] < dims[d + 1][1] * dims[d + 1][0].extent
+               for d in range(len(dims) - 1)):
+            continue
+        if _mentions(other, set(coefs)):
+            continue
+        rem = other - c0 if c0 else other
+        out = {}
+        for var, coef in dims:
+            out[id(var)] = E.floordiv(rem, coef) if coef != 1 else rem
+            rem = E.floormod(rem, coef) if coef != 1 else rem
+        return out
+    return None

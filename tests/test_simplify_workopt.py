@@ -341,7 +341,7 @@ def _inb(e, n):
 def programs(draw):
     kind = draw(st.sampled_from(["abs_index", "abs_band", "diamond", "product", "float",
                                  "segment", "two_loads", "multi_term", "prod_window",
-                                 "triangle", "gathered_segment"]))
+                                 "triangle", "gathered_segment", "shared_head"]))
     n = draw(st.integers(3, 9))
     m = draw(st.integers(2, 8))
     a = draw(st.integers(1, 2))
@@ -423,9 +423,8 @@ def programs(draw):
         ideal = 2 * m * w
     elif kind == "triangle":     # Y = (x) of X over a triangle in each of 1-3 axes
         dims = draw(st.integers(1, 3))
-        red_name = draw(st.sampled_from(["sum", "prod", "max", "logaddexp"])) if dims == 1 \
-            else "sum"
-        red = {"sum": te.sum, "prod": te.prod, "max": te.max,
+        red_name = draw(st.sampled_from(["sum", "prod", "max", "min", "logaddexp"]))
+        red = {"sum": te.sum, "prod": te.prod, "max": te.max, "min": te.min,
                "logaddexp": _logaddexp()}.get(red_name)
         shape = tuple(draw(st.integers(2, 6)) for _ in range(dims))
         X = te.placeholder(shape, "X", dtype=F64)
@@ -437,9 +436,11 @@ def programs(draw):
             else (lambda: X[tuple(ks)])
         Y = te.compute(shape, lambda *ii: red(src(), axis=ks, where=te.all(
             *[ops[c](k, i) for c, k, i in zip(cmps, ks, ii)])), name="Y")
-        # one scan per axis for a sum; the forward scan, the reverse scan and one
-        # term per point for the others (hand-written backward kernels' counts)
-        ideal = dims * X.size if red_name == "sum" else 3 * X.size
+        # hand-written backward kernels' counts: one scan per axis for a sum; for a
+        # max, one running (value, index) scan per axis and one scatter of the head;
+        # for the others a forward and a reverse scan per axis and one term per point
+        ideal = {"sum": dims, "max": dims + 1, "min": dims + 1}.get(red_name, 2 * dims + 1) \
+            * X.size
     elif kind == "gathered_segment":  # Y[i] = sum_k X[J[k]] where I[k] == i + c
         I = te.placeholder((n,), "I", dtype="int64")
         J = te.placeholder((n,), "J", dtype="int64")
@@ -447,6 +448,27 @@ def programs(draw):
         k = te.reduce_axis(n, "k")
         Y = te.compute((m,), lambda i: te.sum(X[J[k]], axis=k, where=I[k] == i + c), name="Y")
         ideal = n
+    elif kind == "shared_head":  # Y[r, c] = sum_k F1(X)[r, k] ... Fq(X)[r, k] * C[.., k, c]
+        r_, c_ = draw(st.integers(1, 4)), draw(st.integers(2, 5))
+        X = te.placeholder((r_, n), "X", dtype=F64)
+        acts = [lambda x: te.exp(x), lambda x: te.sin(x), lambda x: x * x + 1.0,
+                lambda x: te.tanh(x), lambda x: x]
+        picks = draw(st.lists(st.integers(0, len(acts) - 1), min_size=2, max_size=3))
+        fs = [te.compute((r_, n), lambda i, j, f=acts[p]: f(X[i, j]), name=f"F{q}")
+              for q, p in enumerate(picks)]
+        per_row = draw(st.booleans())  # C[r, k, c] (batched) or C[k, c] (a GEMM)
+        C = te.placeholder((r_, n, c_) if per_row else (n, c_), "C", dtype=F64)
+        k = te.reduce_axis(n, "k")
+
+        def summand(i, j):
+            v = C[i, k, j] if per_row else C[k, j]
+            for f in fs:
+                v = f[i, k] * v
+            return v
+
+        Y = te.compute((r_, c_), lambda i, j: te.sum(summand(i, j), axis=k), name="Y")
+        # the head contracted with C once, then one pass over X's box
+        ideal = r_ * n * c_ + X.size
     else:                        # S = act(X) read by a matmul
         o = draw(st.integers(1, 6))
         act = draw(st.sampled_from([lambda x: te.sigmoid(x) * x, te.tanh,

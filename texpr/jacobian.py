@@ -41,7 +41,10 @@ Two levels:
     built-in ``te.max``/``te.min`` for max-like reductions. Over a triangle
     (``where=j < i``: a prefix product, a running user reduction) the rule is
     instead the adjoint of the reduction's scan, one term per point
-    (:mod:`texpr.prefix_adjoint`): linear per row, no rest stages.
+    (:mod:`texpr.prefix_adjoint`): linear per row, no rest stages. Over a
+    triangle in each of several axes (``where=k <= y && l <= x``) the reduction
+    is restated as a chain of 1-D triangles (:func:`_separable_triangle`) and
+    the contribution runs down the chain: one reverse scan per axis.
 
   ``where=`` conditions of the reduction restrict the contribution's sum.
 
@@ -59,6 +62,7 @@ from .expr import (Add, And, Call, Const, Div, Expr, FloorDiv, FloorMod, Load, M
                    make_reduce, select)
 from .reduction import CommReducer
 from .prefix_adjoint import triangle_rule
+from .triangles import nested_stages, triangle_split
 from .printer import expr_str
 from .rules import jvp, t_add
 from .tensor import ComputeOp, PlaceholderOp, ScatterAddOp
@@ -613,6 +617,14 @@ def contribution(out, inp, head, cache=None, name=None):
 
     body = op.body[out.value_index]
     red = body if isinstance(body, Reduce) else None
+    chain = _separable_triangle(out, red, cache)
+    if chain is not None:  # one reverse scan per axis (see _separable_triangle)
+        h = head
+        for a, b in zip(chain, chain[1:]):
+            h = contribution(a, b, h, cache)
+            if h is None:
+                return None
+        return contribution(chain[-1], inp, h, cache, name)
     i_axes = _reduce_copy(op.axis, "r_")
     k_axes = _reduce_copy(red.axes, "r_") if red is not None else ()
     mapping = dict(zip(op.axis + (red.axes if red is not None else ()), i_axes + k_axes))
@@ -647,6 +659,53 @@ def contribution(out, inp, head, cache=None, name=None):
     dense = _finish(name if not pieces else name + "_dense", p, j, term, i_axes + k_axes,
                     where, dtype, attrs=attrs)
     return _gather_scatters(dense, name, p, inp, pieces, exprs, i_axes + k_axes, where, dtype)
+
+
+def _separable_triangle(out, red, cache):
+    """The chain ``[Y', T_1, .., T_m]`` restating a ``prod`` or user reduction ``out``
+    over several axes whose ``where=`` holds one axis ``k`` in a triangle with an
+    output axis that nothing else mentions (``P[y, x] = prod(X[k, l], where=k <= y
+    && l <= x)``), else None: ``Y'`` (equal to ``out``) is the 1-D triangle over
+    ``k`` of ``T_1[k, ..]``, the reduction over the other axes, itself restated the
+    same way while it splits (:func:`texpr.triangles.nested_stages`); the last
+    stage reads the source. The contribution of ``out`` is the chain of the
+    contributions of each stage to the next: each a 1-D triangle's reverse scan
+    (:mod:`texpr.prefix_adjoint`), so the adjoint is one reverse scan per axis,
+    linear in the domain's box, with no division (zeros exact), where the rest
+    stages of the general rule are quadratic. The forward the reverse scans read
+    is the chain itself (one scan per axis), so every level reads the values of
+    the stage it restates. A user reducer splits at its first axis only (its
+    points keep their row-major order); ``prod`` at any axis."""
+    if red is None or red.combiner.kind not in ("prod", "custom") or len(red.axes) < 2 \
+            or len(red.source) != 1 or len(red.combiner.lhs) != 1:
+        return None
+    key = ("triangle_split", id(out.op))
+    if cache is not None and key in cache:
+        return cache[key]
+    top, chain = _restated(out.op, red.combiner.kind == "prod")
+    result = chain if len(chain) > 1 else None
+    if cache is not None:
+        cache[key] = result
+    return result
+
+
+def _restated(op, any_axis):
+    """``(Y', chain)``: the one-output reduction stage ``op`` split at its triangles
+    as long as they split (:func:`_separable_triangle`); ``Y'`` its restated
+    output, ``chain`` the stages from ``Y'`` down to the one reading the source."""
+    red = op.body[0]
+    split = triangle_split(op, any_axis) if len(red.axes) >= 2 else None
+    if split is None:
+        return op.output(0), [op.output(0)]
+    below = []
+
+    def restate(inner):
+        t, chain = _restated(inner[0].op, any_axis)
+        below.extend(chain)
+        return (t,)
+
+    _inner, outer = nested_stages(op, split, inner_hook=restate)
+    return outer.output(0), [outer.output(0)] + below
 
 
 def _gather_scatters(acc, name, p, inp, pieces, exprs, dom_axes, where, dtype):

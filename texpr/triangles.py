@@ -7,6 +7,9 @@ scan (:mod:`texpr.prefix_adjoint`); both read the condition here.
 """
 
 from . import expr as E
+from .expr import all_of, iter_var, make_reduce
+from .tensor import ComputeOp
+from .visitor import free_vars, substitute
 
 
 def linear_form(e):
@@ -79,3 +82,74 @@ def triangle_bound(c, k, axes):
     if ck == -1:  # -(k - j) <= bound  <=>  k - j >= -bound
         le, bound = not le, -bound
     return j, bound, "prefix" if le else "suffix"
+
+
+def triangle_split(op, any_axis):
+    """``(k, j, bound, rest)`` when the reduction stage ``op`` (several reduction axes)
+    holds one of its reduction axes ``k`` by a triangle ``bound`` (``k - j <= c`` or
+    ``>=``) with an output axis ``j`` that neither its sources nor its other
+    conditions ``rest`` mention; else None. ``any_axis=False`` looks at the first
+    reduction axis only (a reducer whose points must keep their row-major order)."""
+    red = op.body[0]
+    if len(red.axes) < 2:
+        return None
+    parts = conjunct_list(red.where)
+    for pos, k in enumerate(red.axes):
+        if pos and not any_axis:
+            break
+        for ci, c in enumerate(parts):
+            b = triangle_bound(c, k, op.axis)
+            if b is None:
+                continue
+            j = b[0]
+            rest = parts[:ci] + parts[ci + 1:]
+            if any(v is j for v in free_vars(list(red.source) + rest)):
+                continue
+            return k, j, c, rest
+    return None
+
+
+def nested_stages(op, split, inner_hook=None):
+    """The reduction stage ``op`` split at ``split`` (:func:`triangle_split`) into two::
+
+        T[k, ..] = reduce(s, axis=the other axes, where=rest)       (inner, over k and
+                                                                     the other outputs)
+        Y[.., j, ..] = reduce(T[k, ..], axis=k, where=bound)        (outer, a 1-D triangle)
+
+    A tuple reducer gives a tuple inner stage whose outputs are the outer's sources.
+
+    Args:
+        op: a ComputeOp whose body is a Reduce (every output of ``op`` one component).
+        split: ``(k, j, bound, rest)``.
+        inner_hook: ``outputs -> outputs`` applied to the inner stage's outputs before
+            the outer stage reads them (the simplifier scans them).
+    Returns:
+        ``(inner outputs, outer ComputeOp)``; the outer has ``op``'s axes' extents,
+        name, tag and attrs.
+    """
+    k, j, bound, rest = split
+    red = op.body[0]
+    others = [a for a in op.axis if a is not j]
+    lo = k.dom[0]
+    t_k = iter_var(0, k.extent, k.name, "spatial")
+    t_others = [iter_var(0, a.extent, a.name, "spatial") for a in others]
+    mapping = {k: t_k + lo if lo else t_k, **dict(zip(others, t_others))}
+    inner_axes = tuple(a for a in red.axes if a is not k)
+    where = substitute(all_of(rest), mapping)
+    srcs = tuple(substitute(s, mapping) for s in red.source)
+    body = tuple(make_reduce(red.combiner, srcs, inner_axes, where, v)
+                 for v in range(len(srcs)))
+    inner = ComputeOp(f"{op.name}_{k.name}", [t_k] + t_others, body, tag=op.tag).outputs
+    if inner_hook is not None:
+        inner = tuple(inner_hook(inner))
+    k2 = iter_var(k.dom[0], k.dom[1], k.name, "reduce")
+    y_axes = [iter_var(0, a.extent, a.name, "spatial") for a in op.axis]
+    ymap = dict(zip(op.axis, y_axes))
+    idx = tuple([k2 - lo if lo else k2] + [ymap[a] for a in others])
+    terms = tuple(t[idx] for t in inner)
+    outer_where = substitute(bound, {k: k2, **ymap})
+    outer = ComputeOp(op.name, y_axes,
+                      tuple(make_reduce(red.combiner, terms, (k2,), outer_where, v)
+                            for v in range(len(terms))),
+                      tag=op.tag, attrs=op.attrs)
+    return inner, outer
