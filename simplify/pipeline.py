@@ -29,6 +29,7 @@ from texpr.testing import random_feed
 from texpr.tensor import Tensor
 
 from .cleanup import algebraic_cleanup, eliminate_common_stages
+from .hoist import hoist_invariants
 from .inline import inline_elementwise, inline_tail_accesses
 from .lift import lift_conditions, split_sums
 from .materialize import iteration_count
@@ -57,6 +58,7 @@ PIPELINE = (
     inline_elementwise,         # stages that became elementwise go into their consumers
     inline_tail_accesses,       # reshape/flatten/adjoint sum after reductions: fold them in
     algebraic_cleanup,          # ISL / sympy canonical forms of index arithmetic
+    hoist_invariants,           # oversized bodies: shared invariant parts become stages
     eliminate_common_stages,    # identical stages merged; max reads its argmax stage
     restrict_to_support,        # an output zero outside an affine region iterates over it only
 )

@@ -1,0 +1,124 @@
+"""Store the large shared subexpressions of an oversized stage body in stages of their own.
+
+A stage body is a DAG: a subexpression used twice is one node. Code is written as
+a tree, though, and the emitter writes a shared subexpression out again under
+each guard that needs it. A body whose tree is much larger than its DAG -- the
+gradient of a bilinear sampler with reflection padding, where each sample
+coordinate (``|c + 0.5|``, a float ``%``, a parity, a clamp) and its
+derivative are read by four corners, two weights and their bounds checks, and
+the whole is summed over the channels -- became a 170 KB unit that numba and
+LLVM compiled for minutes in gigabytes (issue 51).
+
+The rule (:func:`hoist_invariants`): a stage whose body, written out with its
+inlined producers (:func:`texpr.simplify.materialize.written_out`), exceeds
+:data:`HOIST_TREE_NODES` nodes gets its shared subexpressions stored, the one
+that shrinks the tree most first, until the tree is within half the budget.
+A stored subexpression
+
+* depends only on the stage's own axes (never on a reduction axis): it becomes a
+  stage over the axes it uses, computed once instead of at every reduction point;
+* occurs at least twice in the tree and has at least :data:`HOIST_MIN_NODES`
+  nodes written out;
+* is not cheap (:func:`texpr.simplify.materialize.is_cheap`): a few index
+  operations are not worth a buffer. The new stage is tagged
+  :data:`texpr.simplify.materialize.HOISTED_TAG`, and the inlining rule keeps it;
+* cannot fail where the original did not evaluate it: each load's index is a
+  constant or one of the stage's axes within the tensor's extent, and no
+  integer division or modulo has a non-constant divisor. Float arithmetic
+  never raises; a value computed where a select would not have looked at it is
+  not read.
+
+Values are unchanged: the same expression is evaluated at the same points.
+"""
+
+from texpr import dtypes as dt
+from texpr import expr as E
+from texpr.expr import Load, Reduce
+from texpr.tensor import ComputeOp, topo_order
+from texpr.visitor import free_vars, post_order, transform
+
+from .graph import fresh_stage, rebuild
+from .materialize import HOISTED_TAG, inlined_stages, is_cheap, tree_counts, written_out
+
+#: a body written out as a tree larger than this gets its shared parts stored
+HOIST_TREE_NODES = 2000
+#: the smallest subexpression (written out) worth a stage of its own
+HOIST_MIN_NODES = 16
+#: at most this many subexpressions are stored per stage and pass
+HOIST_MAX_STAGES = 8
+
+
+def hoist_invariants(tensors):
+    """Store the shared subexpressions of oversized stage bodies (module docstring)."""
+    inl = inlined_stages(tensors)
+    big = set()
+    for op in topo_order(list(tensors)):
+        if (isinstance(op, ComputeOp) and len(op.body) == 1
+                and written_out(op.body[0], op.axis, inl).size > HOIST_TREE_NODES):
+            big.add(id(op))
+    if not big:
+        return list(tensors)
+
+    def fn(op, orig, _tmap):
+        if id(orig) not in big:
+            return None
+        body = hoisted_body(op)
+        if body is op.body[0]:
+            return None
+        return ComputeOp(op.name, op.axis, (body,), op.tag, op.attrs).outputs
+
+    return rebuild(tensors, fn)
+
+
+def hoisted_body(op):
+    """``op``'s body with its shared invariant subexpressions read from new stages
+    (the body itself when none qualifies)."""
+    body = op.body[0]
+    axes = {id(a): a for a in op.axis if a.dom[0] == 0}
+    for k in range(HOIST_MAX_STAGES):
+        size, mult = tree_counts(body)
+        if size[id(body)] <= HOIST_TREE_NODES // 2:
+            break
+        best, gain = None, 0
+        for n in post_order(body):
+            g = (mult[id(n)] - 1) * (size[id(n)] - 1)
+            if (mult[id(n)] >= 2 and size[id(n)] >= HOIST_MIN_NODES and g > gain
+                    and _storable(n, axes)):
+                best, gain = n, g
+        if best is None:
+            break
+        used = [a for a in op.axis if any(v is a for v in free_vars(best))]
+        stage = fresh_stage(f"{op.name}_part{k}", used, best, tag=HOISTED_TAG)
+        load = stage.output(0)[tuple(used)] if used else stage.output(0)[()]
+        body = transform(body, lambda node, b=best, ld=load: ld if node is b else None)
+    return body
+
+
+def _storable(n, axes):
+    """Whether ``n`` may become a stage over the axes in ``axes`` (module docstring)."""
+    if isinstance(n, (E.Const, E.Var, Reduce)) or n.dtype == "bool":
+        return False
+    if isinstance(n, Load) and all(isinstance(a, (E.Const, E.Var)) for a in n.args):
+        return False  # a plain load: nothing to save
+    if any(id(v) not in axes for v in free_vars(n)):
+        return False
+    for x in post_order(n):
+        if isinstance(x, Reduce):
+            return False
+        if isinstance(x, Load) and not _in_bounds(x, axes):
+            return False
+        if (isinstance(x, (E.FloorDiv, E.FloorMod, E.Div)) and dt.is_int(x.dtype)
+                and not (isinstance(x.args[1], E.Const) and x.args[1].value != 0)):
+            return False
+    return not is_cheap(n)
+
+
+def _in_bounds(ld, axes):
+    """Whether every index of ``ld`` is a constant or a stage axis within its extent."""
+    for a, n in zip(ld.args, ld.tensor.shape):
+        if isinstance(a, E.Const):
+            if not 0 <= a.value < n:
+                return False
+        elif not (isinstance(a, E.Var) and id(a) in axes and a.dom[1] <= n):
+            return False
+    return True
