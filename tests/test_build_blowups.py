@@ -177,3 +177,27 @@ def test_bilateral_grid_value_and_gradient(splat):
                    - (_bilateral_reference(b) * hh).sum()) / (2 * eps)
     np.testing.assert_allclose(dI, fd, rtol=1e-5, atol=1e-6)
     assert _largest_tree([res.value, res.result[0]]) <= HOIST_TREE_NODES
+
+
+def test_a_stage_read_once_is_not_inlined_where_the_consumer_repeats_its_load():
+    X = te.placeholder((6,), "X", "float64")
+
+    def chain(v):
+        for k in range(12):
+            v = te.tanh(v * 1.5 + 0.1 * k)
+        return v
+    P = te.compute((6,), lambda i: chain(X[i]), name="P")  # not cheap, about 50 nodes
+
+    def guarded(i):  # P[i] is one load in the DAG and 3^4 = 81 loads written out
+        e = P[i]
+        for k in range(4):
+            e = te.select(e > 0.1 * k, e * 2.0, e + 1.0)
+        return e
+    C = te.compute((6,), guarded, name="C")
+    at_load = simplify.materialize.tree_size(P.op.body[0])
+    assert at_load * 81 > simplify.materialize.INLINE_ONCE_TREE_NODES >= at_load
+    assert id(P.op) not in inlined_stages([C])
+    x = np.linspace(-1, 1, 6)
+    want = te.evaluate(C, {X: x})
+    np.testing.assert_allclose(te.evaluate(simplify.simplify([C])[0], {X: x}), want,
+                               rtol=1e-14)
