@@ -13,7 +13,8 @@ before the case.
 * ``gs_zeros_staged`` / ``gs_reflection_staged``: the same, the coordinates
   written as stages of their own.
 * ``bilateral``: a bilateral grid of an 8x8 image (scatter at a data-dependent
-  bin, three 5-tap blurs, trilinear slice; the gradient of the image).
+  bin, three 5-tap blurs, trilinear slice; the gradient of the image);
+  ``bilateral_float``: its slice computes the cell in y and x through floating point.
 
 ``--no-hoist`` sets ``simplify.hoist.HOIST_TREE_NODES`` out of reach in the
 workers: the builds as they were before the hoisting rule.
@@ -43,6 +44,7 @@ CASES = {
     "gs_zeros_staged": ("grid_sample", dict(padding="zeros", staged=True)),
     "gs_reflection_staged": ("grid_sample", dict(padding="reflection", staged=True)),
     "bilateral": ("bilateral_grid", {}),
+    "bilateral_float": ("bilateral_grid", dict(float_coords=True)),
 }
 
 

@@ -99,14 +99,17 @@ def _blur(T, axis, name):
     return te.compute(shape, body, name=name)
 
 
-def bilateral_grid(h=8, w=8, s=2, bins=4, splat="scatter", dtype="float64"):
+def bilateral_grid(h=8, w=8, s=2, bins=4, splat="scatter", float_coords=False,
+                   dtype="float64"):
     """A bilateral filter of an image I in [0, 1] through a grid of cells s x s x
     1 / (bins - 1): each pixel is scattered (value and weight 1) into the cell at
     ``(y // s, x // s, int(floor(I * (bins - 1) + 0.5)))``, the value and weight
     grids are blurred by 5 taps along each axis, and each pixel reads them back
     trilinearly at ``(y / s, x / s, I * (bins - 1))``; the output is value / weight.
     ``splat="scatter"`` writes the splat as a scatter-add stage, ``"reduce"`` as a sum
-    over the pixels whose cell is the grid point (a data-dependent ``where=``).
+    over the pixels whose cell is the grid point (a data-dependent ``where=``). With
+    ``float_coords`` the slice computes its grid cell and weights in y and x through
+    floating point too (``floor(y * (1 / s))``), as it does in z.
 
     Returns:
         ``([I, H], loss)``: I ``(h, w)``, H ``(h, w)``.
@@ -141,7 +144,13 @@ def bilateral_grid(h=8, w=8, s=2, bins=4, splat="scatter", dtype="float64"):
     z0 = te.compute((h, w), lambda y, x: te.cast(te.floor(cz[y, x]), "int64"), name="z0")
 
     def slice_(T, y, x):
-        fy, fx = (y % s) * (1.0 / s), (x % s) * (1.0 / s)
+        if float_coords:
+            cy, cx = te.cast(y, dtype) * (1.0 / s), te.cast(x, dtype) * (1.0 / s)
+            y0, x0 = te.cast(te.floor(cy), "int64"), te.cast(te.floor(cx), "int64")
+            fy, fx = cy - te.floor(cy), cx - te.floor(cx)
+        else:
+            y0, x0 = y // s, x // s
+            fy, fx = (y % s) * (1.0 / s), (x % s) * (1.0 / s)
         fz = cz[y, x] - te.floor(cz[y, x])
         total = 0.0
         for dy in (0, 1):
@@ -151,7 +160,7 @@ def bilateral_grid(h=8, w=8, s=2, bins=4, splat="scatter", dtype="float64"):
                     wt = ((fy if dy else 1.0 - fy) * (fx if dx else 1.0 - fx)
                           * (fz if dz else 1.0 - fz))
                     total = total + te.select(te.all(z >= 0, z < bins),
-                                              T[y // s + dy, x // s + dx, z] * wt, 0.0)
+                                              T[y0 + dy, x0 + dx, z] * wt, 0.0)
         return total
 
     out = te.compute((h, w), lambda y, x: slice_(val, y, x) / (slice_(wgt, y, x) + 1e-3),

@@ -159,9 +159,10 @@ def _bilateral_reference(im, h=8, w=8, s=2, bins=4):
     return out
 
 
-@pytest.mark.parametrize("splat", ["scatter", "reduce"])
-def test_bilateral_grid_value_and_gradient(splat):
-    (I, H), loss = bilateral_grid(splat=splat)
+@pytest.mark.parametrize("splat,float_coords", [("scatter", False), ("reduce", False),
+                                                ("scatter", True)])
+def test_bilateral_grid_value_and_gradient(splat, float_coords):
+    (I, H), loss = bilateral_grid(splat=splat, float_coords=float_coords)
     res = te.differentiate(loss, [I])
     rng = np.random.default_rng(5)
     im, hh = rng.uniform(0.05, 0.95, (8, 8)), rng.standard_normal((8, 8))
