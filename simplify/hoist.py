@@ -22,11 +22,12 @@ A stored subexpression
 * is not cheap (:func:`texpr.simplify.materialize.is_cheap`): a few index
   operations are not worth a buffer. The new stage is tagged
   :data:`texpr.simplify.materialize.HOISTED_TAG`, and the inlining rule keeps it;
-* cannot fail where the original did not evaluate it: each load's index is a
-  constant or one of the stage's axes within the tensor's extent, and no
-  integer division or modulo has a non-constant divisor. Float arithmetic
-  never raises; a value computed where a select would not have looked at it is
-  not read.
+* is a float value that cannot fail where the original did not evaluate it:
+  each load's index is a constant or one of the stage's axes within the
+  tensor's extent, and integer arithmetic only combines axes and constants
+  (arithmetic on integer values is checked and may fail; a division by zero
+  would). Float arithmetic never raises; a value computed where a select would
+  not have looked at it is not read.
 
 Values are unchanged: the same expression is evaluated at the same points.
 """
@@ -46,6 +47,8 @@ HOIST_TREE_NODES = 2000
 HOIST_MIN_NODES = 16
 #: at most this many subexpressions are stored per stage and pass
 HOIST_MAX_STAGES = 8
+
+_INT_ARITH = (E.Add, E.Sub, E.Mul, E.FloorDiv, E.FloorMod, E.Div, E.Min, E.Max)
 
 
 def hoist_invariants(tensors):
@@ -96,7 +99,7 @@ def hoisted_body(op):
 
 def _storable(n, axes):
     """Whether ``n`` may become a stage over the axes in ``axes`` (module docstring)."""
-    if isinstance(n, (E.Const, E.Var, Reduce)) or n.dtype == "bool":
+    if isinstance(n, (E.Const, E.Var, Reduce)) or not dt.is_float(n.dtype):
         return False
     if isinstance(n, Load) and all(isinstance(a, (E.Const, E.Var)) for a in n.args):
         return False  # a plain load: nothing to save
@@ -107,6 +110,9 @@ def _storable(n, axes):
             return False
         if isinstance(x, Load) and not _in_bounds(x, axes):
             return False
+        if dt.is_int(x.dtype) and isinstance(x, _INT_ARITH) and not all(
+                isinstance(a, (E.Const, E.Var)) for a in x.args):
+            return False  # checked integer arithmetic on values may fail (codegen.bounds)
         if (isinstance(x, (E.FloorDiv, E.FloorMod, E.Div)) and dt.is_int(x.dtype)
                 and not (isinstance(x.args[1], E.Const) and x.args[1].value != 0)):
             return False

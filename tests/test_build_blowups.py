@@ -202,3 +202,38 @@ def test_a_stage_read_once_is_not_inlined_where_the_consumer_repeats_its_load():
     want = te.evaluate(C, {X: x})
     np.testing.assert_allclose(te.evaluate(simplify.simplify([C])[0], {X: x}), want,
                                rtol=1e-14)
+
+
+def _guarded_chain(index):
+    # sum_k of a shared chain of X at index(i) written out 81 times, times W[k]
+    X = te.placeholder((6,), "X", "float64")
+    J = te.placeholder((6,), "J", "int64")
+    W = te.placeholder((3,), "W", "float64")
+    k = te.reduce_axis(3, "k")
+
+    def body(i):
+        v = X[index(J, i)]
+        for t in range(12):
+            v = te.tanh(v * 1.5 + 0.1 * t)
+        e = v
+        for t in range(4):
+            e = te.select(e > 0.1 * t, e * 2.0, e + 1.0)
+        return te.sum(e * W[k], axis=k)
+    Y = te.compute((6,), body, name="Y")
+    return (X, J, W), Y
+
+
+@pytest.mark.parametrize("data_index", [False, True])
+def test_only_subexpressions_that_cannot_fail_are_stored(data_index):
+    index = (lambda J, i: J[i]) if data_index else (lambda J, i: i)
+    (X, J, W), Y = _guarded_chain(index)
+    assert simplify.materialize.tree_size(Y.op.body[0]) > HOIST_TREE_NODES
+    out, = hoist_invariants([Y])
+    parts = [op for op in te.topo_order([out]) if "_part" in op.name]
+    # X[J[i]] may be out of bounds where the original never read it: kept in place
+    assert bool(parts) is not data_index
+    feed = {X: np.linspace(-1, 1, 6), J: np.array([5, 0, 3, 3, 1, 2]), W: np.arange(3.0)}
+    np.testing.assert_allclose(te.evaluate(out, feed), te.evaluate(Y, feed), rtol=1e-14)
+    if parts:
+        assert all(op.tag == simplify.materialize.HOISTED_TAG for op in parts)
+        assert simplify.materialize.tree_size(out.op.body[0]) <= HOIST_TREE_NODES // 2
