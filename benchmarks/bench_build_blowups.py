@@ -25,6 +25,21 @@ Command (OpenBLAS's core-type overrides removed for the benchmark only)::
         python benchmarks/bench_build_blowups.py [--cases gs_zeros,gs_reflection] [--no-hoist]
 
 Timings drift with the machine's load: compare numbers from one run only.
+
+Measured on the shared 2-core machine, 2026-12-07, quiet-run, one run after
+the other (load average 6.2-8.7; seconds are differentiate + build, cold)::
+
+    case                  before (--no-hoist)         after
+    gs_zeros                9.4 s   314 MB   6 units    10.9 s  314 MB   6 units
+    gs_reflection         127.0 s  2607 MB   7 units    13.0 s  386 MB  13 units
+    gs_zeros_staged         6.8 s   252 MB   8 units     7.7 s  252 MB   8 units
+    gs_reflection_staged    7.0 s   208 MB  10 units     8.0 s  208 MB  10 units
+    bilateral              12.9 s   253 MB  22 units    13.1 s  261 MB  29 units
+    bilateral_float        15.9 s   256 MB  22 units    13.5 s  267 MB  29 units
+
+Reflection against zero padding: 13.5x before, 1.2x after. The reflection
+sampler's gradient unit was 170 KB of source before (its grid gradient written
+out as a tree: 11,619 nodes), 48 KB after (991 nodes; zero padding's: 1,227).
 """
 
 import argparse
