@@ -78,7 +78,10 @@ def hoisted_body(op):
     (the body itself when none qualifies)."""
     body = op.body[0]
     axes = {id(a): a for a in op.axis if a.dom[0] == 0}
-    for k in range(HOIST_MAX_STAGES):
+    # parts stored by an earlier round keep their names: number the new ones after them
+    first = len({id(x.tensor) for x in post_order(body)
+                 if isinstance(x, Load) and getattr(x.tensor.op, "tag", "") == HOISTED_TAG})
+    for k in range(first, first + HOIST_MAX_STAGES):
         size, mult = tree_counts(body)
         if size[id(body)] <= HOIST_TREE_NODES // 2:
             break
