@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import texpr as te
-from texpr import simplify
+from texpr import codegen, simplify
 from texpr.simplify import hoist
 from texpr.simplify.hoist import HOIST_TREE_NODES, hoist_invariants
 from texpr.simplify.materialize import inlined_stages, written_out
@@ -62,6 +62,19 @@ def test_grid_sample_value_and_gradients_match_pytorch(padding, staged):
     got_v, got_dx, got_dg = te.evaluate([res.value] + list(res.result), feed)
     np.testing.assert_allclose(got_v, want_v, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(got_dx, want_dx, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got_dg, want_dg, rtol=1e-10, atol=1e-12)
+
+
+def test_the_compiled_reflection_sampler_matches_pytorch():
+    # the value and the grid's gradient: the stages that read the stored parts
+    inputs, loss = grid_sample(channels=2)
+    X, G, _H = inputs
+    res = te.differentiate(loss, [G])
+    kernel = codegen.build([res.value, res.result[0]], inputs, parallel=False)
+    feed = _feed(inputs, seed=2)
+    want_v, _want_dx, want_dg = _torch_grads(feed, inputs, "reflection")
+    got_v, got_dg = kernel(*(feed[t] for t in inputs))
+    np.testing.assert_allclose(got_v, want_v, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(got_dg, want_dg, rtol=1e-10, atol=1e-12)
 
 
