@@ -15,8 +15,10 @@ inlined producers (:func:`texpr.simplify.materialize.written_out`), exceeds
 that shrinks the tree most first, until the tree is within half the budget.
 A stored subexpression
 
-* depends only on the stage's own axes (never on a reduction axis): it becomes a
-  stage over the axes it uses, computed once instead of at every reduction point;
+* depends only on the stage's own axes (never on a reduction axis), and not on
+  all of those of two or more points (output or reduction axes): it becomes a
+  stage over the axes it uses, computed once for all the points of the others
+  instead of at each (loop-invariant code motion into a stage);
 * occurs at least twice in the tree and has at least :data:`HOIST_MIN_NODES`
   nodes written out;
 * is not cheap (:func:`texpr.simplify.materialize.is_cheap`): a few index
@@ -81,6 +83,9 @@ def hoisted_body(op):
     # parts stored by an earlier round keep their names: number the new ones after them
     first = len({id(x.tensor) for x in post_order(body)
                  if isinstance(x, Load) and getattr(x.tensor.op, "tag", "") == HOISTED_TAG})
+    # the loops a stored part leaves: an axis of two or more points that it does not read
+    loops = [a for a in op.axis + (body.axes if isinstance(body, Reduce) else ())
+             if a.dom[1] - a.dom[0] >= 2]
     for k in range(first, first + HOIST_MAX_STAGES):
         size, mult = tree_counts(body)
         if size[id(body)] <= HOIST_TREE_NODES // 2:
@@ -89,7 +94,7 @@ def hoisted_body(op):
         for n in post_order(body):
             g = (mult[id(n)] - 1) * (size[id(n)] - 1)
             if (mult[id(n)] >= 2 and size[id(n)] >= HOIST_MIN_NODES and g > gain
-                    and _storable(n, axes)):
+                    and _storable(n, axes) and _leaves_a_loop(n, loops)):
                 best, gain = n, g
         if best is None:
             break
@@ -98,6 +103,14 @@ def hoisted_body(op):
         load = stage.output(0)[tuple(used)] if used else stage.output(0)[()]
         body = transform(body, lambda node, b=best, ld=load: ld if node is b else None)
     return body
+
+
+def _leaves_a_loop(n, loops):
+    """Whether ``n`` does not read one of ``loops``: stored, it is computed once for
+    all their points instead of at each (a stage as large as its consumer would
+    only move the code)."""
+    used = {id(v) for v in free_vars(n)}
+    return any(id(a) not in used for a in loops)
 
 
 def _storable(n, axes):
