@@ -26,20 +26,24 @@ Command (OpenBLAS's core-type overrides removed for the benchmark only)::
 
 Timings drift with the machine's load: compare numbers from one run only.
 
-Measured on the shared 2-core machine, 2026-12-07, quiet-run, one run after
-the other (load average 6.2-8.7; seconds are differentiate + build, cold)::
+Measured on the shared 2-core machine, 2026-12-07 20:00-20:04 UTC, quiet-run,
+"after" then "before" in one run (load average at each case's start in brackets;
+seconds are differentiate + build, cold)::
 
-    case                  before (--no-hoist)         after
-    gs_zeros                9.4 s   314 MB   6 units    10.9 s  314 MB   6 units
-    gs_reflection         127.0 s  2607 MB   7 units    13.0 s  386 MB  13 units
-    gs_zeros_staged         6.8 s   252 MB   8 units     7.7 s  252 MB   8 units
-    gs_reflection_staged    7.0 s   208 MB  10 units     8.0 s  208 MB  10 units
-    bilateral              12.9 s   253 MB  22 units    13.1 s  261 MB  29 units
-    bilateral_float        15.9 s   256 MB  22 units    13.5 s  267 MB  29 units
+    case                  before (--no-hoist)                after
+    gs_zeros                8.7 s   314 MB   6 units [5.4]    8.8 s  314 MB   6 units [5.0]
+    gs_reflection         109.8 s  2615 MB   7 units [5.2]   10.9 s  386 MB  13 units [5.1]
+    gs_zeros_staged        10.1 s   252 MB   8 units [8.2]    6.0 s  252 MB   8 units [5.5]
+    gs_reflection_staged   10.1 s   208 MB  10 units [8.7]    6.0 s  208 MB  10 units [5.5]
+    bilateral              18.0 s   253 MB  22 units [9.5]    9.6 s  253 MB  22 units [5.4]
+    bilateral_float        20.7 s   256 MB  22 units [11.4]  10.5 s  256 MB  22 units [5.4]
 
-Reflection against zero padding: 13.5x before, 1.2x after. The reflection
-sampler's gradient unit was 170 KB of source before (its grid gradient written
-out as a tree: 11,619 nodes), 48 KB after (991 nodes; zero padding's: 1,227).
+(The staged samplers and the bilateral grids build the same units before and
+after: their differences are the load's.) Reflection against zero padding:
+12.6x before, 1.24x after. The reflection sampler's grid-gradient unit was 170 KB
+of source before (its body written out as a tree: 11,619 nodes), 48 KB after
+(991 nodes; zero padding's largest body: 1,227). An earlier run at load 5.5-6.5
+gave 127.0 -> 13.0 s against 9.4-10.9 s for zero padding.
 """
 
 import argparse
