@@ -41,8 +41,8 @@ seconds are differentiate + build, cold)::
 (The staged samplers and the bilateral grids build the same units before and
 after: their differences are the load's.) Reflection against zero padding:
 12.6x before, 1.24x after. The reflection sampler's grid-gradient unit was 170 KB
-of source before (its body written out as a tree: 11,619 nodes), 48 KB after
-(991 nodes; zero padding's largest body: 1,227). An earlier run at load 5.5-6.5
+of source before (its body written out as a tree: 11,619 nodes), 46 KB after
+(991 nodes; zero padding's: 44 KB, 1,227 nodes). An earlier run at load 5.5-6.5
 gave 127.0 -> 13.0 s against 9.4-10.9 s for zero padding.
 """
 
