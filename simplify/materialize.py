@@ -22,10 +22,13 @@ default schedule):
     nothing): an elementwise consumer's box, or a reduction's domain. A
     broadcast is not: the adjoint of ``Y[i] = sum of 62 terms of X[i, k]``,
     read as ``dY[j0]`` by every ``dX[j0, j1]``, was recomputed 62 times per
-    point (a 198 KB kernel built in 186 s; materialised: 19 KB, 12 s);
+    point (a 198 KB kernel built in 186 s; materialised: 19 KB, 12 s), and
+    whose body, written out at each occurrence of that load in the consumer's
+    tree, stays within :data:`INLINE_ONCE_TREE_NODES`;
 
   otherwise (an expensive body read at different indices by more than one
-  consumer access, or re-read along a reduction) it is materialised.
+  consumer access, or re-read along a reduction) it is materialised, and so is
+  a stage :mod:`texpr.simplify.hoist` stored (tagged :data:`HOISTED_TAG`).
 
 The iteration count of a graph is the sum over its materialised stages of the
 points of their iteration domains: the spatial box for an elementwise stage,
@@ -66,6 +69,9 @@ CHEAP_TREE_NODES = 96
 #: times, grew 3x per stage (7 stages: 107 KB of text, a 607 s build; 8 ran out
 #: of 21 GB)
 INLINE_ONCE_TREE_NODES = 2000
+#: the tag of a stage :mod:`texpr.simplify.hoist` stored out of an oversized body:
+#: never inlined back
+HOISTED_TAG = "hoisted"
 
 _CHEAP_KINDS = (E.Const, E.Var, E.Add, E.Sub, E.Mul, E.Min, E.Max, E.EQ, E.NE, E.LT, E.LE,
                 E.GT, E.GE, E.And, E.Or, E.Not, E.Select, E.Cast, E.FloorDiv, E.FloorMod,
@@ -138,6 +144,29 @@ def written_out(body, axes=(), inlined=None):
         uses[id(n)] = tuple(u) if axes else zero
         work[id(n)], loads[id(n)] = wk, ld
     return Written(size[id(body)], uses[id(body)], work[id(body)], loads[id(body)])
+
+
+def tree_counts(body):
+    """``(size, mult)`` of ``body`` (an Expr or a tuple of Exprs) written out as a
+    tree: ``size[id(n)]`` the nodes of each distinct subexpression ``n`` written
+    out, ``mult[id(n)]`` how many times ``n`` occurs in the whole tree."""
+    roots = (body,) if isinstance(body, E.Expr) else tuple(body)
+    order = post_order(roots)
+    size, mult = {}, {id(n): 0 for n in order}
+    for n in order:
+        size[id(n)] = 1 + sum(size[id(c)] for c in n.args)
+    for r in roots:
+        mult[id(r)] += 1
+    for n in reversed(order):  # parents before children
+        for c in n.args:
+            mult[id(c)] += mult[id(n)]
+    return size, mult
+
+
+def occurrences(body, node):
+    """How many times ``node`` occurs in ``body`` (an Expr or a tuple of Exprs)
+    written out as a tree."""
+    return tree_counts(body)[1].get(id(node), 0)
 
 
 def tree_size(body, inlined=None):
@@ -232,7 +261,7 @@ def should_inline(op, accs, output_ids, inlined=None):
             ``op`` (:func:`inlined_stages`), written out when judging whether
             ``op`` is cheap, and how large it is at its one load.
     """
-    if not is_elementwise(op) or not accs:
+    if not is_elementwise(op) or not accs or op.tag == HOISTED_TAG:
         return False
     if all(ld is None and scan_init_only(c, op) for c, ld in accs):
         # a cheap scan init: computed straight into the scan's first steps
@@ -253,7 +282,9 @@ def should_inline(op, accs, output_ids, inlined=None):
     if inlined is not None:
         w = written_out(op.body[0], op.axis, inlined)
         at_load = w.size + sum(c * (tree_size(i, inlined) - 1) for c, i in zip(w.uses, ld.args))
-        if at_load > INLINE_ONCE_TREE_NODES:
+        # the one load is written out wherever the consumer's tree repeats it (a
+        # shared subexpression under several guards: issue 51's grid_sample)
+        if at_load * occurrences(consumer.body, ld) > INLINE_ONCE_TREE_NODES:
             return False
     reds = [b for b in consumer.body if isinstance(b, Reduce)]
     if not reds:

@@ -24,6 +24,7 @@ counting by barvinok (Verdoolaege et al., Algorithmica 2007).
 
 from . import runner, scan_body
 from .cleanup import algebraic_cleanup, eliminate_common_stages
+from .hoist import hoist_invariants
 from .inline import inline_elementwise, inline_tail_accesses
 from .lift import lift_conditions, split_sums
 from .prefix_scan import prefix_sums_to_scans
@@ -59,6 +60,7 @@ PIPELINE = (
     inline_elementwise,         # stages that became elementwise go into their consumers
     inline_tail_accesses,       # reshape/flatten/adjoint sum after reductions: fold them in
     algebraic_cleanup,          # ISL / sympy canonical forms of index arithmetic
+    hoist_invariants,           # oversized bodies: shared invariant parts become stages
     eliminate_common_stages,    # identical stages merged; max reads its argmax stage
     restrict_to_support,        # an output zero outside an affine region iterates over it only
 )
