@@ -33,6 +33,19 @@ steps; an external input ``X`` receives the adjoint of the unrolled body with
 the heads ``G_b`` on the updates at the steps ``t >= L`` (the ordinary
 contributions, summed over all steps). The reverse scan is a scan like any
 other, so the gradient of a gradient goes through the same construction.
+
+Store or recompute (``te.scan(..., checkpoint=)``, docs/pipeline.md). A body stage
+``B`` that reads an external input needs its adjoint at every step. The reverse
+scan forms it at each reverse step (at the smallest lag ``k``, for the step
+``t = T - 1 - tau + k``); ``"store"`` makes it an extra output ``Z_B`` of the
+reverse scan (a state that nothing in the body reads) and the external's
+contribution reads ``Z_B[T - 1 - t + k]``; ``"recompute"`` forms it again over the
+unrolled body from ``G``. ``"auto"`` stores ``B``'s adjoint when a stage between
+``B`` and the updates reduces (the adjoint then holds the transposed reduction,
+which recomputing would redo) and recomputes the others (elementwise and
+shifted adjoints cost what a read does). An adjoint that is an update's own
+``G`` is never stored. Storing needs ``k <= L``: the reverse scan reaches the
+first step the body runs at.
 """
 
 from . import dtypes as dt
