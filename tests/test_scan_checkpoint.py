@@ -165,3 +165,21 @@ def test_checkpoint_errors():
     s = te.scan(init, upd2, S, name="lag2")
     (dX,) = te.differentiate(s, [X]).result
     assert dX.shape == (6, 2, 6, 2)
+
+
+def test_step_tests_that_every_step_passes_are_folded_before_lowering():
+    # the reverse scan's guard tau >= 1 sat in each disjunct of a union of equalities
+    # (the LSTM's gate adjoint): folded, the step's loop nest runs the union's points,
+    # not the box with a test per point
+    from texpr.codegen.loopnest.scan_lower import _fold_step_tests
+    from texpr.printer import expr_str
+
+    from texpr.expr import var
+
+    t, r, j = var("t"), var("r"), var("j")
+    union = te.any(te.all(t >= 1, r == j), te.all(t >= 1, r + 8 == j))
+    assert expr_str(_fold_step_tests(union, t, 1, 10)) == "r == j || r + 8 == j"
+    assert expr_str(_fold_step_tests(union, t, 0, 10)) == expr_str(union)  # t = 0 fails
+    assert expr_str(_fold_step_tests(te.all(t < 0, r == j), t, 1, 10)) == "false"
+    assert expr_str(_fold_step_tests(te.all(t <= 9, 2 * t >= 3, r == j), t, 2, 10)) == "r == j"
+    assert expr_str(_fold_step_tests(t >= 5, t, 1, 10)) == "t >= 5"
