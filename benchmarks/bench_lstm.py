@@ -35,6 +35,13 @@ and batch 32, T 64, hidden 128 (issue 51's, where the reverse scan dominates);
     ... --no-step-gemm    (the scan steps' matrix products as loop nests: the A/B of
                            codegen/loopnest/scan_gemm.py)
 
+Measured 2026-12-07 on the 2-core machine (load average 4-6, ``--torch-threads 1``,
+median of 20): batch 32, T 64, hidden 128: LSTM 79 ms vs PyTorch 13.5 ms (5.9x; 1.49 s
+before the scan loop nests folded their step tests, codegen/loopnest/scan_lower.py),
+reverse/forward scan 1.5x; GRU 66 ms vs 19.5 ms (3.4x; 2.15 s before), reverse/forward
+2.25x. Batch 64, T 8, hidden 64: LSTM 11-12.5 ms vs 2.5 ms; some runs of texpr's kernel
+took 10x longer on the loaded machine (108 ms), with or without the fold.
+
 Timings drift between runs and machines: compare ratios from one run only.
 """
 
