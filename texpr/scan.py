@@ -43,7 +43,10 @@ from .tensor import ComputeOp, Operation, PlaceholderOp, Tensor, as_tensor_list,
     topo_order
 from .visitor import transform
 
-__all__ = ["ScanOp", "scan"]
+__all__ = ["ScanOp", "scan", "CHECKPOINT_CHOICES"]
+
+#: the values of ``te.scan(..., checkpoint=)``; see :mod:`texpr.scan_adjoint`
+CHECKPOINT_CHOICES = ("auto", "store", "recompute")
 
 
 # ---- affine reasoning on the time axis --------------------------------------------
@@ -155,6 +158,10 @@ class ScanOp(Operation):
         self.init, self.update = tuple(init), tuple(update)
         self.state_placeholder = tuple(state_placeholder)
         self.tag, self.attrs = tag, dict(attrs or {})
+        mode = self.attrs.get("checkpoint", "auto")
+        if mode not in CHECKPOINT_CHOICES:
+            raise ScanError(f"scan {name}: checkpoint={mode!r}; expected one of "
+                            f"{', '.join(repr(c) for c in CHECKPOINT_CHOICES)}")
         n = len(self.state_placeholder)
         if not n or len(self.init) != n or len(self.update) != n:
             raise ScanShapeError(
@@ -177,6 +184,12 @@ class ScanOp(Operation):
 
     #: set by the simplifier once the body went through it (a pass-local fact)
     body_simplified = False
+
+    @property
+    def checkpoint(self):
+        """How the adjoint gets the body's per-step adjoints (``"auto"``, ``"store"``
+        or ``"recompute"``; :mod:`texpr.scan_adjoint` gives the rule)."""
+        return self.attrs.get("checkpoint", "auto")
 
     def input_tensors(self):
         return list(self._inputs)
@@ -353,7 +366,8 @@ def _check_reads(name, op, root, t, L, states, body_ids):
     visit(root, L)
 
 
-def scan(init, update, state_placeholder, inputs=None, name="scan", tag="", attrs=None):
+def scan(init, update, state_placeholder, inputs=None, name="scan", tag="", attrs=None,
+         checkpoint="auto"):
     """A recurrence over a leading time axis, as TVM's ``te.scan``.
 
     With one state of shape ``(T,) + R``::
@@ -379,6 +393,13 @@ def scan(init, update, state_placeholder, inputs=None, name="scan", tag="", attr
             state (documentation, as in TVM; each is checked not to depend on a
             state).
         name: the stage's name; tag, attrs: free-form, as for ``te.compute``.
+        checkpoint: what the gradient does with the step adjoints of the body's
+            stages that read the scan's inputs (an RK4 body's stages, a cell's
+            gates): ``"store"`` them as extra outputs of the reverse scan, computed
+            once per reverse step; ``"recompute"`` them for all steps after the
+            reverse scan, from its stored states; ``"auto"`` (the default) stores
+            each one that is more than its update's adjoint. See
+            :mod:`texpr.scan_adjoint` (and docs/pipeline.md, "Scans") for the rule.
     Returns:
         A Tensor of shape ``(T,) + R`` (the whole sequence of states) for a
         single state; a list of Tensors, one per state, for lists.
@@ -390,7 +411,8 @@ def scan(init, update, state_placeholder, inputs=None, name="scan", tag="", attr
         ScanInitError: a read at ``t - k`` can fall before step 0 (``k > L``
             without a guard ``t >= k``).
         ScanError: a state placeholder that is not a placeholder, an ``inputs``
-            entry that depends on a state, a scatter-add in the body.
+            entry that depends on a state, a scatter-add in the body, a
+            ``checkpoint`` other than ``"auto"``, ``"store"`` or ``"recompute"``.
 
     Gradients: ``te.differentiate`` through a scan builds a scan in reverse
     time over the stored states (:mod:`texpr.scan_adjoint`).
@@ -411,6 +433,9 @@ def scan(init, update, state_placeholder, inputs=None, name="scan", tag="", attr
     states = as_tensor_list(state_placeholder, f"scan {name}: state_placeholder")
     inits = as_tensor_list(init, f"scan {name}: init")
     updates = as_tensor_list(update, f"scan {name}: update")
+    attrs = dict(attrs or {})
+    if checkpoint != "auto":
+        attrs["checkpoint"] = checkpoint
     op = ScanOp(name, inits, updates, states, tag, attrs)
     if inputs is not None:
         body_ids = {id(t) for t in op.body_tensors}

@@ -33,11 +33,24 @@ steps; an external input ``X`` receives the adjoint of the unrolled body with
 the heads ``G_b`` on the updates at the steps ``t >= L`` (the ordinary
 contributions, summed over all steps). The reverse scan is a scan like any
 other, so the gradient of a gradient goes through the same construction.
+
+Store or recompute (``te.scan(..., checkpoint=)``, docs/pipeline.md). A body stage
+``B`` that reads an external input needs its adjoint at every step. The reverse
+scan forms it at each reverse step (at the smallest lag ``k``, for the step
+``t = T - 1 - tau + k``); ``"store"`` makes it an extra output ``Z_B`` of the
+reverse scan (a state that nothing in the body reads) and the external's
+contribution reads ``Z_B[T - 1 - t + k]``; ``"recompute"`` forms it again over the
+unrolled body from ``G``. ``"auto"`` stores ``B``'s adjoint when a stage between
+``B`` and the updates reduces (the adjoint then holds the transposed reduction,
+which recomputing would redo) and recomputes the others (elementwise and
+shifted adjoints cost what a read does). An adjoint that is an update's own
+``G`` is never stored. Storing needs ``k <= L``: the reverse scan reaches the
+first step the body runs at.
 """
 
 from . import dtypes as dt
 from .adjoint_stages import sum_stage
-from .errors import TexprError
+from .errors import ScanError, TexprError
 from .expr import Load, Reduce, const, load, select, var, iter_var, cast
 from .jacobian import contribution
 from .scan import ScanOp, affine_in
@@ -68,18 +81,24 @@ def _guard(body, cond):
     return tuple(out)
 
 
-def _accumulate(ops, seeds, targets, cache):
+def _accumulate(ops, seeds, targets, cache, adj=None, fixed=None):
     """Reverse accumulation over the compute stages ``ops`` (producers first) from
     ``seeds`` ({id(tensor): (tensor, head)}); returns {id(target): (target, adjoint)}
-    for the tensors among ``targets`` (ids) that receive contributions."""
+    for the tensors among ``targets`` (ids) that receive contributions. ``adj``, when
+    given, receives the adjoint of every output of ``ops`` that gets one
+    ({id(tensor): adjoint}); ``fixed`` ({id(tensor): adjoint}) gives the adjoints of
+    some outputs outright (stored ones: the contributions to them go unused)."""
     inside = {id(o) for op in ops for o in op.outputs}
     parts = {}
-    adj = {}
+    adj = {} if adj is None else adj
+    fixed = fixed or {}
     for tid, (t, h) in seeds.items():
         parts.setdefault(tid, (t, []))[1].append(h)
     for op in reversed(ops):
         for out in op.outputs:
             got = parts.get(id(out))
+            if id(out) in fixed:
+                got = (out, [fixed[id(out)]])
             if got is None or not dt.is_float(out.dtype):
                 continue
             hs = got[1]
@@ -189,10 +208,11 @@ class _ScanAdjoint:
             else:
                 got[1].append(c)
 
+        ext = [t for t in op.externals if id(t) in wanted and dt.is_float(t.dtype)]
         if T > L:
             self.unrolled()
             self.step_graph()
-            Q = self.reverse_scan()
+            Q = self.reverse_scan({id(t) for t in ext})
         else:
             Q = None
         # the adjoint of each whole state sequence, G_a[p, t] (prefix first)
@@ -217,7 +237,6 @@ class _ScanAdjoint:
             add(init, ComputeOp(f"d_{init.name}__{op.name}", p + jj, (g[p + jj],),
                                 tag="adjoint_contribution",
                                 attrs={"out": op.outputs[a].name, "inp": init.name}).output(0))
-        ext = [t for t in op.externals if id(t) in wanted]
         if Q is not None and ext:
             seeds = {}
             for a, u in enumerate(op.update):
@@ -229,13 +248,30 @@ class _ScanAdjoint:
                               tag="scan_update_head", attrs={"of": op.name}).output(0)
                 uu = self.unrolled_of[id(u)]
                 seeds[id(uu)] = (uu, h)
-            got = _accumulate(self.unrolled_ops, seeds, {id(t) for t in ext}, {})
+            # a stored step adjoint is read from the reverse scan, not recomputed
+            fixed = {id(self.unrolled_of[oid]): self._stored_head(oid)
+                     for oid in self.stored_of}
+            got = _accumulate(self.unrolled_ops, seeds, {id(t) for t in ext}, {},
+                              fixed=fixed)
             for tid, (t, c) in got.items():
                 add(t, c)
         return {tid: (t, cs[0] if len(cs) == 1 else sum_stage(t, cs, f"d_{t.name}__{op.name}"))
                 for tid, (t, cs) in result.items()}
 
-    def reverse_scan(self):
+    def _stored_head(self, oid):
+        """The adjoint of the body tensor ``id(o) == oid`` at every step (shape ``P +
+        o.shape``, zero at the steps ``t < L``), read from the reverse scan's
+        output that stores it."""
+        T, L, P = self.T, self.L, self.prefix
+        z, k, o = self.stored_of[oid]
+        p = _axes(P, "p")
+        tt = _axes(o.shape, "j")
+        value = z[(T - 1 + k - tt[0],) + p + tt[1:]]
+        return ComputeOp(f"d_{o.name}_unrolled", p + tt,
+                         (select(tt[0] >= L, value, const(0, value.dtype)),),
+                         tag="scan_stored_adjoint", attrs={"of": self.op.name}).output(0)
+
+    def reverse_scan(self, ext_ids):
         op, T, L, P = self.op, self.T, self.L, self.prefix
         n = len(self.states)
         thetas = []
@@ -247,10 +283,12 @@ class _ScanAdjoint:
             us = self.step_of[id(u)]
             seeds[id(us)] = (us, th)
         lag_ids = {id(lag): key for key, lag in self.lags.items()}
-        step_adj = _accumulate(self.step_ops, seeds, set(lag_ids), {})
+        self.step_adjoints = {}
+        step_adj = _accumulate(self.step_ops, seeds, set(lag_ids), {}, self.step_adjoints)
         qhat = [PlaceholderOp(f"d_{s.name}_rev", (T,) + P + tuple(s.shape[1:]), self.dtypes[a])
                 .output(0) for a, s in enumerate(self.states)]
         theta_of = {id(th): b for b, th in enumerate(thetas)}
+        self.theta_of = theta_of
         memo = {}
 
         def inst(t, k):
@@ -286,9 +324,81 @@ class _ScanAdjoint:
                 body = body + x
             updates.append(ComputeOp(f"d_{s.name}_rev_update", ax, (_cast(body, dtype),),
                                      tag="scan_adjoint_update").output(0))
-        rev = ScanOp(f"d_{op.name}", inits, updates, qhat, tag="scan_adjoint",
-                     attrs={"of": op.name})
-        return rev.outputs
+        stored = self._stored_states(ext_ids, inst)
+        for _o, zs, zinit, zupd in stored:
+            qhat.append(zs)
+            inits.append(zinit)
+            updates.append(zupd)
+        attrs = {"of": op.name}
+        if op.checkpoint != "auto":
+            attrs["checkpoint"] = op.checkpoint
+        rev = ScanOp(f"d_{op.name}", inits, updates, qhat, tag="scan_adjoint", attrs=attrs)
+        self.stored_of = {id(o): (rev.outputs[n + i], self.k_store, o)
+                          for i, (o, *_rest) in enumerate(stored)}
+        return rev.outputs[:n]
+
+    def _contracts(self, o):
+        """Whether the step adjoint of the body tensor ``o`` goes through a reduction:
+        some stage between ``o`` and the updates (reading ``o`` at the same step,
+        directly or through others) reduces, a contraction with a weight as in
+        stacked cells. Its adjoint then holds the transposed reduction, and
+        recomputing it for all steps would do that work a second time, where reading
+        a stored value costs one load per point. (Elementwise and shifted reads have
+        elementwise adjoints once simplified: recomputed, they cost what a read does.)"""
+        if not hasattr(self, "_reduces_below"):
+            below = {}
+            readers = {}
+            for op in self.op.body_ops:
+                for t in op.input_tensors():
+                    readers.setdefault(id(t.op), []).append(op)
+            for op in reversed(self.op.body_ops):
+                below[id(op)] = any(
+                    below[id(r)] or any(isinstance(b, Reduce) for b in r.body)
+                    for r in readers.get(id(op), ()))
+            self._reduces_below = below
+        return self._reduces_below[id(o.op)]
+
+    def _stored_states(self, ext_ids, inst):
+        """The extra states of the reverse scan that store, at each reverse step, the
+        step adjoint of a body stage that reads an external input in ``ext_ids``
+        (its adjoint at that step, for the external's contribution). Sets
+        ``self.store`` (whether the contributions read them; see the module
+        docstring for the rule) and ``self.k_store`` (the lag they are taken at).
+        Returns ``[(body tensor, state placeholder, init, update)]``."""
+        op, T, L, P = self.op, self.T, self.L, self.prefix
+        lags = sorted({k for (_a, k) in self.lags})
+        mode = op.checkpoint
+        # the instance at lag k covers the steps t >= k only: it must reach t = L
+        self.k_store = k = lags[0] if lags else None
+        self.store = mode != "recompute" and k is not None and k <= L
+        if mode == "store" and not self.store:
+            raise ScanError(
+                f"scan {op.name}: checkpoint='store', but the body reads its states at "
+                f"lags {lags} and the init gives {L} step(s): the reverse scan has no step "
+                f"that holds the adjoint of the steps before t = {k}. Give "
+                f"checkpoint='recompute' (or 'auto', which falls back to it)")
+        out = []
+        if not self.store:
+            return out
+        for b in op.body_ops:
+            if not any(id(t) in ext_ids for t in b.input_tensors()):
+                continue
+            for o in b.outputs:
+                h = self.step_adjoints.get(id(self.step_of[id(o)]))
+                if h is None or id(h) in self.theta_of or not dt.is_float(o.dtype):
+                    continue
+                if mode == "auto" and not self._contracts(o):
+                    continue
+                R = tuple(o.shape[1:])
+                zs = PlaceholderOp(f"d_{o.name}_stored", (T,) + P + R, h.dtype).output(0)
+                ax = _axes((1,) + P + R, "j")
+                zinit = ComputeOp(f"d_{o.name}_stored_init", ax, (const(0, h.dtype),),
+                                  tag="scan_adjoint_init").output(0)
+                ax = _axes((T,) + P + R, "j")
+                zupd = ComputeOp(f"d_{o.name}_stored_update", ax, (inst(h, k)[ax],),
+                                 tag="scan_adjoint_update").output(0)
+                out.append((o, zs, zinit, zupd))
+        return out
 
     def _instantiate(self, sop, k, inst, theta_of, qhat):
         """The step-graph stage ``sop`` as a stage of the reverse scan's body at
