@@ -17,13 +17,16 @@ names only in escaped comments, ``Kernel.source`` readable),
 each unit) and :mod:`texpr.codegen.backends.numba_cpu.compile` (numba, the caches and their integrity checks,
 worker processes; :mod:`texpr.codegen.backends.numba_cpu.vectorize` decides, from a unit's text,
 whether LLVM's loop vectoriser runs on it);
-which stages get buffers by default is the materialisation rule of
+every tuning knob is a field of :class:`texpr.codegen.options.Options`
+(``codegen.build(..., options=)``, ``with codegen.options(unroll=4):``,
+``docs/options.md``); which stages get buffers by default is the materialisation rule of
 ``docs/stages.md``, and the data flow up to here is ``docs/pipeline.md``.
 """
 
 import os as _os
 
 from . import _aliases
+from .options import Options, current as current_options, options, using
 
 if not _os.environ.get("_TEXPR_COMPILE_WORKER"):
     # (a compile worker process, see texpr.codegen.backends.numba_cpu.compile, needs numba only: it
@@ -34,7 +37,8 @@ if not _os.environ.get("_TEXPR_COMPILE_WORKER"):
     from .ir.schedule import Schedule, Stage, create_schedule
 
 __all__ = ["build", "Kernel", "create_schedule", "Schedule", "Stage", "CompileError",
-           "CacheWarning", "cache_dir", "clear_memory_cache", "profile_report"]
+           "CacheWarning", "cache_dir", "clear_memory_cache", "profile_report",
+           "Options", "options", "using", "current_options"]
 
 _aliases.install(__name__)
 

@@ -16,6 +16,7 @@ from texpr.tensor import (ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, check_
                           check_input_array)
 
 from .backends.numpy_host import parking as _parking
+from .options import _CURRENT as _ACTIVE_OPTIONS, resolve as _resolve_options, using as _using
 from . import profile as _profile
 from .explain import explain as _explain
 from .loopnest.lower import lower
@@ -58,8 +59,10 @@ class Kernel:
     generated module of each unit on disk, with canonical identifiers and no
     user names; None for a GEMM unit, which has no module, and for a unit
     compiled in memory because the cache directory could not be used),
-    ``path`` (the first unit's module, or None). ``kernel.profile(*arrays)``
-    times each unit (:mod:`codegen.profile`).
+    ``path`` (the first unit's module, or None), ``options`` (the
+    :class:`codegen.options.Options` it was built with; its run-time fields,
+    :data:`codegen.options.RUN_TIME`, are the ones every call runs under).
+    ``kernel.profile(*arrays)`` times each unit (:mod:`codegen.profile`).
 
     Raises (on call): FeedError (wrong number/shape/dtype of arrays, an unknown,
     ambiguous or repeated name, a bad ``out=`` buffer, a masked array),
@@ -69,8 +72,9 @@ class Kernel:
     TexprError (integer division by zero).
     """
 
-    def __init__(self, program, units, inputs, outputs, seconds):
+    def __init__(self, program, units, inputs, outputs, seconds, options=None):
         self._program = program
+        self.options = _resolve_options(options)
         self.units = list(units)
         self.source = program.source
         self.stages = list(program.stages)
@@ -222,6 +226,9 @@ class Kernel:
             else:
                 args.append(np.empty(size, dtype))
         err = np.zeros(2, dtype=np.int64)  # [error code, the offending index]
+        # the run-time knobs (GEMM threads and chunks, parking, the chunk runner)
+        # are this kernel's, whatever Options the caller has active
+        token = _ACTIVE_OPTIONS.set(self.options)
         try:
             if rec is None:
                 for unit in self.units:
@@ -234,10 +241,13 @@ class Kernel:
             else:
                 times = rec.run_units(self, args, err, _raise)
         finally:
-            if self._parks:
-                if self._calls_blas:  # a scan's np.dot: its sizes are not known here
-                    _parking.note_blas_woken()
-                _parking.park_blas_threads()
+            try:
+                if self._parks:
+                    if self._calls_blas:  # a scan's np.dot: its sizes are not known here
+                        _parking.note_blas_woken()
+                    _parking.park_blas_threads()
+            finally:
+                _ACTIVE_OPTIONS.reset(token)
         self._spare.bufs = spare  # (after an error, they are dropped)
         if outs_given is None:
             result = tuple(args[s].reshape(shape) if own else args[s].reshape(shape).copy()
@@ -260,7 +270,7 @@ class Kernel:
     def __reduce__(self):
         # the program (source, buffers, tensors) travels; the machine code is
         # loaded again from the cache, or recompiled (see _load_kernel)
-        return (_load_kernel, (self._program, self.inputs, self.outputs))
+        return (_load_kernel, (self._program, self.inputs, self.outputs, self.options))
 
     def __repr__(self):
         return (f"Kernel({', '.join(t.name for t in self.inputs)} -> "
@@ -442,17 +452,17 @@ def _chooser(schedule, inlined, parallel, reasons=None):
     return choose
 
 
-def _compile_kernel(program, inputs, outputs):
+def _compile_kernel(program, inputs, outputs, options=None):
     t0 = time.perf_counter()
     units = make_units(program)
-    return Kernel(program, units, inputs, outputs, time.perf_counter() - t0)
+    return Kernel(program, units, inputs, outputs, time.perf_counter() - t0, options)
 
 
-def _load_kernel(program, inputs, outputs):
-    return _compile_kernel(program, inputs, outputs)
+def _load_kernel(program, inputs, outputs, options=None):
+    return _compile_kernel(program, inputs, outputs, options)
 
 
-def build(outputs, inputs, schedule=None, *, parallel=True):
+def build(outputs, inputs, schedule=None, *, parallel=True, options=None):
     """Compile the graph computing ``outputs`` from ``inputs`` into a :class:`Kernel`.
 
     Args:
@@ -463,6 +473,11 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
             for the default schedule (then :func:`texpr.simplify.simplify` runs
             first: it is idempotent on simplified graphs).
         parallel: allow ``prange`` loops (False: every loop is sequential).
+        options: the tuning knobs, a :class:`codegen.options.Options` (used as it
+            is) or a dict of its fields (replaced in the active Options); None:
+            the active Options (:func:`codegen.options.current`, the defaults
+            unless ``with codegen.options(...)`` set others). The whole build
+            runs under them and the kernel keeps them (``Kernel.options``).
     Returns:
         A :class:`Kernel` (compiled; compilation is cached in memory and on disk,
         see :mod:`texpr.codegen.backends.numba_cpu.compile`).
@@ -472,8 +487,15 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
         an impossible request; OutOfBoundsError: a load provably outside its
         tensor; codegen.CompileError: numba rejected the generated code;
         TexprError: index arithmetic that cannot be proven to stay in int64
-        (the message names the stage and the subexpression).
+        (the message names the stage and the subexpression); an ``options``
+        field that does not exist or has a value of the wrong type.
     """
+    opts = _resolve_options(options)
+    with _using(opts):
+        return _build(outputs, inputs, schedule, parallel, opts)
+
+
+def _build(outputs, inputs, schedule, parallel, opts):
     single = isinstance(outputs, Tensor)
     outs = [outputs] if single else list(outputs)
     if isinstance(inputs, Tensor):
@@ -534,18 +556,20 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
         if id(op) in mat or op in [t.op for t in outs]:
             for t in op.outputs:
                 check_allocatable(t, "build")
-    program = _lowered(schedule, inputs, mat, inl, parallel)
-    return _housekeeping(_compile_kernel(program, inputs, outs))
+    program = _lowered(schedule, inputs, mat, inl, parallel, opts)
+    return _housekeeping(_compile_kernel(program, inputs, outs, opts))
 
 
 # ---- hooks of the on-disk caches (texpr.symcache, texpr.cache) ----------------------
 
 
-def _lowered(schedule, inputs, mat, inl, parallel):
+def _lowered(schedule, inputs, mat, inl, parallel, opts):
     """``lower(schedule, inputs, mat, inl, parallel)`` through the symbolic cache
     (:mod:`texpr.symcache`, kind ``"lower"``): the key is the scheduled graph,
-    every stage's decisions, the materialised and inlined stages, the inputs
-    and ``parallel``; a hit binds the Program's buffers to these tensors."""
+    every stage's decisions, the materialised and inlined stages, the inputs,
+    ``parallel`` and the fingerprint of ``opts`` (the :class:`Options` the
+    lowering reads: a program lowered under other knobs is never loaded); a hit
+    binds the Program's buffers to these tensors."""
     from texpr import symcache
 
     def extra(c):
@@ -554,7 +578,7 @@ def _lowered(schedule, inputs, mat, inl, parallel):
         return ["inputs", list(inputs), "outputs", list(schedule.outputs), "stages", stages,
                 "materialized", sorted(c.position(op) for op in schedule.ops if id(op) in mat),
                 "inlined", sorted(c.position(op) for op in schedule.ops if id(op) in inl),
-                "parallel", bool(parallel)]
+                "parallel", bool(parallel), "options", opts.fingerprint()]
 
     # the key holds texpr's source: whatever lower() returns, an entry of this key
     # was written by this very lower() (a foreign or damaged entry fails its checksum)

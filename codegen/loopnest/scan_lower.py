@@ -31,6 +31,7 @@ from texpr.tensor import ComputeOp
 from texpr.visitor import substitute, transform
 
 from .scan_gemm import gemm_step
+from ..options import current as _opts
 
 __all__ = ["lower_scan"]
 
@@ -321,7 +322,7 @@ def _lower_pointwise(sl, depth, point, tv, buffers):
     from texpr.expr import select
 
     from .lower import alias_info
-    from .stage import PARALLEL_MIN_POINTS, _StageLowering
+    from .stage import _StageLowering
     from ..ir.schedule import Stage
 
     op, k = sl.op, sl.k
@@ -338,7 +339,7 @@ def _lower_pointwise(sl, depth, point, tv, buffers):
     st = Stage(nest)
     if rest:
         st.reorder(*(rest + (t,)))
-        if out.size >= PARALLEL_MIN_POINTS and sl.parallel_on:
+        if out.size >= _opts().parallel_min_points and sl.parallel_on:
             st.parallel(rest[0])
     # a state of no axes but time: its one loop is the recurrence, never parallel
     # (the default rules made it a prange loop once it had 65,536 steps: a prefix
