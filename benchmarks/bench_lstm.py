@@ -55,9 +55,8 @@ def main():
     import texpr as te
     from texpr import codegen
 
-    if args.no_step_gemm:
-        import texpr.codegen.loopnest.scan_gemm as scan_gemm
-        scan_gemm.GEMM_MIN_MACS = float("inf")
+    # --no-step-gemm: no scan step is worth a BLAS call (codegen.Options.scan_gemm_min_macs)
+    options = {"scan_gemm_min_macs": 1 << 62} if args.no_step_gemm else {}
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     B, T, I, H = args.batch, args.steps, args.input, args.hidden
@@ -72,7 +71,7 @@ def main():
     t0 = time.perf_counter()
     grads = te.differentiate(model.loss, wts).result
     kernel = codegen.build([model.loss] + list(grads), [model.x, model.labels, model.mask] + wts,
-                           parallel=args.parallel)
+                           parallel=args.parallel, options=options)
     t_build = time.perf_counter() - t0
     mask = np.ones(B, "float32")
 
