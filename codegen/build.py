@@ -60,8 +60,10 @@ class Kernel:
     user names; None for a GEMM unit, which has no module, and for a unit
     compiled in memory because the cache directory could not be used),
     ``path`` (the first unit's module, or None), ``options`` (the
-    :class:`codegen.options.Options` it was built with; its run-time fields,
-    :data:`codegen.options.RUN_TIME`, are the ones every call runs under).
+    :class:`codegen.options.Options` it was built with; every call runs under
+    its run-time fields, :data:`codegen.options.RUN_TIME`, whatever Options
+    the caller has active: assign ``kernel.options =
+    kernel.options.replace(gemm_threads=2)`` to run it otherwise).
     ``kernel.profile(*arrays)`` times each unit (:mod:`codegen.profile`).
 
     Raises (on call): FeedError (wrong number/shape/dtype of arrays, an unknown,

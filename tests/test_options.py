@@ -165,3 +165,11 @@ def test_a_kernel_runs_under_its_own_run_time_options(monkeypatch):
         got = k(x, w)[0]
     assert parts == [3]
     np.testing.assert_allclose(got, x @ w.T, rtol=1e-12, atol=1e-12)
+
+
+def test_docs_list_every_field_with_its_default():
+    from pathlib import Path
+    text = (Path(__file__).parent.parent / "docs" / "options.md").read_text()
+    for f in dataclasses.fields(Options):
+        assert f"| `{f.name}` |" in text, f.name
+    assert RUN_TIME <= {f.name for f in dataclasses.fields(Options)}
