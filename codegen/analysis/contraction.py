@@ -704,13 +704,14 @@ def _check_padding(pieces, out):
                 continue
             padded = math.prod(v.padded_shape())
             reads = math.prod(p.axes[q][1] for q in v.axes)
-            bound = max(_opts().blas_pad_min_elements, _opts().blas_pad_max_ratio * (math.prod(v.shape) + reads
-                                                          + out_elements))
+            opts = _opts()
+            bound = max(opts.blas_pad_min_elements,
+                        opts.blas_pad_max_ratio * (math.prod(v.shape) + reads + out_elements))
             if padded > bound:
                 name = getattr(v.key, "name", v.key)
                 raise _NoMatch(
                     f"its operand {name} {v.shape} would be copied zero-padded to "
-                    f"{v.padded_shape()} ({padded:,} elements), more than {_opts().blas_pad_max_ratio} "
+                    f"{v.padded_shape()} ({padded:,} elements), more than {opts.blas_pad_max_ratio} "
                     f"times the operand, its {reads:,} elements read and the output "
                     "(options.blas_pad_max_ratio); the loop nest reads it in place", "padding")
 
@@ -762,7 +763,8 @@ def cost_refusal(plan):
     """Why the cost rule keeps ``plan`` off BLAS (a short phrase), or None when BLAS
     pays (:func:`cost_ok`)."""
     if plan.flop < _opts().blas_min_flop:
-        return f"too small for BLAS ({plan.flop:,.0f} FLOP < options.blas_min_flop {_opts().blas_min_flop:,})"
+        return (f"too small for BLAS ({plan.flop:,.0f} FLOP < options.blas_min_flop "
+                f"{_opts().blas_min_flop:,})"
     passes = mask_passes(plan)
     if plan.flop / 2 < _opts().blas_mask_macs * passes:
         return (f"fewer multiply-adds ({plan.flop / 2:,.0f}) than the element passes of its "

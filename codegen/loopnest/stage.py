@@ -326,7 +326,8 @@ def default_order(op, exprs, spatial, reduce_):
                 continue
             last = _coef(idx[-1], ax)
             others = [_coef(i, ax) for i in idx[:-1]]
-            if last in ((1, -1, 0) if _opts().invariant_free else (1, -1)) and all(o == 0 for o in others):
+            free = (1, -1, 0) if _opts().invariant_free else (1, -1)
+            if last in free and all(o == 0 for o in others):
                 # unit stride, or invariant: the loop keeps the value in a register
                 # (layernorm's mean[i] is free in a loop over the reduction axis)
                 s += 2
@@ -729,7 +730,8 @@ class _StageLowering:
                 if jam is not None and jam is not sp_order[-1]:
                     sp_order = [a for a in sp_order if a is not jam] + [jam]
                 if jam is not None and self.unroll is not None:
-                    u_j = _opts().jam_unroll if comb.dtypes[0] == "float32" else max(1, _opts().jam_unroll // 2)
+                    u_j = _opts().jam_unroll
+                    u_j = u_j if comb.dtypes[0] == "float32" else max(1, u_j // 2)
                     if u_j < self.unroll[3]:
                         self.unroll = self.unroll[:3] + (u_j,) + self.unroll[4:]
 
@@ -1057,7 +1059,8 @@ class _StageLowering:
         # too deep to parse is written in parts whatever its size (an attack: a select
         # over a 2,000-node tree and a chain of 45 checked gathers was a SyntaxError)
         if em.unbound_height([e]) <= _opts().text_max_height and (
-                em.unbound_tree_nodes([e]) <= _opts().let_tree_nodes or len(order) > _opts().let_max_dag_nodes):
+                em.unbound_tree_nodes([e]) <= _opts().let_tree_nodes
+                or len(order) > _opts().let_max_dag_nodes):
             return []
         vc = em.value_checks
         checked = {}  # id -> whether emitting the node runs a check not bound yet
@@ -1468,7 +1471,8 @@ class _StageLowering:
         if self.jam_dim is None or node.var.name != f"c{self.k}_{self.jam_dim}":
             return False
         if not (isinstance(node.lo, E.Const) and node.lo.value == 0
-                and isinstance(node.hi, E.Const) and node.hi.value == _opts().jam and node.stride == 1):
+                and isinstance(node.hi, E.Const) and node.hi.value == _opts().jam
+                and node.stride == 1):
             raise TexprError(f"stage {self.op.name}: internal: a register-blocked loop with "
                              f"bounds {expr_str(node.lo)}..{expr_str(node.hi)}")
         return True
