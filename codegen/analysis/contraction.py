@@ -764,7 +764,7 @@ def cost_refusal(plan):
     pays (:func:`cost_ok`)."""
     if plan.flop < _opts().blas_min_flop:
         return (f"too small for BLAS ({plan.flop:,.0f} FLOP < options.blas_min_flop "
-                f"{_opts().blas_min_flop:,})"
+                f"{_opts().blas_min_flop:,})")
     passes = mask_passes(plan)
     if plan.flop / 2 < _opts().blas_mask_macs * passes:
         return (f"fewer multiply-adds ({plan.flop / 2:,.0f}) than the element passes of its "
