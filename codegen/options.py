@@ -37,6 +37,7 @@ import contextlib
 import contextvars
 import dataclasses
 import hashlib
+import numbers
 import os
 
 from texpr.errors import TexprError
@@ -200,11 +201,17 @@ class Options:
             if f.name == "gemm_chunk_min_bytes" and value is None:
                 continue
             want = _TYPES[f.name]
-            ok = (isinstance(value, want) and not (want is int and isinstance(value, bool))
-                  or (want is float and isinstance(value, int) and not isinstance(value, bool)))
+            number = {int: numbers.Integral, float: numbers.Real}.get(want)
+            if number is None:
+                ok = isinstance(value, want)
+            else:
+                ok = isinstance(value, number) and not isinstance(value, bool)
             if not ok:
                 raise TexprError(f"codegen Options: {f.name} must be {want.__name__}, "
                                  f"got {value!r}")
+            if number is not None and type(value) is not want:
+                # np.int64(8) and 8, 1 and 1.0: equal Options, so one fingerprint
+                object.__setattr__(self, f.name, want(value))
         if self.chunk_runner not in ("openmp", "threads"):
             raise TexprError(f"codegen Options: chunk_runner must be 'openmp' or 'threads', "
                              f"got {self.chunk_runner!r}")

@@ -90,6 +90,11 @@ def test_every_field_changes_the_fingerprint():
         assert other.changed() == {f.name: getattr(other, f.name)}
     assert len(prints) == len(dataclasses.fields(Options)) + 1
     assert Options().fingerprint() == base.fingerprint()  # and stable
+    # equal Options, one fingerprint: 1 and 1.0 for a float field, numpy ints for ints
+    assert Options(blas_min_efficiency=1).fingerprint() == \
+        Options(blas_min_efficiency=1.0).fingerprint()
+    assert Options(unroll=np.int64(4)) == Options(unroll=4)
+    assert Options(unroll=np.int64(4)).fingerprint() == Options(unroll=4).fingerprint()
 
 
 def test_the_context_manager_nests_and_restores():
