@@ -1229,12 +1229,12 @@ def code_size_bounded():
     build_module = importlib.import_module("texpr.codegen.build")
     real = build_module._compile_kernel
 
-    def bounded(program, inputs, outputs):
+    def bounded(program, inputs, outputs, *rest):
         longest = max((len(ln) for ln in program.source.splitlines()), default=0)
         if longest > MAX_LINE_CHARS:
             raise CodeTooLarge(f"a line of {longest} characters in the kernel's text "
                                f"(bound {MAX_LINE_CHARS})")
-        return real(program, inputs, outputs)
+        return real(program, inputs, outputs, *rest)
 
     build_module._compile_kernel = bounded
     try:
