@@ -569,9 +569,9 @@ def _lowered(schedule, inputs, mat, inl, parallel, opts):
     """``lower(schedule, inputs, mat, inl, parallel)`` through the symbolic cache
     (:mod:`texpr.symcache`, kind ``"lower"``): the key is the scheduled graph,
     every stage's decisions, the materialised and inlined stages, the inputs,
-    ``parallel`` and the fingerprint of ``opts`` (the :class:`Options` the
-    lowering reads: a program lowered under other knobs is never loaded); a hit
-    binds the Program's buffers to these tensors."""
+    ``parallel`` and the fingerprint of the lowering fields of ``opts`` (the
+    :class:`Options` the lowering reads: a program lowered under other knobs is
+    never loaded); a hit binds the Program's buffers to these tensors."""
     from texpr import symcache
 
     def extra(c):
@@ -580,7 +580,7 @@ def _lowered(schedule, inputs, mat, inl, parallel, opts):
         return ["inputs", list(inputs), "outputs", list(schedule.outputs), "stages", stages,
                 "materialized", sorted(c.position(op) for op in schedule.ops if id(op) in mat),
                 "inlined", sorted(c.position(op) for op in schedule.ops if id(op) in inl),
-                "parallel", bool(parallel), "options", opts.fingerprint()]
+                "parallel", bool(parallel), "options", opts.fingerprint(lowering_only=True)]
 
     # the key holds texpr's source: whatever lower() returns, an entry of this key
     # was written by this very lower() (a foreign or damaged entry fails its checksum)

@@ -21,9 +21,10 @@ Two kinds of field (:data:`RUN_TIME`):
   decide how a built kernel runs. A kernel keeps the Options it was built with
   (``Kernel.options``) and runs under them, whatever is active at the call.
 
-The whole :meth:`Options.fingerprint` is part of the symbolic cache's key of a
-lowered program (:func:`codegen.build._lowered`): a program lowered under
-other Options is never loaded. Compiled units are keyed by their text, which
+The fingerprint of the lowering fields (:meth:`Options.fingerprint`) is part
+of the symbolic cache's key of a lowered program (:func:`codegen.build._lowered`):
+a program lowered under other knobs is never loaded (one built with other
+run-time fields is the same program, and is). Compiled units are keyed by their text, which
 the lowering fields decide; no field changes numba's flags.
 
 Not fields: facts and guards that are no tuning (the bounds of a checked
@@ -225,10 +226,13 @@ class Options:
                              "(docs/options.md lists them)")
         return dataclasses.replace(self, **fields)
 
-    def fingerprint(self):
+    def fingerprint(self, lowering_only=False):
         """A stable hex digest (sha256, 32 digits) of every field's name and value:
-        equal Options give equal fingerprints in every process."""
-        text = "\n".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
+        equal Options give equal fingerprints in every process. ``lowering_only``:
+        of the fields that decide the lowering alone (not :data:`RUN_TIME`), the
+        part of the lowered program's cache key."""
+        text = "\n".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+                         if not (lowering_only and f.name in RUN_TIME))
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
     def changed(self):

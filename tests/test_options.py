@@ -178,3 +178,22 @@ def test_docs_list_every_field_with_its_default():
     for f in dataclasses.fields(Options):
         assert f"| `{f.name}` |" in text, f.name
     assert RUN_TIME <= {f.name for f in dataclasses.fields(Options)}
+
+
+def test_run_time_fields_share_the_lowered_program(monkeypatch, tmp_path):
+    from texpr import symcache
+    monkeypatch.setenv("TEXPR_CACHE_DIR", str(tmp_path))
+    X = te.placeholder((64, 96), "X", "float32")
+    W = te.placeholder((48, 96), "W", "float32")
+    Y = te.nn.dense(X, W, name="Y")
+    codegen.build([Y], [X, W])
+    stored = symcache.stats["store"]
+    k = codegen.build([Y], [X, W], options={"gemm_threads": 2, "park_blas": False})
+    assert symcache.stats["store"] == stored  # the default's program, loaded
+    assert (k.options.gemm_threads, k.options.park_blas) == (2, False)
+    codegen.build([Y], [X, W], options={"unroll": 4})
+    assert symcache.stats["store"] == stored + 1  # a lowering field: a program of its own
+    assert Options(gemm_threads=2).fingerprint(lowering_only=True) == \
+        Options().fingerprint(lowering_only=True)
+    assert Options(unroll=4).fingerprint(lowering_only=True) != \
+        Options().fingerprint(lowering_only=True)
