@@ -59,8 +59,7 @@ __all__ = ["ShiftPlan", "plan_of"]
 # options.shift_max_moves (default 1024): at most this many tap combinations (moves) per
 #   plan
 # options.shifts (default True): False: window and tap-sum stages keep their loop nests (for
-#   A/B timings, benchmarks/bench_variants.py); the symbolic cache keys lowered programs by
-#   the graph, not by this: set TEXPR_SYMBOLIC_CACHE=0 where it changes within a process
+#   A/B timings, benchmarks/bench_variants.py)
 
 
 class ShiftPlan:

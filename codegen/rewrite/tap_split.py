@@ -94,8 +94,7 @@ __all__ = ["split_taps", "SPLIT"]
 #: the attrs key that marks a stage made by the split (never split again)
 SPLIT = "texpr.tap_split"
 # options.tap_split (default True): False: no stage is split (for A/B timings,
-#   benchmarks/bench_variants.py); the symbolic cache keys lowered programs by the graph,
-#   not by this: set TEXPR_SYMBOLIC_CACHE=0 where it changes within a process
+#   benchmarks/bench_variants.py)
 # options.tap_split_min_density (default 0.5): the loop nest's domain must fill at least
 #   this fraction of its box
 

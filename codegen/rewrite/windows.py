@@ -76,8 +76,7 @@ WINDOWED = "texpr.windowed"
 # options.window_min_readers (default 2): a window is made when at least this many stages
 #   read it
 # options.windows (default True): False: no window stage is made (for A/B timings,
-#   benchmarks/bench_variants.py); the symbolic cache keys lowered programs by the graph,
-#   not by this: set TEXPR_SYMBOLIC_CACHE=0 where it changes within a process
+#   benchmarks/bench_variants.py)
 
 
 def window_operands(outputs, keep=()):
