@@ -24,8 +24,8 @@ Two kinds of field (:data:`RUN_TIME`):
 The fingerprint of the lowering fields (:meth:`Options.fingerprint`) is part
 of the symbolic cache's key of a lowered program (:func:`codegen.build._lowered`):
 a program lowered under other knobs is never loaded (one built with other
-run-time fields is the same program, and is). Compiled units are keyed by their text, which
-the lowering fields decide; no field changes numba's flags.
+run-time fields is the same program, and is). Compiled units are keyed by
+their text, which the lowering fields decide; no field changes numba's flags.
 
 Not fields: facts and guards that are no tuning (the bounds of a checked
 int64 index, ``analysis.bounds.DATA_INDEX_LIMIT``; OpenBLAS's threading
@@ -218,8 +218,15 @@ class Options:
                              f"got {self.chunk_runner!r}")
 
     def replace(self, **fields):
-        """Another Options: these fields replaced. Raises TexprError for a field
-        that does not exist or a value of the wrong type."""
+        """Another Options with these fields replaced.
+
+        Args:
+            **fields: field names and their new values.
+        Returns:
+            Options.
+        Raises:
+            TexprError: a field that does not exist or a value of the wrong type.
+        """
         unknown = sorted(set(fields) - _NAMES)
         if unknown:
             raise TexprError(f"codegen Options: no field {', '.join(unknown)} "
@@ -227,16 +234,25 @@ class Options:
         return dataclasses.replace(self, **fields)
 
     def fingerprint(self, lowering_only=False):
-        """A stable hex digest (sha256, 32 digits) of every field's name and value:
-        equal Options give equal fingerprints in every process. ``lowering_only``:
-        of the fields that decide the lowering alone (not :data:`RUN_TIME`), the
-        part of the lowered program's cache key."""
+        """A stable digest of the fields' names and values: equal Options give
+        equal fingerprints in every process.
+
+        Args:
+            lowering_only: of the fields that decide the lowering alone (not
+                :data:`RUN_TIME`): the part of the lowered program's cache key.
+        Returns:
+            str: 32 hex digits (sha256).
+        """
         text = "\n".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
                          if not (lowering_only and f.name in RUN_TIME))
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
     def changed(self):
-        """``{field: value}`` of the fields that differ from the defaults."""
+        """The fields that differ from the defaults.
+
+        Returns:
+            dict: field name -> value.
+        """
         base = Options()
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if getattr(self, f.name) != getattr(base, f.name)}
@@ -266,9 +282,16 @@ def current():
 
 
 def resolve(opts):
-    """The Options ``opts`` stands for: an Options as it is, a dict as fields
-    replaced in :func:`current`, None as :func:`current`. Raises TexprError
-    for anything else."""
+    """The Options ``opts`` stands for.
+
+    Args:
+        opts: an Options (as it is), a dict (its fields replaced in
+            :func:`current`) or None (:func:`current`).
+    Returns:
+        Options.
+    Raises:
+        TexprError: anything else, an unknown field or a value of the wrong type.
+    """
     if opts is None:
         return current()
     if isinstance(opts, Options):
@@ -281,8 +304,16 @@ def resolve(opts):
 
 @contextlib.contextmanager
 def using(opts):
-    """Run the block under ``opts`` (an Options, or a dict of fields replaced in
-    the active one); the previous Options is active again on exit."""
+    """A context manager: the block runs under ``opts``; the previous Options is
+    active again on exit (also after an exception).
+
+    Args:
+        opts: an Options, or a dict of fields replaced in the active one.
+    Returns:
+        The context manager; it yields the Options now active.
+    Raises:
+        TexprError: as :func:`resolve`.
+    """
     token = _CURRENT.set(resolve(opts))
     try:
         yield current()
@@ -292,6 +323,13 @@ def using(opts):
 
 def options(**fields):
     """``with codegen.options(unroll=4): ...``: the block runs under the active
-    Options with these fields replaced (nests; restored on exit). Yields the
-    Options. Raises TexprError for an unknown field or a wrong type."""
+    Options with these fields replaced (blocks nest; restored on exit).
+
+    Args:
+        **fields: field names and values.
+    Returns:
+        The context manager; it yields the Options now active.
+    Raises:
+        TexprError: an unknown field or a value of the wrong type.
+    """
     return using(current().replace(**fields))
