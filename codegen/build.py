@@ -1,6 +1,6 @@
 """``build``: a graph (and optionally a schedule) -> a compiled :class:`Kernel`.
 
-A Kernel is a thin driver over its units (:mod:`codegen.backends.numba_cpu.units`, one per
+A Kernel is a thin driver over its units (:mod:`codegen.units`, one per
 materialised stage): ``__call__`` checks the arrays, allocates the outputs and
 temporaries, and runs the units in order on the flat buffers, raising after
 the first unit whose error flag is set.
@@ -11,17 +11,21 @@ import time
 
 import numpy as np
 
-from texpr.errors import FeedError, OutOfBoundsError, ScheduleError, TexprError, in_stage
+from texpr.errors import FeedError, ScheduleError, TexprError, in_stage
 from texpr.tensor import (ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, check_allocatable,
                           check_input_array)
 
 from .backends.numpy_host import parking as _parking
 from .options import _CURRENT as _ACTIVE_OPTIONS, resolve as _resolve_options, using as _using
 from . import profile as _profile
+from .backends import registered as _backends  # noqa: F401 - registers the backends
+from .backends.unit_errors import unit_error
 from .explain import explain as _explain
 from .loopnest.lower import lower
-from .backends.numba_cpu.units import make_units
+from .units import make_units
 from .ir.schedule import Schedule, create_schedule, default_materialized
+from .rewrite.passes import rewrite
+from .loopnest import dialect as _dialect
 
 __all__ = ["build", "Kernel"]
 
@@ -48,9 +52,9 @@ class Kernel:
     Attributes: ``source`` (generated Python: the units, then the driver
     ``kernel``), ``stages`` (names of the materialised stages, in execution
     order), ``units`` (the runnable units, one per stage, see
-    :mod:`codegen.backends.numba_cpu.units`), ``inputs``, ``outputs``, ``compile_seconds`` (wall
+    :mod:`codegen.units`), ``inputs``, ``outputs``, ``compile_seconds`` (wall
     seconds spent compiling or loading the units), ``units_compiled`` (units
-    numba compiled for this build, here or in a worker process),
+    the backend compiled for this build, here or in a worker process),
     ``units_reused`` (units taken from the memory or disk cache, including a
     stage that occurs twice in the graph; a GEMM unit, which compiles nothing,
     counts here, as reused), ``from_disk_cache`` (no unit was
@@ -284,24 +288,6 @@ def _raise(unit, err):
     raise unit_error(unit, int(err[0]), int(err[1]))
 
 
-def unit_error(unit, code, value):
-    """The exception for ``unit``'s failed check ``code`` (1-based, into
-    ``unit.errors``) with offending ``value``: its message names the stage and
-    the expression, and an index or value gets the offending value. Code -1:
-    the unit raised inside compiled code; -2 (``unit`` None): the kernel's
-    temporaries could not be allocated."""
-    if code == -2:
-        return MemoryError("texpr kernel: its temporary buffers could not be allocated")
-    if code == -1:
-        where = "the kernel's driver" if unit is None else f"stage {unit.stage}"
-        return TexprError(f"{where}: the compiled code raised inside numba")
-    msg = unit.errors[code - 1]
-    if "division by zero" in msg:
-        return TexprError(msg)
-    if "would wrap around" in msg:
-        return TexprError(f"{msg} (its first operand: {value})")
-    return OutOfBoundsError(f"{msg} (index value {value})")
-
 
 def _order_hint(inputs, arrays):
     """The lines a FeedError of a call adds: the inputs in order with their shapes
@@ -409,13 +395,13 @@ def _check_out(outputs, out, args):
     return out
 
 
-def _chooser(schedule, inlined, parallel, reasons=None):
+def _chooser(schedule, inlined, blas, reasons=None):
     """``(op, key) -> plan or None``: which stages run as GEMMs (:mod:`codegen.analysis.contraction`),
     and which window and tap-sum stages as shift plans (:mod:`codegen.analysis.shifts`).
 
     A stage the user marked ``blas(True)`` must match (else ScheduleError);
     ``blas(False)`` never runs on BLAS; by default a stage without loop decisions
-    (split, reorder, parallel, vectorize) in a parallel build runs on BLAS when it
+    (split, reorder, parallel, vectorize) in a build with ``blas=True`` runs on BLAS when it
     matches and :func:`contraction.cost_ok` says it pays. ``reasons`` (a dict,
     when given) gets, per sum-reduction stage name left a loop nest, why
     (:meth:`Kernel.explain`)."""
@@ -432,8 +418,8 @@ def _chooser(schedule, inlined, parallel, reasons=None):
         flag = st.blas_flag
         if flag is False:
             return None, "the schedule says blas(False)"
-        if flag is None and not parallel:
-            return None, "a serial build (parallel=False) keeps every stage a loop nest"
+        if flag is None and not blas:
+            return None, "the build says blas=False: every stage is a loop nest"
         if flag is None and (st.ordered or st.parallel_set or st.vectorize_axes):
             return None, "the schedule sets its loops (split, reorder, parallel or vectorize)"
         from .analysis.shifts import plan_of
@@ -464,7 +450,7 @@ def _load_kernel(program, inputs, outputs, options=None):
     return _compile_kernel(program, inputs, outputs, options)
 
 
-def build(outputs, inputs, schedule=None, *, parallel=True, options=None):
+def build(outputs, inputs, schedule=None, *, parallel=True, blas=True, options=None):
     """Compile the graph computing ``outputs`` from ``inputs`` into a :class:`Kernel`.
 
     Args:
@@ -474,7 +460,11 @@ def build(outputs, inputs, schedule=None, *, parallel=True, options=None):
         schedule: a :class:`Schedule` from ``create_schedule(outputs)``; None
             for the default schedule (then :func:`texpr.simplify.simplify` runs
             first: it is idempotent on simplified graphs).
-        parallel: allow ``prange`` loops (False: every loop is sequential).
+        parallel: allow parallel loop nests (False: every loop nest is
+            sequential; GEMMs still run on the BLAS, cut into parts on the
+            worker threads).
+        blas: allow the library lowerings: GEMMs on the BLAS, shift plans, and
+            the rewrites that prepare them (False: every stage is a loop nest).
         options: the tuning knobs, a :class:`codegen.options.Options` (used as it
             is) or a dict of its fields (replaced in the active Options); None:
             the active Options (:func:`codegen.options.current`, the defaults
@@ -482,22 +472,22 @@ def build(outputs, inputs, schedule=None, *, parallel=True, options=None):
             runs under them and the kernel keeps them (``Kernel.options``).
     Returns:
         A :class:`Kernel` (compiled; compilation is cached in memory and on disk,
-        see :mod:`texpr.codegen.backends.numba_cpu.compile`).
+        see the loop-nest backend's compiler (:mod:`codegen.backends`)).
     Raises:
         TexprError: a non-Tensor output, a non-placeholder input, a placeholder
         missing from ``inputs``; ScheduleError: a schedule of another graph or
         an impossible request; OutOfBoundsError: a load provably outside its
-        tensor; codegen.CompileError: numba rejected the generated code;
+        tensor; codegen.CompileError: the backend's compiler rejected the generated code;
         TexprError: index arithmetic that cannot be proven to stay in int64
         (the message names the stage and the subexpression); an ``options``
         field that does not exist or has a value of the wrong type.
     """
     opts = _resolve_options(options)
     with _using(opts):
-        return _build(outputs, inputs, schedule, parallel, opts)
+        return _build(outputs, inputs, schedule, parallel, blas, opts)
 
 
-def _build(outputs, inputs, schedule, parallel, opts):
+def _build(outputs, inputs, schedule, parallel, blas, opts):
     single = isinstance(outputs, Tensor)
     outs = [outputs] if single else list(outputs)
     if isinstance(inputs, Tensor):
@@ -516,25 +506,15 @@ def _build(outputs, inputs, schedule, parallel, opts):
     simp, rule = _simplifier()
     if schedule is None:
         outs = list(simp(outs))
-        packed, parts, windows = [], [], []
-        if parallel:  # (serial builds keep every stage on loop nests)
-            from .rewrite.operands import pack_operands
-            from .rewrite.tap_split import split_taps
-            from .rewrite.windows import window_operands
-            from .rewrite.split_reductions import split_reductions
-            outs, packed = pack_operands(outs)
-            outs, split, packed = split_taps(outs, keep=packed)
-            outs, windows, packed = window_operands(outs, keep=packed + split)
-            packed = packed + windows
-            outs, parts = split_reductions(outs)
+        outs, found = rewrite(outs, gemms=blas, parallel=parallel)  # (codegen.rewrite.passes)
         schedule = create_schedule(outs)
-        for op in packed:  # a GEMM reads it: computed once, not inlined at every tap
+        for op in found.materialize:  # a GEMM reads it: computed once, not inlined at every tap
             schedule[op].compute_root()
-        for op in windows:  # a shift plan copies its source: a buffer, not inlined into it
+        for op in found.windows:  # a shift plan copies its source: a buffer, not inlined into it
             for t in op.input_tensors():
                 if isinstance(t.op, ComputeOp) and t.op in schedule.ops:
                     schedule[t].compute_root()
-        for op in parts:  # the slices in parallel, each a contiguous run of the reduction
+        for op in found.parts:  # the slices in parallel, each a contiguous run of the reduction
             st = schedule[op]
             st.reorder(*st.leaf_axes)
             st.parallel(op.axis[0])
@@ -558,20 +538,21 @@ def _build(outputs, inputs, schedule, parallel, opts):
         if id(op) in mat or op in [t.op for t in outs]:
             for t in op.outputs:
                 check_allocatable(t, "build")
-    program = _lowered(schedule, inputs, mat, inl, parallel, opts)
+    program = _lowered(schedule, inputs, mat, inl, parallel, blas, opts)
     return _housekeeping(_compile_kernel(program, inputs, outs, opts))
 
 
 # ---- hooks of the on-disk caches (texpr.symcache, texpr.cache) ----------------------
 
 
-def _lowered(schedule, inputs, mat, inl, parallel, opts):
+def _lowered(schedule, inputs, mat, inl, parallel, blas, opts):
     """``lower(schedule, inputs, mat, inl, parallel)`` through the symbolic cache
     (:mod:`texpr.symcache`, kind ``"lower"``): the key is the scheduled graph,
     every stage's decisions, the materialised and inlined stages, the inputs,
-    ``parallel`` and the fingerprint of the lowering fields of ``opts`` (the
-    :class:`Options` the lowering reads: a program lowered under other knobs is
-    never loaded); a hit binds the Program's buffers to these tensors."""
+    ``parallel``, ``blas``, the active target dialect and the fingerprint of the
+    lowering fields of ``opts`` (the :class:`Options` the lowering reads: a
+    program lowered under other knobs is never loaded); a hit binds the
+    Program's buffers to these tensors."""
     from texpr import symcache
 
     def extra(c):
@@ -580,14 +561,16 @@ def _lowered(schedule, inputs, mat, inl, parallel, opts):
         return ["inputs", list(inputs), "outputs", list(schedule.outputs), "stages", stages,
                 "materialized", sorted(c.position(op) for op in schedule.ops if id(op) in mat),
                 "inlined", sorted(c.position(op) for op in schedule.ops if id(op) in inl),
-                "parallel", bool(parallel), "options", opts.fingerprint(lowering_only=True)]
+                "parallel", bool(parallel), "blas", bool(blas),
+                "dialect", [_dialect.current().name, type(_dialect.current()).__qualname__],
+                "options", opts.fingerprint(lowering_only=True)]
 
     # the key holds texpr's source: whatever lower() returns, an entry of this key
     # was written by this very lower() (a foreign or damaged entry fails its checksum)
     def run():
         reasons = {}
         program = lower(schedule, inputs, mat, inl, parallel=parallel,
-                        contraction=_chooser(schedule, inl, parallel, reasons))
+                        contraction=_chooser(schedule, inl, blas, reasons))
         program.loop_reasons = reasons  # cached with it: Kernel.explain reads it
         return program
 

@@ -30,7 +30,7 @@ def explain(kernel):
                 blas += u.macs
             else:
                 loops += u.macs
-        why = reasons.get(u.stage) if unit.kind == "numba" and u.macs is not None else None
+        why = reasons.get(u.stage) if getattr(unit, "loop_nest", False) and u.macs is not None else None
         if why:
             lines.append(f"{'':{width}s}    stays a loop nest ({u.macs:,} multiply-adds; {why})")
     lines.append(f"multiply-adds: {blas:,} on BLAS, {loops:,} in loop nests")

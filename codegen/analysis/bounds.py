@@ -5,9 +5,9 @@ One job: decide, from the stage's iteration domain (isl), which accesses are
 proven in bounds, which are proven out of bounds (a build-time
 :class:`OutOfBoundsError`), which are checked at run time (``_ck``), and which
 loaded integers used in index arithmetic get a range check (``_rk``). The
-run-time checks are the numba helpers ``_ck``, ``_rk`` and ``_nz`` of
-:mod:`codegen.backends.numba_cpu.runtime`: they set the unit's error flag ``err`` (``[code,
-offending value]``) instead of raising, so that numba can still parallelise
+run-time checks are the runtime helpers ``_ck``, ``_rk`` and ``_nz`` of
+the backend's runtime helpers: they set the unit's error flag ``err`` (``[code,
+offending value]``) instead of raising, so that the compiler can still parallelise
 the loop.
 """
 
@@ -15,6 +15,7 @@ from texpr import expr as E
 from texpr.errors import OutOfBoundsError, TexprError
 from texpr.printer import expr_str
 from texpr.simplify.isl_bridge import isl, to_pwaff, to_set
+from texpr.visitor import post_order
 
 __all__ = ["DATA_INDEX_LIMIT", "may_refuse", "int_arith_on_data"]
 
@@ -70,7 +71,6 @@ def may_refuse(e):
     Returns:
         bool.
     """
-    from texpr.visitor import post_order
     ck = _BoundsChecker("", None, None)
     for n in post_order(e if isinstance(e, list) else [e]):
         if _INT_RANGE.get(n.dtype) is None:
@@ -96,7 +96,6 @@ def int_arith_on_data(e):
     Returns:
         bool.
     """
-    from texpr.visitor import post_order
     data = set()  # ids of the nodes with a loaded or converted value under them
     for n in post_order(e if isinstance(e, list) else [e]):
         if isinstance(n, E.Load) or (isinstance(n, E.Cast) and n.value.dtype != "bool"
@@ -156,7 +155,7 @@ class _BoundsChecker:
         self.values = set()  # ids of int loads / float->int casts to range-check at run time
         self.var_ranges = {}  # id(Var) -> (lo, hi) for variables that are not axes
         #: ids of integer + - * on values (not in an index or a comparison) that
-        #: may leave their dtype: computed by a checked helper (codegen.backends.numba_cpu.runtime)
+        #: may leave their dtype: computed by a checked helper (the backend's runtime helpers)
         self.arith = set()
         self._value_ranges = {}
         self._seen = set()
@@ -247,7 +246,6 @@ class _BoundsChecker:
 
     def condition(self, c, path):
         """Prove the integer operands of the comparisons in condition ``c`` exact."""
-        from texpr.visitor import post_order
         for n in post_order(c):
             if type(n) in _COMPARISONS:
                 for x in n.args:
@@ -338,7 +336,6 @@ class _BoundsChecker:
         """Range the integer value arithmetic of ``exprs`` (values whose operands may
         be anything their dtypes hold: a custom reducer's combine) and return
         ``arith``: the ids of the ``+ - * //`` to check at run time."""
-        from texpr.visitor import post_order
         for n in post_order(list(exprs)):
             if type(n) in _VALUE_ARITH and _INT_RANGE.get(n.dtype) is not None:
                 self.value_range(n)

@@ -26,13 +26,14 @@ reduction, a scatter or an output, an axis of another stage, parallelising a
 reduction axis or a scatter, a non-positive split factor, ...).
 """
 
+from texpr.simplify.graph import stage_exprs
 from texpr.simplify.support import is_support_stage
 from texpr.errors import ScheduleError
 from texpr.expr import IterVar, Load, Reduce, iter_var
 from texpr.printer import expr_str
 from texpr.scan import ScanOp
-from texpr.tensor import ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, topo_order
-from texpr.visitor import post_order, substitute
+from texpr.tensor import ComputeOp, Operation, PlaceholderOp, ScatterAddOp, Tensor, topo_order
+from texpr.visitor import post_order, substitute, transform
 
 __all__ = ["Schedule", "Stage", "create_schedule"]
 
@@ -107,7 +108,7 @@ class Stage:
         return self
 
     def parallel(self, axis):
-        """Run the loop over ``axis`` (a spatial leaf axis) in parallel (numba ``prange``).
+        """Run the loop over ``axis`` (a spatial leaf axis) in parallel (the dialect's parallel range).
 
         A scatter-add stage cannot, except a support stage
         (:func:`texpr.simplify.is_support_stage`), whose points write distinct elements."""
@@ -227,7 +228,6 @@ class Schedule:
         (``stage.attached`` is False) whose decisions have no effect.
 
         Raises ScheduleError when ``tensor`` is not a Tensor."""
-        from texpr.tensor import Operation
         if isinstance(tensor, Operation):
             op = tensor
         elif isinstance(tensor, Tensor):
@@ -276,17 +276,7 @@ def inline_expand(e, inlined):
             return memo[key]
         return None
 
-    from texpr.visitor import transform
     return transform(e, fn)
-
-
-def op_exprs(op):
-    """The expressions an operation evaluates (its body, or a scatter's parts)."""
-    if isinstance(op, ComputeOp):
-        return list(op.body)
-    if isinstance(op, ScatterAddOp):
-        return list(op.indices) + [op.value, op.where]
-    return []
 
 
 def default_materialized(schedule, rule=None):
@@ -331,7 +321,7 @@ def default_materialized(schedule, rule=None):
         for cons in schedule.ops:
             if id(cons) not in mat:
                 continue
-            for e in op_exprs(cons):
+            for e in stage_exprs(cons):
                 for n in post_order(inline_expand(e, inlined)):
                     if isinstance(n, Load) and n.tensor.op is op:
                         seen.add(tuple(id(a) for a in n.args))

@@ -14,7 +14,7 @@ or writes, named by position of first use in the text, then ``err``
 same local identifiers (``i0_0``, ``acc0_0``, ...) and comments without user
 text, so the text is a function of the stage's structure alone (shapes and
 constants included, names and position in the graph excluded): the compiled
-code is keyed on it (:mod:`codegen.backends.numba_cpu.compile`), so a layer repeated with the
+code is keyed on it (the loop-nest backend's compiler (:mod:`codegen.backends`)), so a layer repeated with the
 same shapes compiles once, editing one operator recompiles only its stages,
 and two graphs that share a stage share its machine code.
 
@@ -23,16 +23,16 @@ and ``parallel_min_work`` work, fields of the active :class:`codegen.options.Opt
 read in :mod:`codegen.loopnest.stage`; or one the schedule marks parallel) is a
 *chunked* unit (``Options.chunks``) where its loop nests allow it: serial text
 ``unit(b0, .., part, err)`` whose parallel loop runs one part of a spatial
-axis, the parts run at the same time (:mod:`codegen.backends.numba_cpu.chunks`), so it compiles
-without numba's parfor pass (about 0.5-1 s a unit). Otherwise (a scan, a
+axis, the parts run at the same time (the backend's chunked units (docs/stages.md)), so it compiles
+without the backend's parallel-loop pass (about 0.5-1 s a unit). Otherwise (a scan, a
 scatter, a split or second parallel axis) the unit gets ``parallel=True`` and
 ``prange`` loops.
 
 :attr:`Program.source` (``Kernel.source``) is the readable text of the whole
 program: the units with buffers named after their tensors and each stage's
-definition in a comment, then ``kernel(...)``, the driver (what
-:class:`codegen.build.Kernel` runs: the units in order, stopping at the first
-error).
+definition in a comment, then the driver as comments: the list of unit calls
+that :class:`codegen.build.Kernel` runs in order, stopping at the first error
+(the bridges' compiled driver runs the same list).
 
 Re-exported for importers of this module: ``default_order``,
 ``lift_zero_guards``, ``ExprEmitter``, ``const_str``, ``element``
@@ -40,16 +40,21 @@ Re-exported for importers of this module: ``default_order``,
 are the fields of :class:`codegen.options.Options` (docs/options.md).
 """
 
-import numpy as np
-
 from texpr.simplify.isl_bridge import isl
 from texpr.errors import TexprError
 from texpr.printer import tensor_str
+from texpr.scan import ScanOp
+from texpr.simplify.graph import accesses
+from texpr.simplify.materialize import scan_view
 from texpr.tensor import PlaceholderOp
 
+from ..analysis.shifts import ShiftPlan
+from ..ir.program import (BufferInfo, ContractionUnitSource, Program, ShiftUnitSource, UnitSource,
+                          ViewInfo, alias_info)  # noqa: F401 (lower.X of old)
 from .memo import TextMemo
+from .scan_lower import lower_stage
 from .emit import ExprEmitter, _Writer, const_str, element  # noqa: F401
-from ..backends.numba_cpu.runtime import GEMM_GUARD, IMPORT_LINE
+from . import dialect as _dialect
 from . import cse as _cse
 from .source import buffer_identifiers, remove_dead_assignments, rename
 from .stage import _StageLowering, default_order, lift_zero_guards
@@ -58,104 +63,6 @@ from ..options import current as _opts
 __all__ = ["lower", "Program", "BufferInfo", "UnitSource", "default_order", "ExprEmitter",
            "const_str", "element", "lift_zero_guards"]
 
-#: the numba helpers every unit module imports (NaN-propagating min/max, the checks:
-#: one module for all units, :mod:`codegen.backends.numba_cpu.runtime`)
-HELPERS = IMPORT_LINE + "\n\n" + GEMM_GUARD.strip() + "\n"
-
-_PRELUDE = "import math\n\nimport numpy as np\nfrom numba import njit, prange\n"
-
-
-class BufferInfo:
-    """A buffer of the kernel: ``name`` in the source, ``tensor``, ``role``
-    (input/output/temp), ``shape`` (0-d tensors are stored with shape ``(1,)``)."""
-
-    def __init__(self, name, tensor, role):
-        self.name, self.tensor, self.role = name, tensor, role
-        self.shape = tuple(tensor.shape) if tensor.shape else (1,)
-        self.size = int(np.prod(self.shape, dtype=np.int64))
-        self.dtype = tensor.dtype
-
-
-class ViewInfo(BufferInfo):
-    """A tensor stored inside another tensor's buffer (``base``, a BufferInfo)
-    through an axis permutation with reversals: the state of a scan whose only
-    reader re-indexes it (:func:`texpr.simplify.materialize.scan_view`).
-    ``perm[j] = (d, reversed)``: the tensor's axis ``j`` is the base's axis ``d``
-    (``n - 1 - i`` when reversed). :func:`codegen.loopnest.emit.element` applies it."""
-
-    def __init__(self, base, tensor, perm, extents=None):
-        super().__init__(base.name, tensor, base.role)
-        self.base, self.perm = base, list(perm)
-        self.extents = tuple(extents or tensor.shape)  # the state's (for reversals)
-
-    def alias(self, tensor, base=None):
-        """The same layout for another tensor indexed like the state (a loop
-        nest that writes some of its steps), over ``base`` (default: the same)."""
-        return ViewInfo(base or self.base, tensor, self.perm, self.extents)
-
-    def physical(self, idx):
-        """``(index strings, shape)`` in the base buffer for the index strings ``idx``."""
-        out = [None] * len(self.perm)
-        for s, (d, rev), n in zip(idx, self.perm, self.extents):
-            out[d] = f"({n - 1} - ({s}))" if rev else s
-        return out, self.base.shape
-
-
-def alias_info(info, tensor):
-    """A BufferInfo for ``tensor`` in the storage of ``info`` (same layout)."""
-    if isinstance(info, ViewInfo):
-        return info.alias(tensor)
-    return BufferInfo(info.name, tensor, info.role)
-
-
-class UnitSource:
-    """One materialised stage, lowered: what a compiled unit is made from.
-
-    ``kind`` (``"numba"``: ``module_source`` is compiled by
-    :func:`codegen.backends.numba_cpu.compile.compile_units`); ``stage`` (the op's name);
-    ``definition`` (``te.tensor_str`` of its output, for messages);
-    ``module_source`` (canonical text defining ``unit(b0, .., err)``, see the
-    module docstring); ``args`` (indices into :attr:`Program.buffers`, in
-    parameter order); ``arg_specs`` (``(dtype, 1)`` per parameter, then
-    ``("int64", 1)`` for ``err``); ``errors`` (flag code - 1 -> message, naming
-    the stage); ``parallel`` (the text has a ``prange`` loop); ``source`` (the
-    readable text of the unit, as in :attr:`Program.source`); ``chunks`` (0, or
-    the extent ``n`` of the spatial axis a *chunked* unit splits: its text
-    defines ``unit(b0, .., part, err)``, serial, which runs the points whose
-    value of that axis is in ``part[0] <= v < part[1]``, and the parts
-    ``[0, n)`` is cut into run at the same time, each starting at a multiple of
-    ``chunk_align``, :mod:`codegen.backends.numba_cpu.chunks`). Picklable."""
-
-    kind = "numba"
-
-    def __init__(self, stage, definition, module_source, args, arg_specs, errors, parallel,
-                 source, chunks=0, chunk_align=1):
-        self.stage, self.definition, self.module_source = stage, definition, module_source
-        self.args, self.arg_specs, self.errors = tuple(args), list(arg_specs), list(errors)
-        self.parallel, self.source, self.chunks = parallel, source, chunks
-        self.chunk_align = chunk_align or 1
-
-    def describe(self):
-        """``"the stage <definition>"`` (shortened), for messages."""
-        d = self.definition
-        return "the stage " + (d if len(d) < 400 else d[:400] + " ...")
-
-
-class Program:
-    """The lowered kernel: ``units`` (a :class:`UnitSource` per materialised
-    stage, in execution order), ``buffers`` (the kernel's flat arrays, argument
-    order: inputs, outputs, temps; each unit's ``args`` index them),
-    ``source`` (readable Python text: the units with buffers named after their
-    tensors and each stage's definition in a comment, then the driver
-    ``kernel``), ``stages`` (names of the materialised stages), ``parallel``
-    (whether some unit uses prange), ``ops`` (the materialised operations, one
-    per unit, in unit order: what each unit computes, for
-    :mod:`codegen.profile`)."""
-
-    def __init__(self, source, buffers, units, stages, parallel, ops=()):
-        self.source, self.buffers, self.units = source, buffers, units
-        self.stages, self.parallel = stages, parallel
-        self.ops = list(ops)
 
 
 class _UnitBuffers(dict):
@@ -217,7 +124,7 @@ def _lower_stage(op, stage, buffers, inlined, parallel, chunking):
     sl = _StageLowering(0, op, stage, ub, inlined, [], parallel, w)
     sl.chunking = chunking
     try:
-        sl.run(1)
+        lower_stage(sl, 1)
     except isl.Error as exc:
         raise TexprError(f"stage {op.name}: isl failed while lowering it ({exc}); "
                          "please report the program") from None
@@ -244,21 +151,17 @@ def _lower_unit(op, stage, buffers, order, idents, inlined, parallel):
         how = _chunked(sl)
         if how:
             chunks, align = sl.chunk_axis.extent, sl.chunk_align
-        elif how is False:  # prange loops, numba's parfor pass (see the module docstring)
+        elif how is False:  # parallel loops (see the module docstring)
             sl, ub, w = _lower_stage(op, stage, buffers, inlined, parallel, False)
-    if sl.uses_prange and sl.split_guard:
-        # a value bound in one flag block of a where= and read in a later one is, to
-        # numba's parfor pass, possibly carried from another iteration: it gave wrong
-        # sums (long run seed 7017100416 on 2b0e500, the same on 509b385; the serial
-        # text was right). Such a stage runs as a serial loop nest
+    target = _dialect.current()
+    if target.serial_instead(sl):  # the target miscompiles it in parallel
         sl, ub, w = _lower_stage(op, stage, buffers, inlined, False, False)
     errors = sl.errors
     w(1, "return 0")
     params = [f"b{j}" for j in range(len(ub.used))] + (["part"] if chunks else []) + ["err"]
-    deco = (f"@njit(parallel={sl.uses_prange}, fastmath=False, cache=True, "
-            "error_model='numpy', nogil=True)")
+    deco = target.decorator(sl.uses_prange)
     body = f"{deco}\ndef unit({', '.join(params)}):\n" + "\n".join(w.lines) + "\n"
-    src = _PRELUDE + "\n\n" + HELPERS + "\n\n" + body
+    src = target.prelude() + "\n\n" + body
     src = _tidy(src)
     pos = {id(b): j for j, b in enumerate(order)}
     args = [pos[id(b)] for b in ub.used]
@@ -271,14 +174,12 @@ def _lower_unit(op, stage, buffers, order, idents, inlined, parallel):
         if ln.strip() in w.comments else ln for ln in readable.splitlines(keepends=True))
     specs = [(b.dtype, 1) for b in ub.used] + [("int64", 1)] * (2 if chunks else 1)
     return UnitSource(op.name, tensor_str(op.output(0)), src, args, specs, errors,
-                      sl.uses_prange, readable, chunks, align)
+                      sl.uses_prange, readable, chunks, align, kind=target.unit_kind)
 
 
 def _blas_unit(op, plan):
     """The unit of a stage run as GEMMs (or as strided moves, a
     :class:`codegen.analysis.shifts.ShiftPlan`): its definition and its plan as comments."""
-    from ..analysis.contraction import ContractionUnitSource
-    from ..analysis.shifts import ShiftPlan, ShiftUnitSource
     w = _Writer()
     w.comment(0, "---- stage (BLAS)", f"---- stage {op.name}: {tensor_str(op.output(0))}")
     w.comment(0, "BLAS", plan.describe())
@@ -291,13 +192,8 @@ def _scan_views(schedule, mat_ops):
     """``{id(stage): (scan op, perm)}``: the materialised stages that only re-index
     a materialised scan's state (:func:`texpr.simplify.materialize.scan_view`);
     the scan writes their buffers directly and they get no unit."""
-    from texpr.scan import ScanOp
-
     if not any(isinstance(op, ScanOp) for op in mat_ops):
         return {}
-    from texpr.simplify.graph import accesses
-    from texpr.simplify.materialize import scan_view
-
     accs = accesses(schedule.outputs)
     output_ids = {id(t) for t in schedule.outputs}
     mat_ids = {id(op) for op in mat_ops}
@@ -376,33 +272,30 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
                      f"{b.dtype}")
     head.comment(0, "argument err", "err: the error flag ([code, value]; code 0, or the "
                  "first failed check of the unit that stopped)")
-    parts = [_PRELUDE + "\n\n" + HELPERS.rstrip("\n"),
+    parts = [_dialect.current().prelude().rstrip("\n"),
              "\n".join(head.comments[ln] for ln in head.lines)]
-    driver = [f"def kernel({', '.join(idents + ['err'])}):",
-              "    # the driver: each unit is compiled as a module of its own; the first "
-              "error stops the run"]
+    calls = ["# ---- the driver: what codegen.build.Kernel runs (and the bridges' compiled",
+             "# driver, the same list): each unit in order on the buffers above, each",
+             "# compiled as a module of its own; the first unit whose error flag is set stops",
+             "# the run and raises"]
     for k, u in enumerate(units):
+        args = ", ".join([idents[a] for a in u.args])
         if u.kind == "blas":
             parts.append(u.source.rstrip("\n"))
-            driver.append(f"    # unit{k}: {u.stage} runs as GEMMs (numpy's BLAS; see its comment)")
+            calls.append(f"# unit{k}: {u.stage}: GEMMs on numpy's BLAS over {args} (its comment)")
             continue
         if u.kind == "shift":
             parts.append(u.source.rstrip("\n"))
-            driver.append(f"    # unit{k}: {u.stage} runs as a shift plan: strided copies and adds "
-                          "(codegen.analysis.shifts; see its comment)")
+            calls.append(f"# unit{k}: {u.stage}: a shift plan (strided copies and adds) over "
+                         f"{args} (its comment)")
             continue
         parts.append(u.source.replace("\ndef unit(", f"\ndef unit{k}(", 1).rstrip("\n"))
         if u.chunks:
-            driver.append(f"    # unit{k}: the parts [lo, hi) of 0..{u.chunks} at the same time, "
-                          "one per thread (codegen.backends.numba_cpu.chunks)")
-            driver.append(f"    unit{k}({', '.join([idents[a] for a in u.args])}, "
-                          f"np.array([0, {u.chunks}]), err)  # (here: one part, all of it)")
+            calls.append(f"# unit{k}({args}, part, err) for the parts [lo, hi) of "
+                         f"0..{u.chunks}, one per thread at the same time")
         else:
-            driver.append(f"    unit{k}({', '.join([idents[a] for a in u.args] + ['err'])})")
-        driver.append("    if err[0]:")
-        driver.append("        return 0")
-    driver.append("    return 0")
-    parts.append("\n".join(driver))
+            calls.append(f"# unit{k}({args}, err)")
+    parts.append("\n".join(calls))
     source = "\n\n\n".join(parts) + "\n"
     return Program(source, order, units, [op.name for op in mat_ops],
                    any(u.parallel for u in units), mat_ops)

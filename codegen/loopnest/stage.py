@@ -24,7 +24,7 @@ materialised stage becomes:
    strides, and solves equalities away;
 4. the residual (data-dependent) part of ``where`` stays as an ``if``; loads
    whose indices isl cannot prove in bounds get a run-time check that sets an
-   error flag (a ``raise`` would stop numba from parallelising the loop); loads
+   error flag (a ``raise`` would stop the compiler from parallelising the loop); loads
    proven out of bounds are reported at build time (:class:`OutOfBoundsError`).
 
 Default schedule of a stage the user did not order: loops in definition order,
@@ -72,6 +72,7 @@ sum's order of terms, which the evaluator does not fix either):
   every iteration.
 """
 
+import functools
 import math
 import re
 
@@ -84,29 +85,25 @@ from texpr import dtypes as dt
 from texpr import expr as E
 from texpr.errors import TexprError
 from texpr.printer import expr_str, tensor_str
-from texpr.scan import ScanOp
 from texpr.visitor import post_order, tree_sizes
 from texpr.tensor import ScatterAddOp, row_major_strides
 
 from ..options import current as _opts
 from ..analysis.affine import affine_offsets
 from ..analysis.bounds import _BoundsChecker
-from .scan_lower import lower_scan
 from .emit import ExprEmitter, const_str, element, fill_value, helper_int
 from ..ir.schedule import inline_expand
-from ..backends.numba_cpu.runtime import CHECK_NAMES
-from ..backends.numba_cpu.vectorize import unit_stride_loop
+from . import dialect as _dialect
 
 __all__ = ["default_order", "lift_zero_guards"]
 
 # The knobs read here are fields of the active codegen Options (``_opts()``, read
 # when the stage is lowered; docs/options.md). Why their defaults are what they are:
-
 # options.rest_parallel_fraction (default 0.125): a second loop nest of a stage (the rest of
 #   an unrolled or blocked nest: borders, partial groups) with fewer than this fraction of
-#   the stage's points runs sequentially: numba compiles every parallel loop nest as a
-#   function of its own (depthwise conv's border nests: about 1 s of compile time each, for
-#   about 5% of the stage's run time)
+#   the stage's points runs sequentially: the compiler compiles every parallel loop nest as
+#   a function of its own (depthwise conv's border nests: about 1 s of compile time each,
+#   for about 5% of the stage's run time)
 # options.inline_nodes (default 16): a subexpression of at most this many tree nodes and no
 #   run-time check stays inline in a large value's statements
 #   (:meth:`_StageLowering._bind_branches`)
@@ -148,18 +145,18 @@ __all__ = ["default_order", "lift_zero_guards"]
 # options.parallel_points (default 1 << 19): ... and, below ``options.parallel_points`` points,
 #   whose *work* (its points times the expression nodes of its body; a reduction's summand
 #   and condition) is below ``options.parallel_min_work``. Waking the second thread costs about 0.1
-#   ms here (numba's prange and a chunked unit's launch alike, OpenMP waiting passively:
-#   codegen.backends.numba_cpu.compile), so a stage of few cheap points runs faster
-#   serially. Calibrated on the suite's stages (2 cores, bench_variants, docs/stages.md):
-#   upsample2's and pixel_shuffle2's copies and selects (0.4 M points, work 3-9 M) and
-#   layernorm's stages (0.13 M points) lose in parallel; max_pool2d's forward max and argmax
-#   (0.8 M points, work 7-14 M), avg_pool2d's and the depthwise convolution's stages
-#   (1.7-6.9 M points) gain
-# options.parallel_min_work (default 16_000_000): see options.parallel_points
+#   ms here (a parallel loop and a chunked unit's launch alike, OpenMP waiting passively:
+#   the loop-nest backend's compiler), so a stage of few cheap points runs faster serially.
+#   Calibrated on the suite's stages (2 cores, bench_variants, docs/stages.md): upsample2's
+#   and pixel_shuffle2's copies and selects (0.4 M points, work 3-9 M) and layernorm's
+#   stages (0.13 M points) lose in parallel; max_pool2d's forward max and argmax (0.8 M
+#   points, work 7-14 M), avg_pool2d's and the depthwise convolution's stages (1.7-6.9 M
+#   points) gain
+# options.parallel_min_work (default 16_000_000): 
 # options.chunks (default True): a parallel stage is a *chunked* serial unit whose parts of
-#   its outermost spatial axis run at the same time
-#   (:mod:`codegen.backends.numba_cpu.chunks`), where its loop nests allow it, instead of
-#   prange loops (numba's parfor pass: about 0.5-1 s of compile time per unit)
+#   its outermost spatial axis run at the same time (the backend's chunked units
+#   (docs/stages.md)), where its loop nests allow it, instead of prange loops (the backend's
+#   parallel-loop pass: about 0.5-1 s of compile time per unit)
 # options.unroll_min_points (default 1 << 15): reductions whose iteration box has fewer
 #   points are neither unrolled nor register-blocked
 # options.unroll (default 8): partial sums in the innermost loop of a sum reduction (a power
@@ -168,7 +165,7 @@ __all__ = ["default_order", "lift_zero_guards"]
 #   (register blocking)
 # options.jam_unroll (default 4): partial sums per blocked point of a register-blocked sum
 #   (options.jam points x this many accumulators; options.unroll's 8 there made flatten_dense's dense unit
-#   32 accumulators and 7.7 s of numba compile time)
+#   32 accumulators and 7.7 s of compile time)
 # options.jam_move (default True): the blocked axis may be a spatial axis other than the
 #   innermost (moved innermost)
 # options.max_lanes (default 4): a reduction loop this short, innermost among the reductions
@@ -188,7 +185,14 @@ __all__ = ["default_order", "lift_zero_guards"]
 #: a statement that branches, and the run-time checks (calls that may set the
 #: error flag), which keep a sum's loop unrolled by copies
 _BRANCH = re.compile(r"\s*(if|elif|else|while|for)\b")
-_CHECK_CALL = re.compile(r"\b(" + "|".join(CHECK_NAMES) + r")\(")
+
+
+@functools.lru_cache(maxsize=None)
+def _check_call(names):
+    """A regex finding a call of one of the check helpers ``names``."""
+    return re.compile(r"\b(" + "|".join(names) + r")\(")
+
+
 # options.unroll_max_nodes (default 64): larger summands are not unrolled (compile time
 #   grows with the copies)
 # options.cse (default True): repeated subexpressions of a statement are computed once, and
@@ -196,7 +200,7 @@ _CHECK_CALL = re.compile(r"\b(" + "|".join(CHECK_NAMES) + r")\(")
 # options.invariant_free (default True): in the default order's scores, a load invariant in
 #   a loop counts as much as a unit-stride one, and the output's store is invariant in a
 #   reduction loop (layernorm's variance: ``mean[i]`` and the store no longer pull ``i``
-#   innermost, which read X at stride 512 and unrolled 16 lanes; value and gradient numba
+#   innermost, which read X at stride 512 and unrolled 16 lanes; value and gradient compile
 #   time 3.8 -> 3.0 s); first, though, the innermost loop walks the fewest tensors at a far
 #   stride (:func:`_far_strided`). False: the earlier scores alone
 # options.affine_offsets (default True): loads whose row-major offset isl proves affine over
@@ -599,9 +603,9 @@ class _StageLowering:
         self.names = {}
         self.uses_prange = False
         # a where= written as a chain of flag blocks binding values one block reads
-        # from another (_guard): numba's parfor pass miscompiles such a body
+        # from another (_guard): the backend's parallel-loop pass miscompiles such a body
         self.split_guard = False
-        # chunked lowering (codegen.backends.numba_cpu.chunks): the parallel loop over ``chunk_axis``
+        # chunked lowering (the backend's chunked units): the parallel loop over ``chunk_axis``
         # runs the part ``part[0] <= value < part[1]`` of its range only
         self.chunking = False  # lower parallel loops as chunks (set by the unit)
         self.chunk_axis = None  # the one spatial axis every chunked loop runs over
@@ -620,15 +624,19 @@ class _StageLowering:
         self.residues = []  # [(e, m)]: split the domains on the residues of e % m
         self.stage_points = None  # points of a reduction stage's domain
 
+    def header(self, depth):
+        """The stage's comment line (its definition, in the readable source only)."""
+        self.w.comment(depth, "---- stage",
+                       f"---- stage {self.op.name}: {tensor_str(self.op.output(0))}")
+
     def run(self, depth):
+        """Write the stage's loop nests (a scan is lowered by
+        :func:`codegen.loopnest.scan_lower.lower_stage`, which calls this for the rest)."""
         op = self.op
         w = self.w
-        w.comment(depth, "---- stage",
-                  f"---- stage {op.name}: {tensor_str(op.output(0))}")
+        self.header(depth)
         if isinstance(op, ScatterAddOp):
             return self._scatter(depth)
-        if isinstance(op, ScanOp):
-            return lower_scan(self, depth)
         spatial = list(op.axis)
         body = [inline_expand(b, self.inlined) for b in op.body]
         red = body[0] if isinstance(body[0], E.Reduce) else None
@@ -715,7 +723,7 @@ class _StageLowering:
                       and comb.dtypes[0] == "float32" else None)
             # a small stage runs in microseconds either way: unrolled and blocked
             # copies would only cost compile time (the main job's 64-term loss sum
-            # with its checked gather: 1.8 s of numba unrolled)
+            # with its checked gather: 1.8 s of compilation unrolled)
             sum_ok = sum_ok and self._box_points(full) >= _opts().unroll_min_points
             if sum_ok and rd_order and rd_order[-1].extent >= 2 * u_n:
                 self.unroll = (combine, acc[0], acc_dt or comb.dtypes[0], u_n,
@@ -1048,7 +1056,7 @@ class _StageLowering:
         index, its load checked, read only where the index is in range):
         :meth:`ExprEmitter.bind_shared` binds only what the statement always
         evaluates, so the chain and its derivative stayed trees of O(3^d) text (a
-        fuzzed gradient scatter, seed 7007400007: 430 KB of source, numba out of
+        fuzzed gradient scatter, seed 7007400007: 430 KB of source, the compiler out of
         memory at 23 GB). Checks run in the value's order (each in a statement of
         its own, in order), so the one that fails first stays the one reported.
         A value whose text would nest deeper than ``options.text_max_height`` parentheses is
@@ -1330,8 +1338,8 @@ class _StageLowering:
         statement, the same spatial axis of the op (the one every other nest of
         the unit chunks too): instances at different values of it then write
         different output elements, so the chunks of its range are independent
-        of each other in every statement, not only within one loop (numba's
-        prange synchronises between two parallel loops; chunks do not)."""
+        of each other in every statement, not only within one loop (a
+        parallel range synchronises between two parallel loops; chunks do not)."""
         if not self._chunk_ok_path or len(par_dims) != 1:
             self.chunk_broken = True
             return
@@ -1427,10 +1435,10 @@ class _StageLowering:
             if id(node.var) in par_vars:
                 self.uses_prange = True
                 if node.stride == 1:
-                    w(depth, f"for {v} in prange({lo}, {hi}):")
+                    w(depth, f"for {v} in {_dialect.current().parallel_range}({lo}, {hi}):")
                 else:
                     s = node.stride
-                    w(depth, f"for {v}_t in prange(({hi} - {lo} + {s - 1}) // {s}):")
+                    w(depth, f"for {v}_t in {_dialect.current().parallel_range}(({hi} - {lo} + {s - 1}) // {s}):")
                     w(depth + 1, f"{v} = {lo} + {v}_t * {s}")
             elif (self.unroll is not None and node.stride == 1 and self._long(node) and (
                     (isinstance(node.body, LA.Stmt) and node.body.name.startswith("U"))
@@ -1456,7 +1464,7 @@ class _StageLowering:
         """Whether the loop ``node`` may run ``2 * u_n`` times or more (its trip count
         ``hi - lo`` is not a smaller constant): unrolling a loop that always runs
         fewer times than it has copies (upsample2's dX: 2 of a 28-value axis per
-        output) only adds code for numba to compile."""
+        output) only adds code for the compiler to compile."""
         from texpr.simplify.sympy_bridge import constant_difference  # (SymPy: a build's
         # lowering only, never a warm run's, which loads the lowered program)
         trips = constant_difference(node.hi, node.lo)
@@ -1560,16 +1568,16 @@ class _StageLowering:
     def _emit_reassociated_sum(self, node, v, lo, hi, depth, stmt_vars):
         """The innermost loop of a float sum written once, each accumulator (one per
         lane of a register-blocked axis) updated by ``_radd`` (an add LLVM may
-        reassociate, :data:`codegen.backends.numba_cpu.runtime.REASSOC_HELPER`): LLVM's loop
+        reassociate, the backend's ``_radd``): LLVM's loop
         vectoriser keeps the partial sums in vector registers, so the copies of
         :meth:`_emit_unrolled_sum` are not needed. Written, and True, only where
         the vectoriser will take the loop and gain: at least
         ``options.reassociate_min_trips`` trips (the constant trip count, else the
         reduction axis's extent), every subscript moves by -1, 0 or +1
-        per iteration (:func:`codegen.backends.numba_cpu.vectorize.unit_stride_loop`, the rule that
+        per iteration (:meth:`codegen.loopnest.dialect.Dialect.unit_stride_loop`, the rule that
         turns the vectoriser on for the unit) and the body has no branch and no
         run-time check (a call that may set the error flag,
-        :data:`codegen.backends.numba_cpu.runtime.CHECK_NAMES`). Otherwise nothing is written and
+        :attr:`codegen.loopnest.dialect.Dialect.check_names`). Otherwise nothing is written and
         the caller unrolls. Measured (benchmarks/bench_variants.py, 2026-12-04,
         ``reassociate=False`` against the default in one process): layernorm's
         value and gradient 0.23 -> 0.10 ms, the other suite cases within noise."""
@@ -1587,8 +1595,8 @@ class _StageLowering:
         body.done()
         written = w.lines[start:]
         text = "\n".join(line[4 * depth:] for line in written)
-        if (any(_BRANCH.match(line) for line in written[1:]) or _CHECK_CALL.search(text)
-                or not unit_stride_loop(text)):
+        if (any(_BRANCH.match(line) for line in written[1:]) or _check_call(_dialect.current().check_names).search(text)
+                or not _dialect.current().unit_stride_loop(text)):
             del w.lines[start:]
             return False
         return True

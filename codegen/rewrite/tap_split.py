@@ -86,13 +86,14 @@ from texpr.tensor import ComputeOp, topo_order
 from texpr.visitor import free_vars, post_order, substitute
 
 from ..analysis import contraction
-from .operands import PACKED, _linear
+from ..ir.marks import PACKED, TAP_SPLIT
+from ..analysis.affine import linear_coefs as _linear
 from ..options import current as _opts
 
 __all__ = ["split_taps", "SPLIT"]
 
 #: the attrs key that marks a stage made by the split (never split again)
-SPLIT = "texpr.tap_split"
+SPLIT = TAP_SPLIT
 # options.tap_split (default True): False: no stage is split (for A/B timings,
 #   benchmarks/bench_variants.py)
 # options.tap_split_min_density (default 0.5): the loop nest's domain must fill at least

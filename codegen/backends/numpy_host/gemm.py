@@ -34,7 +34,6 @@ import glob
 import math
 import os
 import threading
-import time
 import weakref
 
 import numpy as np
@@ -43,6 +42,7 @@ from texpr import expr as E
 from texpr.errors import TexprError, in_stage
 from texpr.evaluate import int_arith_exactly
 
+from .. import workers as _workers
 from . import parking as _parking
 from ...options import current as _opts
 
@@ -298,7 +298,7 @@ class ContractionPlan:
 # options.gemm_threads (default 0): How a GEMM uses the cores. A positive value: cut each
 #   GEMM into this many parts (along a batch axis or the rows), run on worker threads, each
 #   a one-thread BLAS call (1: one call on the BLAS's own threads). 0 (the default): one
-#   part per numba thread. In a model OpenBLAS's own workers spin after each GEMM and starve
+#   part per backend thread. In a model OpenBLAS's own workers spin after each GEMM and starve
 #   the parallel loop nests that follow it: on an idle 2-core machine the mini-GPT's step
 #   took 83 ms with them, 53 ms cut into parts (the ResNet's 667 vs 503 ms; kernel.profile,
 #   2026-12-07, load 1.3-2). Alone, OpenBLAS's threads are the faster on an idle machine
@@ -307,45 +307,18 @@ class ContractionPlan:
 #   SGEMM ran 6x slower than one thread (dense 124 ms vs 20 ms); Python's pool waits on a
 #   lock instead.
 # options.gemm_split_min (default 1 << 20): a GEMM with fewer multiply-adds runs in one call
-# options.gemm_load_check_s (default 1.0): how often the load average is read again, in
-#   seconds
 
 _POOL = []
 _LIMITER = []
-_LOAD = [float("-inf"), False]  # (when last read, oversubscribed)
 _MODE = threading.local()
 #: per thread, per plan (weakly): the zero-padded operand buffers kept between runs
 _WORKSPACES = threading.local()
 
 
-def _threads():
-    """Worker threads for packing copies and split GEMMs: numba's thread count."""
-    try:
-        import numba
-        return max(1, numba.get_num_threads())
-    except Exception:  # noqa: BLE001 - numba is a dependency; be safe in workers
-        return 1
-
-
-def _oversubscribed():
-    """Whether the 1-minute load average exceeds this process's usable CPUs by more
-    than half a CPU (read at most every ``options.gemm_load_check_s`` seconds; False where
-    the platform has no load average)."""
-    now = time.monotonic()
-    if now - _LOAD[0] >= _opts().gemm_load_check_s:
-        try:
-            cpus = len(os.sched_getaffinity(0))
-            _LOAD[1] = os.getloadavg()[0] > cpus + 0.5
-        except (AttributeError, OSError):
-            _LOAD[1] = False
-        _LOAD[0] = now
-    return _LOAD[1]
-
-
 def _gemm_parts():
     """How many parts the GEMMs of one plan run are cut into (see ``options.gemm_threads``)."""
     threads = _opts().gemm_threads
-    return threads if threads > 0 else _threads()
+    return threads if threads > 0 else _workers.threads()
 
 
 @contextlib.contextmanager
@@ -418,17 +391,6 @@ def _blas_one_thread():
                 _ONE_THREAD[2] = None
 
 
-def _pool():
-    """The worker threads of the GEMMs and packing copies, and of chunked units'
-    parts without libgomp (:mod:`codegen.backends.numba_cpu.chunks`); created on first use."""
-    if not _POOL or _POOL[0][0] != os.getpid():
-        # a forked child inherits the pool object but not its threads: a new one
-        from concurrent.futures import ThreadPoolExecutor
-        _POOL[:] = [(os.getpid(), ThreadPoolExecutor(max_workers=max(_threads(), 2),
-                                                     thread_name_prefix="texpr-gemm"))]
-    return _POOL[0][1]
-
-
 def _quiet_matmul(a, b, out):
     # on a worker thread, which does not inherit the caller's np.errstate
     with np.errstate(over="ignore", invalid="ignore"):
@@ -460,7 +422,7 @@ def _matmul(a, b, out=None):
             parts.append((a[..., lo:hi, :], b, out[..., lo:hi, :]))
     else:
         return np.matmul(a, b, out=out)
-    futures = [_pool().submit(_quiet_matmul, pa, pb, po) for pa, pb, po in parts[1:]]
+    futures = [_workers.pool().submit(_quiet_matmul, pa, pb, po) for pa, pb, po in parts[1:]]
     np.matmul(*parts[0][:2], out=parts[0][2])
     for f in futures:
         f.result()
@@ -531,12 +493,12 @@ def _mask_array_now(masks, axes, piece_axes, shape):
 def _copy_parts(dst, src):
     """``np.copyto(dst, src)``, in parts on the worker threads when it is large
     (numpy's copy releases the GIL)."""
-    n = _threads()
+    n = _workers.threads()
     if n <= 1 or src.size < _opts().gemm_split_min or src.ndim == 0 or src.shape[0] < n:
         np.copyto(dst, src)
         return
     cuts = np.linspace(0, src.shape[0], n + 1).astype(int)
-    futures = [_pool().submit(np.copyto, dst[lo:hi], src[lo:hi])
+    futures = [_workers.pool().submit(np.copyto, dst[lo:hi], src[lo:hi])
                for lo, hi in zip(cuts[1:-1], cuts[2:])]
     np.copyto(dst[:cuts[1]], src[:cuts[1]])
     for f in futures:
@@ -1085,7 +1047,7 @@ def _chunk_plan(a, a_axes, b, b_axes, prefix, rows, cols, k, a_rows_first, b_k_f
     n = heavy.shape[heavy_axes.index(q)]
     per_index = sum(c for c, ax in ((copy_a, a_axes), (copy_b, b_axes)) if q in ax) / n
     length = max(1, int(opts.gemm_chunk_bytes // max(per_index, 1)))
-    threads = opts.gemm_threads if opts.gemm_threads > 0 else _threads()
+    threads = opts.gemm_threads if opts.gemm_threads > 0 else _workers.threads()
     if threads > 1:
         length = min(length, -(-n // threads))
     if length >= n:
@@ -1173,7 +1135,7 @@ def _run_chunked(chunks, a, a_axes, b, b_axes, prefix, rows, cols, k, a_rows_fir
 
     if threads > 1 and len(starts) > 1:
         with _blas_one_thread():
-            futures = [_pool().submit(work, t) for t in range(1, min(threads, len(starts)))]
+            futures = [_workers.pool().submit(work, t) for t in range(1, min(threads, len(starts)))]
             parts = [work(0)] + [f.result() for f in futures]
     else:
         parts = [work(0)]
