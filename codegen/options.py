@@ -25,13 +25,13 @@ The fingerprint of the lowering fields (:meth:`Options.fingerprint`) is part
 of the symbolic cache's key of a lowered program (:func:`codegen.build._lowered`):
 a program lowered under other knobs is never loaded (one built with other
 run-time fields is the same program, and is). Compiled units are keyed by
-their text, which the lowering fields decide; no field changes numba's flags.
+their text, which the lowering fields decide; no field changes the compiler's flags.
 
 Not fields: facts and guards that are no tuning (the bounds of a checked
 int64 index, ``analysis.bounds.DATA_INDEX_LIMIT``; OpenBLAS's threading
 threshold, ``parking.THREADED_MNK``; the limits that keep LLVM's vectoriser
-from exponential time, ``backends.numba_cpu.vectorize``; the compile workers'
-settings, ``backends.numba_cpu.compile``).
+from exponential time, and the compile workers' settings: the loop-nest
+backend's own).
 """
 
 import contextlib
@@ -179,7 +179,7 @@ class Options:
 
     # ---- run time (the kernel's own Options, see RUN_TIME) ----
     #: GEMM parts on worker threads (one-thread BLAS each); 1: the BLAS's own threads;
-    #: 0: one part per numba thread
+    #: 0: one part per backend thread
     gemm_threads: int = 0
     #: a GEMM (or packing copy) with fewer multiply-adds (elements) runs in one call
     gemm_split_min: int = 1 << 20
