@@ -5,7 +5,7 @@ GEMMs (forward ``X W^T``, ``dX = H W``, ``dW = H^T X``) run
 
 * ``numpy-split``: ``np.matmul`` on numpy's OpenBLAS, each GEMM cut over worker
   threads, one BLAS thread each (``texpr.codegen.backends.numpy_host.gemm._matmul`` with
-  ``GEMM_THREADS = 2``: what texpr's contraction stages do on a loaded machine);
+  ``codegen.options(gemm_threads=2)``: what texpr's contraction stages do on a loaded machine);
 * ``numpy-mt``: one ``np.matmul`` call each, numpy's BLAS with its own threads
   (what they do otherwise);
 * ``numba``: one ``@njit`` function calling ``np.dot`` three times (SciPy's
@@ -30,6 +30,7 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=30)
     args = ap.parse_args(argv)
     import numba
+    from texpr import codegen
     from texpr.codegen.backends.numpy_host import gemm as G
 
     rng = np.random.default_rng(0)
@@ -42,12 +43,8 @@ def main(argv=None):
         return np.dot(x, w.T), np.dot(h, w), np.dot(h.T, x)
 
     def numpy_split():
-        G.GEMM_THREADS = 2
-        try:
-            with G._blas_threads_limited():
-                return G._matmul(x, w.T), G._matmul(h, w), G._matmul(h.T, x)
-        finally:
-            G.GEMM_THREADS = 0
+        with codegen.options(gemm_threads=2), G._blas_threads_limited():
+            return G._matmul(x, w.T), G._matmul(h, w), G._matmul(h.T, x)
 
     def numpy_mt():
         return np.matmul(x, w.T), np.matmul(h, w), np.matmul(h.T, x)

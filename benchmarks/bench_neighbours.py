@@ -19,12 +19,12 @@ The PyTorch step is bench_digits_step.py's (the digits CNN, batch 64: forward,
     @ 784x128 float32, GEMMs OpenBLAS runs on its workers), which parks them
     when it returns (codegen/backends/numpy_host/parking.py);
   - ``dense, no park``: the same kernel with parking off for the call
-    (``codegen.backends.numpy_host.parking.ENABLED``): the workers spin about 0.1 s.
+    (the kernel's ``Options.park_blas``): the workers spin about 0.1 s.
 
   Blocks of ``--steps`` pairs (neighbour, then the timed PyTorch step) rotate
   over the five in each of ``--rounds`` rounds, with 0.15 s of sleep after a
-  block so that no spinning worker reaches the next. texpr's ``GEMM_THREADS``
-  is ``--gemm-threads``, 1 by default: one call on the BLAS's own threads,
+  block so that no spinning worker reaches the next. texpr's
+  ``Options.gemm_threads`` is ``--gemm-threads``, 1 by default: one call on the BLAS's own threads,
   what texpr's default picks on a machine whose load average is below its
   cores, fixed here so that a loaded machine measures the same path.
 
@@ -100,22 +100,21 @@ def worker(args):
     if args.worker == "torch-first":
         import torch
         torch.ones(2).add_(1)  # PyTorch's own OpenMP runtime loads before numba's
-    from texpr import codegen  # noqa: F401  (before PyTorch: one OpenMP runtime)
+    from texpr import codegen  # (before PyTorch: one OpenMP runtime)
     import numba
     import texpr as te
     from bench_suite import texpr_value_and_grad
     from cases import make_cases, random_inputs
 
     numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
-    from texpr.codegen.backends.numpy_host import gemm
-    gemm.GEMM_THREADS = args.gemm_threads
-    model, params, x, y = _digits_setup(args.batch)
-    digits_step = bd.texpr_step(model, params, x, y, parallel=True)
-    case = make_cases(1.0)["dense"]
-    arrays = random_inputs(case)
-    phs = [te.placeholder(shape, name, dtype) for name, shape, dtype, _ in case.inputs]
-    head = np.random.default_rng(1).standard_normal(case.texpr(*phs).shape).astype("float32")
-    dense = texpr_value_and_grad(case, arrays, head)[2]
+    with codegen.options(gemm_threads=args.gemm_threads):  # the kernels keep it
+        model, params, x, y = _digits_setup(args.batch)
+        digits_step = bd.texpr_step(model, params, x, y, parallel=True)
+        case = make_cases(1.0)["dense"]
+        arrays = random_inputs(case)
+        phs = [te.placeholder(shape, name, dtype) for name, shape, dtype, _ in case.inputs]
+        head = np.random.default_rng(1).standard_normal(case.texpr(*phs).shape).astype("float32")
+        dense_kernel, _, dense = texpr_value_and_grad(case, arrays, head)
     torch_step = bd.torch_step(params, x, y, args.threads)
     for _ in range(5):
         torch_step(), digits_step(), dense()
@@ -126,13 +125,14 @@ def worker(args):
         while time.perf_counter() - t < pause_s:
             pass
     from texpr.codegen.backends.numpy_host import parking
+    parked = dense_kernel.options
 
     def spinning():  # the dense kernel with OpenBLAS's workers left to spin
-        parking.ENABLED = False
+        dense_kernel.options = parked.replace(park_blas=False)
         try:
             dense()
         finally:
-            parking.ENABLED = True
+            dense_kernel.options = parked
     before = {"solo": None, "pause": pause, "digits": digits_step, "dense": dense,
               "dense, no park": spinning}
     after = {k: [] for k in NEIGHBOURS}
@@ -190,7 +190,7 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2, help="PyTorch's, numba's and BLAS's threads")
     ap.add_argument("--gemm-threads", type=int, default=1,
-                    help="texpr's codegen.backends.numpy_host.gemm.GEMM_THREADS (0: its default, by the load)")
+                    help="texpr's codegen Options.gemm_threads (0: its default, by the load)")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

@@ -25,7 +25,9 @@ The stages, each a subpackage (docs/pipeline.md draws the flow):
   :mod:`codegen.build` (``build`` and ``Kernel``), :mod:`codegen.explain` and
   :mod:`codegen.profile` (``kernel.explain``, ``kernel.profile``).
 
-Which stages get buffers by default is the materialisation rule of
+Every tuning knob is a field of :class:`codegen.options.Options`
+(``codegen.build(..., options=)``, ``with codegen.options(unroll=4):``;
+docs/options.md). Which stages get buffers by default is the materialisation rule of
 ``docs/stages.md``. The module paths of the flat layout before this one
 (``texpr.codegen.stage``, ...) stay importable for one release
 (:mod:`codegen._aliases`).
@@ -34,6 +36,7 @@ Which stages get buffers by default is the materialisation rule of
 import os as _os
 
 from . import _aliases
+from .options import Options, current as current_options, options, using
 
 if not _os.environ.get("_TEXPR_COMPILE_WORKER"):
     # (a compile worker process of the loop-nest backend needs its compiler only:
@@ -44,7 +47,8 @@ if not _os.environ.get("_TEXPR_COMPILE_WORKER"):
     from .ir.schedule import Schedule, Stage, create_schedule
 
 __all__ = ["build", "Kernel", "create_schedule", "Schedule", "Stage", "CompileError",
-           "CacheWarning", "cache_dir", "clear_memory_cache", "profile_report"]
+           "CacheWarning", "cache_dir", "clear_memory_cache", "profile_report",
+           "Options", "options", "using", "current_options"]
 
 _aliases.install(__name__)
 

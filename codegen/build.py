@@ -16,6 +16,7 @@ from texpr.tensor import (ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, check_
                           check_input_array)
 
 from .backends.numpy_host import parking as _parking
+from .options import _CURRENT as _ACTIVE_OPTIONS, resolve as _resolve_options, using as _using
 from . import profile as _profile
 from .backends import registered as _backends  # noqa: F401 - registers the backends
 from .backends.unit_errors import unit_error
@@ -62,8 +63,12 @@ class Kernel:
     generated module of each unit on disk, with canonical identifiers and no
     user names; None for a GEMM unit, which has no module, and for a unit
     compiled in memory because the cache directory could not be used),
-    ``path`` (the first unit's module, or None). ``kernel.profile(*arrays)``
-    times each unit (:mod:`codegen.profile`).
+    ``path`` (the first unit's module, or None), ``options`` (the
+    :class:`codegen.options.Options` it was built with; every call runs under
+    its run-time fields, :data:`codegen.options.RUN_TIME`, whatever Options
+    the caller has active: assign ``kernel.options =
+    kernel.options.replace(gemm_threads=2)`` to run it otherwise).
+    ``kernel.profile(*arrays)`` times each unit (:mod:`codegen.profile`).
 
     Raises (on call): FeedError (wrong number/shape/dtype of arrays, an unknown,
     ambiguous or repeated name, a bad ``out=`` buffer, a masked array),
@@ -73,8 +78,9 @@ class Kernel:
     TexprError (integer division by zero).
     """
 
-    def __init__(self, program, units, inputs, outputs, seconds):
+    def __init__(self, program, units, inputs, outputs, seconds, options=None):
         self._program = program
+        self.options = _resolve_options(options)
         self.units = list(units)
         self.source = program.source
         self.stages = list(program.stages)
@@ -226,6 +232,9 @@ class Kernel:
             else:
                 args.append(np.empty(size, dtype))
         err = np.zeros(2, dtype=np.int64)  # [error code, the offending index]
+        # the run-time knobs (GEMM threads and chunks, parking, the chunk runner)
+        # are this kernel's, whatever Options the caller has active
+        token = _ACTIVE_OPTIONS.set(self.options)
         try:
             if rec is None:
                 for unit in self.units:
@@ -238,10 +247,13 @@ class Kernel:
             else:
                 times = rec.run_units(self, args, err, _raise)
         finally:
-            if self._parks:
-                if self._calls_blas:  # a scan's np.dot: its sizes are not known here
-                    _parking.note_blas_woken()
-                _parking.park_blas_threads()
+            try:
+                if self._parks:
+                    if self._calls_blas:  # a scan's np.dot: its sizes are not known here
+                        _parking.note_blas_woken()
+                    _parking.park_blas_threads()
+            finally:
+                _ACTIVE_OPTIONS.reset(token)
         self._spare.bufs = spare  # (after an error, they are dropped)
         if outs_given is None:
             result = tuple(args[s].reshape(shape) if own else args[s].reshape(shape).copy()
@@ -264,7 +276,7 @@ class Kernel:
     def __reduce__(self):
         # the program (source, buffers, tensors) travels; the machine code is
         # loaded again from the cache, or recompiled (see _load_kernel)
-        return (_load_kernel, (self._program, self.inputs, self.outputs))
+        return (_load_kernel, (self._program, self.inputs, self.outputs, self.options))
 
     def __repr__(self):
         return (f"Kernel({', '.join(t.name for t in self.inputs)} -> "
@@ -428,17 +440,17 @@ def _chooser(schedule, inlined, blas, reasons=None):
     return choose
 
 
-def _compile_kernel(program, inputs, outputs):
+def _compile_kernel(program, inputs, outputs, options=None):
     t0 = time.perf_counter()
     units = make_units(program)
-    return Kernel(program, units, inputs, outputs, time.perf_counter() - t0)
+    return Kernel(program, units, inputs, outputs, time.perf_counter() - t0, options)
 
 
-def _load_kernel(program, inputs, outputs):
-    return _compile_kernel(program, inputs, outputs)
+def _load_kernel(program, inputs, outputs, options=None):
+    return _compile_kernel(program, inputs, outputs, options)
 
 
-def build(outputs, inputs, schedule=None, *, parallel=True, blas=True):
+def build(outputs, inputs, schedule=None, *, parallel=True, blas=True, options=None):
     """Compile the graph computing ``outputs`` from ``inputs`` into a :class:`Kernel`.
 
     Args:
@@ -453,6 +465,11 @@ def build(outputs, inputs, schedule=None, *, parallel=True, blas=True):
             worker threads).
         blas: allow the library lowerings: GEMMs on the BLAS, shift plans, and
             the rewrites that prepare them (False: every stage is a loop nest).
+        options: the tuning knobs, a :class:`codegen.options.Options` (used as it
+            is) or a dict of its fields (replaced in the active Options); None:
+            the active Options (:func:`codegen.options.current`, the defaults
+            unless ``with codegen.options(...)`` set others). The whole build
+            runs under them and the kernel keeps them (``Kernel.options``).
     Returns:
         A :class:`Kernel` (compiled; compilation is cached in memory and on disk,
         see the loop-nest backend's compiler (:mod:`codegen.backends`)).
@@ -462,8 +479,15 @@ def build(outputs, inputs, schedule=None, *, parallel=True, blas=True):
         an impossible request; OutOfBoundsError: a load provably outside its
         tensor; codegen.CompileError: the backend's compiler rejected the generated code;
         TexprError: index arithmetic that cannot be proven to stay in int64
-        (the message names the stage and the subexpression).
+        (the message names the stage and the subexpression); an ``options``
+        field that does not exist or has a value of the wrong type.
     """
+    opts = _resolve_options(options)
+    with _using(opts):
+        return _build(outputs, inputs, schedule, parallel, blas, opts)
+
+
+def _build(outputs, inputs, schedule, parallel, blas, opts):
     single = isinstance(outputs, Tensor)
     outs = [outputs] if single else list(outputs)
     if isinstance(inputs, Tensor):
@@ -514,18 +538,21 @@ def build(outputs, inputs, schedule=None, *, parallel=True, blas=True):
         if id(op) in mat or op in [t.op for t in outs]:
             for t in op.outputs:
                 check_allocatable(t, "build")
-    program = _lowered(schedule, inputs, mat, inl, parallel, blas)
-    return _housekeeping(_compile_kernel(program, inputs, outs))
+    program = _lowered(schedule, inputs, mat, inl, parallel, blas, opts)
+    return _housekeeping(_compile_kernel(program, inputs, outs, opts))
 
 
 # ---- hooks of the on-disk caches (texpr.symcache, texpr.cache) ----------------------
 
 
-def _lowered(schedule, inputs, mat, inl, parallel, blas):
+def _lowered(schedule, inputs, mat, inl, parallel, blas, opts):
     """``lower(schedule, inputs, mat, inl, parallel)`` through the symbolic cache
     (:mod:`texpr.symcache`, kind ``"lower"``): the key is the scheduled graph,
-    every stage's decisions, the materialised and inlined stages, the inputs
-    ``parallel``, ``blas`` and the active target dialect; a hit binds the Program's buffers to these tensors."""
+    every stage's decisions, the materialised and inlined stages, the inputs,
+    ``parallel``, ``blas``, the active target dialect and the fingerprint of the
+    lowering fields of ``opts`` (the :class:`Options` the lowering reads: a
+    program lowered under other knobs is never loaded); a hit binds the
+    Program's buffers to these tensors."""
     from texpr import symcache
 
     def extra(c):
@@ -535,7 +562,8 @@ def _lowered(schedule, inputs, mat, inl, parallel, blas):
                 "materialized", sorted(c.position(op) for op in schedule.ops if id(op) in mat),
                 "inlined", sorted(c.position(op) for op in schedule.ops if id(op) in inl),
                 "parallel", bool(parallel), "blas", bool(blas),
-                "dialect", [_dialect.current().name, type(_dialect.current()).__qualname__]]
+                "dialect", [_dialect.current().name, type(_dialect.current()).__qualname__],
+                "options", opts.fingerprint(lowering_only=True)]
 
     # the key holds texpr's source: whatever lower() returns, an entry of this key
     # was written by this very lower() (a foreign or damaged entry fails its checksum)

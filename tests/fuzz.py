@@ -852,8 +852,9 @@ def _check_reference(q, findings):
 
 @contextlib.contextmanager
 def _patched(module, **values):
-    """Builds inside run with ``module``'s attributes set to ``values`` and the
-    symbolic cache off (its lowering key holds the schedule, not these knobs)."""
+    """Builds inside run with ``module``'s attributes set to ``values`` (functions:
+    the knobs are codegen Options, :func:`_options`) and the symbolic cache off
+    (its lowering key cannot hold a replaced function)."""
     old = {k: getattr(module, k) for k in values}
     old_env = os.environ.get("TEXPR_SYMBOLIC_CACHE")
     for k, v in values.items():
@@ -879,46 +880,49 @@ def every_contraction_on_blas():
     return _patched(contraction, cost_ok=lambda plan: True)
 
 
-@contextlib.contextmanager
-def split_gemms():
-    """Kernel runs inside cut every GEMM into two parts on the worker threads, each
-    a one-thread BLAS call (``GEMM_THREADS = 2``, the oversubscribed machine's
-    mode), however small the GEMM, and make every packing copy in chunks of one
-    index of its cut axis (``CHUNK_MIN_BYTES = 0``, ``CHUNK_BYTES = 1``: the
-    path of large im2col copies)."""
-    from texpr.codegen.backends.numpy_host import gemm
+def _options(**fields):
+    """Builds inside run under codegen Options with these fields (the symbolic
+    cache's lowering key holds their fingerprint)."""
+    return codegen.options(**fields)
 
-    names = ("GEMM_THREADS", "GEMM_SPLIT_MIN", "CHUNK_MIN_BYTES", "CHUNK_BYTES")
-    old = [getattr(gemm, n) for n in names]
-    for n, v in zip(names, (2, 0, 0, 1)):
-        setattr(gemm, n, v)
+
+@contextlib.contextmanager
+def _kernel_runs_under(kernel, **fields):
+    """Calls of ``kernel`` inside run under its Options with these run-time fields
+    (``Kernel.options``: a kernel runs under the Options it was built with)."""
+    old = kernel.options
+    kernel.options = old.replace(**fields)
     try:
         yield
     finally:
-        for n, v in zip(names, old):
-            setattr(gemm, n, v)
+        kernel.options = old
+
+
+def split_gemms(kernel):
+    """Calls of ``kernel`` inside cut every GEMM into two parts on the worker
+    threads, each a one-thread BLAS call (``gemm_threads=2``, the oversubscribed
+    machine's mode), however small the GEMM, and make every packing copy in
+    chunks of one index of its cut axis (``gemm_chunk_min_bytes=0``,
+    ``gemm_chunk_bytes=1``: the path of large im2col copies)."""
+    return _kernel_runs_under(kernel, gemm_threads=2, gemm_split_min=0,
+                              gemm_chunk_min_bytes=0, gemm_chunk_bytes=1)
 
 
 def every_subexpression_hoisted():
     """Builds inside run :mod:`texpr.codegen.loopnest.cse` at its smallest thresholds: every
     repeated subexpression of two or more nodes gets a temporary and every
     select of four or more an if statement of its own (fuzzed statements are
-    small; the defaults would rarely touch them), with the symbolic cache off."""
-    from texpr.codegen.loopnest import cse
-
-    return _patched(cse, MIN_NODES=2, SPLIT_NODES=4)
+    small; the defaults would rarely touch them)."""
+    return _options(cse_min_nodes=2, cse_split_nodes=4)
 
 
 def sums_unrolled():
     """Builds inside run every float sum whose innermost loop has 4 or more values
     (float64: 2) on the unrolled paths of large stages (fuzzed stages have a few
-    points, far below ``stage.UNROLL_MIN_POINTS``): 2 partial sums by copies
+    points, far below ``Options.unroll_min_points``): 2 partial sums by copies
     (float64: 1), or, for a loop LLVM's vectoriser takes, written once with
-    ``_radd`` (``REASSOCIATE_MIN_TRIPS`` lowered to 2), with the symbolic cache off."""
-    from texpr.codegen.loopnest import stage
-
-    return _patched(stage, UNROLL_MIN_POINTS=0, UNROLL=2, JAM_UNROLL=2,
-                    REASSOCIATE_MIN_TRIPS=2)
+    ``_radd`` (``reassociate_min_trips`` lowered to 2)."""
+    return _options(unroll_min_points=0, unroll=2, jam_unroll=2, reassociate_min_trips=2)
 
 
 @contextlib.contextmanager
@@ -957,7 +961,7 @@ def contraction_chunk_runs():
 
 #: the fewest points of a stage built as a parallel (prange) loop nest in the
 #: fuzzer's "parallel" mode: fuzzed stages have 1 to a few hundred points, far
-#: below ``stage.PARALLEL_MIN_POINTS`` (at 1, 47 of the 148 numba units of 32
+#: below ``Options.parallel_min_points`` (at 1, 47 of the 148 numba units of 32
 #: programs were parallel; at 8, 23)
 PARALLEL_FUZZ_MIN_POINTS = 1
 
@@ -965,12 +969,9 @@ PARALLEL_FUZZ_MIN_POINTS = 1
 def stages_parallel(min_points=None):
     """Builds inside run every stage of at least ``min_points`` points (default
     :data:`PARALLEL_FUZZ_MIN_POINTS`) as a parallel loop nest (``prange``,
-    numba's ``parallel=True``), the path of large stages, with the symbolic
-    cache off."""
-    from texpr.codegen.loopnest import stage
-
-    return _patched(stage, PARALLEL_MIN_POINTS=min_points or PARALLEL_FUZZ_MIN_POINTS,
-                    PARALLEL_POINTS=1, PARALLEL_MIN_WORK=0)
+    numba's ``parallel=True``), the path of large stages."""
+    return _options(parallel_min_points=min_points or PARALLEL_FUZZ_MIN_POINTS,
+                    parallel_points=1, parallel_min_work=0)
 
 
 @contextlib.contextmanager
@@ -988,18 +989,11 @@ def serial_twins():
         forksafe.FORKED_FROM_OPENMP[0] = old
 
 
-@contextlib.contextmanager
-def chunks_on_python_threads():
-    """Kernel runs inside run chunked units' parts on Python worker threads (the
-    path without libgomp, :mod:`texpr.codegen.backends.numba_cpu.chunks`), not on OpenMP's team."""
-    from texpr.codegen.backends.numba_cpu import chunks
-
-    old = chunks.RUNNER
-    chunks.RUNNER = "threads"
-    try:
-        yield
-    finally:
-        chunks.RUNNER = old
+def chunks_on_python_threads(kernel):
+    """Calls of ``kernel`` inside run chunked units' parts on Python worker threads
+    (the path without libgomp, :mod:`texpr.codegen.backends.numba_cpu.chunks`), not on
+    OpenMP's team."""
+    return _kernel_runs_under(kernel, chunk_runner="threads")
 
 
 #: how a batch's kernel is built: the default rules, every contraction on BLAS
@@ -1235,12 +1229,12 @@ def code_size_bounded():
     build_module = importlib.import_module("texpr.codegen.build")
     real = build_module._compile_kernel
 
-    def bounded(program, inputs, outputs):
+    def bounded(program, inputs, outputs, *rest):
         longest = max((len(ln) for ln in program.source.splitlines()), default=0)
         if longest > MAX_LINE_CHARS:
             raise CodeTooLarge(f"a line of {longest} characters in the kernel's text "
                                f"(bound {MAX_LINE_CHARS})")
-        return real(program, inputs, outputs)
+        return real(program, inputs, outputs, *rest)
 
     build_module._compile_kernel = bounded
     try:
@@ -1317,7 +1311,7 @@ def _check_kernel(qs, findings, mode="default"):
         runs = [(got, "")]
         if n_blas:
             chunked = contraction_chunk_runs()
-            with split_gemms():
+            with split_gemms(kernel):
                 runs.append((kernel(*arrays), ", GEMMs split on worker threads"))
             SPLIT_BLAS_UNITS[0] += n_blas
             CHUNKED_RUNS[0] += contraction_chunk_runs() - chunked
@@ -1329,7 +1323,7 @@ def _check_kernel(qs, findings, mode="default"):
                 runs.append((kernel(*arrays), ", parallel units' serial twins"))
             SERIAL_TWIN_RUNS[0] += n_par
         if any(getattr(u, "chunks", 0) for u in kernel.units):
-            with chunks_on_python_threads():
+            with chunks_on_python_threads(kernel):
                 runs.append((kernel(*arrays), ", chunked units' parts on Python threads"))
             CHUNKED_THREAD_RUNS[0] += 1
     except Exception as exc:  # noqa: BLE001 - isolate the program at fault

@@ -466,7 +466,7 @@ def test_plan_runs_in_a_forked_child():
 
 
 def test_gemm_threading_modes_give_the_same_values(monkeypatch):
-    # GEMM_THREADS: one call on the BLAS's threads, or cut in parts on worker threads
+    # Options.gemm_threads: one call on the BLAS's threads, or cut in parts on worker threads
     # with the BLAS held at one thread (the default picks by the machine's load);
     # every mode gives the same values, and the BLAS's thread count is restored
     from threadpoolctl import threadpool_info
@@ -481,10 +481,11 @@ def test_gemm_threading_modes_give_the_same_values(monkeypatch):
     args = [rng.standard_normal(t.shape).astype("float32") for t in (X, W, H)]
     want = te.evaluate([Y, dX, dW], dict(zip((X, W, H), args)))
     blas_threads = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
-    monkeypatch.setattr(G, "GEMM_SPLIT_MIN", 1)
     seen = []
     for threads, loaded in ((1, False), (2, False), (3, False), (0, False), (0, True)):
-        monkeypatch.setattr(G, "GEMM_THREADS", threads)
+        # the run-time knobs of a built kernel: the Options it runs under
+        monkeypatch.setattr(kernel, "options",
+                            kernel.options.replace(gemm_threads=threads, gemm_split_min=1))
         monkeypatch.setattr(workers, "oversubscribed", lambda loaded=loaded: loaded)
         got = kernel(*args)
         for g, w in zip(got, want):
@@ -507,8 +508,8 @@ def test_oversubscribed_reads_the_load_average_at_most_every_second(monkeypatch)
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     monkeypatch.setattr(workers, "_LOAD", [float("-inf"), True])
     assert not workers.oversubscribed()
-    monkeypatch.setattr(G, "GEMM_THREADS", 0)  # the default: one part per numba thread
-    assert G._gemm_parts() == workers.threads()
+    with codegen.options(gemm_threads=0):  # the default: one part per backend thread
+        assert G._gemm_parts() == workers.threads()
 
 
 def test_concurrent_split_gemms_restore_the_blas_thread_count(monkeypatch):
@@ -526,8 +527,8 @@ def test_concurrent_split_gemms_restore_the_blas_thread_count(monkeypatch):
     args = [[rng.standard_normal(t.shape) for t in (X, W)] for _ in range(4)]
     single = [kernel(*a) for a in args]
     before = blas()
-    monkeypatch.setattr(G, "GEMM_THREADS", 2)
-    monkeypatch.setattr(G, "GEMM_SPLIT_MIN", 1)
+    monkeypatch.setattr(kernel, "options", kernel.options.replace(gemm_threads=2,
+                                                                   gemm_split_min=1))
     bad = []
 
     def work(i):
@@ -935,9 +936,9 @@ def test_an_overflowing_gemm_gives_inf_without_numpy_warnings(monkeypatch):
     assert kernel.source.count("# BLAS:") == 1
     a = np.full((64, 64), 1e37, np.float32)
     b = np.full((64, 64), 2.0, np.float32)
-    monkeypatch.setattr(G, "GEMM_SPLIT_MIN", 1)
     for threads in (1, 2):
-        monkeypatch.setattr(G, "GEMM_THREADS", threads)
+        monkeypatch.setattr(kernel, "options",
+                            kernel.options.replace(gemm_threads=threads, gemm_split_min=1))
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             (c,) = kernel(a, b)
@@ -966,52 +967,44 @@ def test_chunked_packing_gives_the_evaluators_values(case, threads, monkeypatch)
     gradients, with prefix chunks (disjoint output slices) and reduction chunks
     (summed partial products) both taken."""
     runs = _count_chunked(monkeypatch)
-    monkeypatch.setattr(G, "CHUNK_BYTES", 1)
-    monkeypatch.setattr(G, "CHUNK_MIN_BYTES", 0)
-    monkeypatch.setattr(G, "GEMM_THREADS", threads)
     for dtype in ("float32", "float64"):
         out, wrt = _case(case, dtype)
         outs = _with_grads(out, wrt, dtype)
-        assert len(check_plans(outs, random_feed(outs, seed=11))) == 3
+        with codegen.options(gemm_chunk_bytes=1, gemm_chunk_min_bytes=0, gemm_threads=threads):
+            assert len(check_plans(outs, random_feed(outs, seed=11))) == 3
     if case.startswith("conv2d_s") or case == "conv2d_dil2":
         modes = {m for _, m, _, _ in runs}
         assert modes == {"prefix", "k"}, runs
 
 
 @pytest.mark.parametrize("k,s,d", [(3, 1, 1), (2, 2, 3), (3, 3, 2), (1, 2, 1)])
-def test_chunked_packing_on_the_conv_sweep(k, s, d, monkeypatch):
+def test_chunked_packing_on_the_conv_sweep(k, s, d):
     """Sweep cases with every packing copy chunked, two threads."""
-    monkeypatch.setattr(G, "CHUNK_BYTES", 1)
-    monkeypatch.setattr(G, "CHUNK_MIN_BYTES", 0)
-    monkeypatch.setattr(G, "GEMM_THREADS", 2)
     x = te.placeholder((3, 2, 10, 10), "X", "float64")
     w = te.placeholder((2, 2, k, k), "W", "float64")
     outs = _with_grads(nn.conv2d(x, w, stride=s, dilation=d), [x, w], "float64")
-    assert len(check_plans(outs, random_feed(outs, seed=k + s + d))) == 3
+    with codegen.options(gemm_chunk_bytes=1, gemm_chunk_min_bytes=0, gemm_threads=2):
+        assert len(check_plans(outs, random_feed(outs, seed=k + s + d))) == 3
 
 
 @pytest.mark.parametrize("pattern", ["inf_corner", "nan", "mixed"])
-def test_chunked_packing_with_non_finite_operands(pattern, monkeypatch):
+def test_chunked_packing_with_non_finite_operands(pattern):
     """The non-finite cases of test_non_finite_operands with chunked packing (the
     output-side check of a gradient's small output included)."""
-    monkeypatch.setattr(G, "CHUNK_BYTES", 1)
-    monkeypatch.setattr(G, "CHUNK_MIN_BYTES", 0)
-    monkeypatch.setattr(G, "GEMM_THREADS", 2)
-    test_non_finite_operands("conv2d_s2", pattern)
+    with codegen.options(gemm_chunk_bytes=1, gemm_chunk_min_bytes=0, gemm_threads=2):
+        test_non_finite_operands("conv2d_s2", pattern)
 
 
 def test_padded_buffers_kept_between_runs_hold_each_runs_values(monkeypatch):
     """A plan's zero-padded operand buffer is reused from run to run (its border
     stays zero) and from two threads at once (each its own): every run gives the
     evaluator's values for its own inputs."""
-    monkeypatch.setattr(G, "CHUNK_BYTES", 1)
-    monkeypatch.setattr(G, "CHUNK_MIN_BYTES", 0)
     x = te.placeholder((2, 3, 10, 10), "X")
     w = te.placeholder((4, 3, 3, 3), "W")
     y = nn.conv2d(x, w, padding=1)
     s = codegen.create_schedule([y])
     s[y].blas(True)
-    k = codegen.build([y], [x, w], s)
+    k = codegen.build([y], [x, w], s, options={"gemm_chunk_bytes": 1, "gemm_chunk_min_bytes": 0})
     assert "BLAS:" in k.source
     rng = np.random.default_rng(5)
     feeds = [(rng.standard_normal((2, 3, 10, 10)).astype("float32"),
@@ -1071,7 +1064,7 @@ def test_data_masks_evaluated_per_run_weigh_in_the_cost_rule(ci, blas):
     _, _, ops, inl = _graph([dW])
     plan = C.match(next(op for op in ops if op.name == "dW"), inl, key=id)
     assert plan is not None and C.mask_passes(plan) > 0
-    assert (plan.flop / 2 >= C.MASK_MACS * C.mask_passes(plan)) == blas
+    assert (plan.flop / 2 >= codegen.Options().blas_mask_macs * C.mask_passes(plan)) == blas
     assert C.cost_ok(plan) == blas
     feed = random_feed([dW], seed=3)
     feed[ins[3]] = np.random.default_rng(4).integers(0, 4, ins[3].shape).astype("int64")
@@ -1121,7 +1114,7 @@ EXTREME_CONVS = [dict(stride=10 ** 6, padding=10 ** 6), dict(stride=1, padding=6
                                                                       c.items()))
 def test_a_plan_never_pads_an_operand_beyond_its_bound(cfg):
     # every padded copy a plan makes is bounded by its operand, what the GEMMs read
-    # and the output (C.PAD_MAX_RATIO), or the stage is no contraction and keeps its
+    # and the output (Options.blas_pad_max_ratio), or the stage is no contraction and keeps its
     # loop nest: extreme strides, paddings and dilations, the stage and its gradients
     x = te.placeholder((1, 2, 5, 5), "X", "float64")
     w = te.placeholder((3, 2, 3, 3), "W", "float64")
@@ -1141,7 +1134,7 @@ def test_a_plan_never_pads_an_operand_beyond_its_bound(cfg):
                     if v.pad is None:
                         continue
                     reads = math.prod(p.axes[q][1] for q in v.axes)
-                    # (the defaults of C.PAD_MAX_RATIO and C.PAD_MIN_ELEMENTS)
+                    # (the defaults of blas_pad_max_ratio and blas_pad_min_elements)
                     bound = 4 * (math.prod(v.shape) + reads + out)
                     assert math.prod(v.padded_shape()) <= max(1 << 20, bound), \
                         (op.name, v.key, v.padded_shape())
@@ -1157,7 +1150,7 @@ def test_huge_padding_under_blas_true_is_refused_at_build_and_the_default_is_rig
     s = create_schedule([y])
     s[y].blas(True)
     with pytest.raises(ScheduleError, match=r"stage conv2d: blas\(True\).*zero-padded to "
-                                            r"\(.*2000005.*PAD_MAX_RATIO"):
+                                            r"\(.*2000005.*blas_pad_max_ratio"):
         codegen.build([y], [x, w], s)
     k = codegen.build([y], [x, w])
     assert "BLAS:" not in k.source

@@ -8,7 +8,7 @@ import numpy as np
 
 import texpr as te
 from texpr import codegen
-from texpr.codegen.loopnest.cse import SPLIT_NODES, hoist_common_subexpressions
+from texpr.codegen.loopnest.cse import hoist_common_subexpressions
 
 _HEAD = "import numpy as np\n\n\ndef unit(b0, b1, out):\n"
 
@@ -50,7 +50,7 @@ def test_a_repeat_only_inside_a_branch_stays_there():
 
 def test_a_sum_of_large_selects_becomes_if_statements():
     big = " + ".join(f"np.sin(b0[{k % 2}] * {k}.0)" for k in range(12))
-    assert len(list(ast.walk(ast.parse(big)))) >= SPLIT_NODES
+    assert len(list(ast.walk(ast.parse(big)))) >= codegen.Options().cse_split_nodes
     text = _body(f"out[1] += (({big}) if b0[0] > 0.2 else 0.0) + (({big}) * 2.0 if b0[1] < 0.0 "
                  "else -1.0)")
     new = hoist_common_subexpressions(text, "unit")

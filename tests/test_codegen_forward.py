@@ -9,14 +9,10 @@ prod, empty and shifted reduction axes, a data-dependent ``where``), and
 data-dependent gathers/scatters with their run-time errors.
 """
 
-import contextlib
-import os
-
 import numpy as np
 import pytest
 
 from texpr import codegen
-import texpr.codegen.loopnest.stage as stage_knobs
 import texpr as te
 
 RTOL = 1e-12
@@ -179,10 +175,7 @@ def reduction_case():
             V: rng.uniform(-1, 1, (10, kk))}
     inputs = [X, W, b, V]
     # small stages, unrolled and blocked as large ones are (the mechanism under test)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(stage_knobs, "UNROLL_MIN_POINTS", 0)
-        mp.setenv("TEXPR_SYMBOLIC_CACHE", "0")  # the lowering's key holds no knobs
-        return codegen.build(outs, inputs), outs, feed, inputs
+    return codegen.build(outs, inputs, options={"unroll_min_points": 0}), outs, feed, inputs
 
 
 def test_reductions_match_the_evaluator(reduction_case):
@@ -197,8 +190,8 @@ def test_default_schedule_inlines_elementwise_and_materialises_reductions(reduct
     assert "mm" in kernel.stages and "biased" not in kernel.stages and "relu" in kernel.stages
     assert "amax" in kernel.stages
     assert "prange(" not in kernel.source  # small stages: waking threads costs more
-    # blocked: 4 columns x 2 partial sums (float64: JAM_UNROLL // 2); the loop is too
-    # short for _radd (REASSOCIATE_MIN_TRIPS)
+    # blocked: 4 columns x 2 partial sums (float64: Options.jam_unroll // 2); the loop is
+    # too short for _radd (Options.reassociate_min_trips)
     assert "_l3_p1" in kernel.source and "_l3_p2" not in kernel.source
     # the triangular cumsum gets an exact bound, not a test
     src = kernel.source
@@ -210,7 +203,7 @@ def test_default_schedule_inlines_elementwise_and_materialises_reductions(reduct
 def test_a_unit_stride_sum_is_written_once_and_a_strided_one_unrolled():
     """Row sums read X at unit stride: their loop is written once, accumulated with
     _radd (a reassociable add: LLVM's loop vectoriser splits it into partial sums).
-    Sums of a row's even columns read X at stride 2: unrolled into UNROLL partial
+    Sums of a row's even columns read X at stride 2: unrolled into ``unroll`` partial
     sums by copies. A register-blocked sum (L1 distances of X's rows to V's, 4
     rows of V at a time) gets one _radd accumulator per blocked row. All equal the evaluator's, and non-finite terms keep
     IEEE sums (an inf and a -inf give NaN, a NaN stays NaN, one inf stays inf)."""
@@ -223,9 +216,7 @@ def test_a_unit_stride_sum_is_written_once_and_a_strided_one_unrolled():
     k2 = te.reduce_axis(m, "k2")
     blocked = te.compute((n, 8), lambda i, j: te.sum(te.abs(X[i, k2] - V[j, k2]), axis=k2),
                          name="blocked")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(stage_knobs, "UNROLL_MIN_POINTS", 0)
-        mp.setenv("TEXPR_SYMBOLIC_CACHE", "0")
+    with codegen.options(unroll_min_points=0):
         kernel = codegen.build([rows, cols, blocked], [X, V])
     src = kernel.source
     row_unit = src[src.index("stage rows"):src.index("return 0", src.index("stage rows"))]
@@ -318,8 +309,6 @@ def _heavy_transpose_value(x):
 
 
 def test_large_stages_run_in_parts_of_their_outermost_axis():
-    from texpr.codegen.loopnest import stage
-
     X, Y = _heavy_transpose()
     kernel = codegen.build([Y], [X])
     # a chunked unit (codegen.backends.numba_cpu.chunks): serial text, the parts of axis 0 run at once
@@ -331,13 +320,7 @@ def test_large_stages_run_in_parts_of_their_outermost_axis():
     assert "prange(" not in serial.source and "part[" not in serial.source
     np.testing.assert_allclose(serial(x)[0], _heavy_transpose_value(x), rtol=1e-12)
     # chunks off: numba's prange loop
-    old = stage.CHUNKS
-    stage.CHUNKS = False
-    try:
-        with _no_symbolic_cache():
-            pr = codegen.build([Y], [X])
-    finally:
-        stage.CHUNKS = old
+    pr = codegen.build([Y], [X], options={"chunks": False})
     assert "for c0_0 in prange(0, 600):" in pr.source
     np.testing.assert_allclose(pr(x)[0], _heavy_transpose_value(x), rtol=1e-12)
 
@@ -350,20 +333,6 @@ def test_cheap_stages_run_serially_however_many_points():
     assert "prange(" not in kernel.source and "part[" not in kernel.source
     x = np.random.default_rng(0).uniform(-1, 1, (300, 300))
     np.testing.assert_array_equal(kernel(x)[0], x.T * 2.0)
-
-
-@contextlib.contextmanager
-def _no_symbolic_cache():
-    # the lowered program is cached by graph, not by codegen's knobs
-    old = os.environ.get("TEXPR_SYMBOLIC_CACHE")
-    os.environ["TEXPR_SYMBOLIC_CACHE"] = "0"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("TEXPR_SYMBOLIC_CACHE")
-        else:
-            os.environ["TEXPR_SYMBOLIC_CACHE"] = old
 
 
 def test_affine_out_of_bounds_is_reported_at_build_time():
@@ -388,16 +357,12 @@ def test_missing_input_and_bad_arguments_are_texpr_errors():
 
 
 @pytest.mark.parametrize("n", [7, 10])
-def test_a_chunked_unit_never_clips_a_pass_that_writes_two_rows(n, monkeypatch):
+def test_a_chunked_unit_never_clips_a_pass_that_writes_two_rows(n):
     # an attack's find: isl ran two rows of dW in one pass of a stride-2 loop
     # (U(c); U(c + 1)); chunks clipped the loop variable, so the part owning c
     # wrote row c + 1 of the next part (zeroed by that part's fill) and a pass at
     # c = -1 ran in no part. Such a unit keeps prange loops now.
-    from texpr.codegen.loopnest import stage
-
-    monkeypatch.setenv("TEXPR_SYMBOLIC_CACHE", "0")
-    for knob, v in (("PARALLEL_MIN_POINTS", 1), ("PARALLEL_POINTS", 1), ("PARALLEL_MIN_WORK", 0)):
-        monkeypatch.setattr(stage, knob, v)
+    every = {"parallel_min_points": 1, "parallel_points": 1, "parallel_min_work": 0}
     X = te.placeholder((n, 3), "X", "float64")
     W = te.placeholder((n, 3), "W", "float64")
     b = te.reduce_axis(n, "b")
@@ -405,7 +370,7 @@ def test_a_chunked_unit_never_clips_a_pass_that_writes_two_rows(n, monkeypatch):
                                                 where=(b + 2 * j) % 4 != 1), name="Y")
     H = te.placeholder((3, 3), "H", "float64")
     dX, dW = te.differentiate(Y, [X, W], head=H).result
-    kern = codegen.build([dX, dW], [X, W, H])
+    kern = codegen.build([dX, dW], [X, W, H], options=every)
     rng = np.random.default_rng(0)
     x, w, h = rng.standard_normal((n, 3)), rng.standard_normal((n, 3)), rng.standard_normal((3, 3))
     for got, want in zip(kern(x, w, h), te.evaluate([dX, dW], {X: x, W: w, H: h})):

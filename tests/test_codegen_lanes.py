@@ -1,5 +1,5 @@
 """Buffer-mode reductions whose innermost reduction loop is long: its values are
-unrolled by groups of ``SPLIT_LANES`` inside the spatial loops (the output
+unrolled by groups of ``Options.split_lanes`` inside the spatial loops (the output
 element is loaded and stored once per group), where the whole group is in the
 domain; the partial groups (a constant bound's remainder, or the groups a
 ``where`` such as a band's ``j - w <= k <= j`` cuts) run as plain loops. And register
@@ -16,7 +16,8 @@ import pytest
 
 from texpr import codegen
 import texpr as te
-from texpr.codegen.loopnest.lower import JAM, SPLIT_LANES
+
+JAM, SPLIT_LANES = codegen.Options().jam, codegen.Options().split_lanes
 
 nn = te.nn
 RTOL = ATOL = 1e-11
@@ -25,11 +26,8 @@ RTOL = ATOL = 1e-11
 @pytest.fixture(scope="module", autouse=True)
 def small_stages_unrolled():
     """The shapes here are small: unroll and block them as large ones are (the
-    mechanism under test; codegen.loopnest.stage.UNROLL_MIN_POINTS)."""
-    import texpr.codegen.loopnest.stage as stage_knobs
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(stage_knobs, "UNROLL_MIN_POINTS", 0)
-        mp.setenv("TEXPR_SYMBOLIC_CACHE", "0")  # the lowering's key holds no knobs
+    mechanism under test; Options.unroll_min_points)."""
+    with codegen.options(unroll_min_points=0):
         yield
 
 

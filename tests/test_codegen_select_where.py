@@ -9,7 +9,6 @@ import pytest
 
 import texpr as te
 from texpr import codegen
-from texpr.codegen.loopnest import stage
 
 
 def _graph(dtype):
@@ -48,7 +47,7 @@ def test_masked_reductions_match_the_evaluator_with_non_finite_values_masked_out
     assert np.isnan(got[0][0]) and np.isnan(got[1][0])
 
 
-def test_the_if_form_is_kept_for_a_checked_value_and_by_the_switch(monkeypatch):
+def test_the_if_form_is_kept_for_a_checked_value_and_by_the_switch():
     # a gather at a data index is checked: it stays behind the if
     X = te.placeholder((30,), name="X", dtype="float64")
     J = te.placeholder((30,), name="J", dtype="int64")
@@ -58,15 +57,14 @@ def test_the_if_form_is_kept_for_a_checked_value_and_by_the_switch(monkeypatch):
     x = np.linspace(-1, 1, 30)
     j = np.where(x > 0, 3, 99)  # out of range only where the condition fails
     np.testing.assert_allclose(k(x, j)[0], te.evaluate(G, {X: x, J: j}))
-    monkeypatch.setenv("TEXPR_SYMBOLIC_CACHE", "0")
-    monkeypatch.setattr(stage, "SELECT_WHERE", False)
     X2, D2, outs = _graph("float64")
-    k2 = codegen.build(outs[:1], [X2, D2], parallel=False, blas=False)
+    k2 = codegen.build(outs[:1], [X2, D2], parallel=False, blas=False,
+                       options={"select_where": False})
     assert "if (" in k2.source and " else np.float64(0.0)" not in k2.source
 
 
 def test_a_long_float32_sum_adds_in_float64():
-    # stage.SUM_FLOAT64: 2**20 terms of 0.1 in float32 accumulators lost 1e-4 of
+    # Options.sum_float64: 2**20 terms of 0.1 in float32 accumulators lost 1e-4 of
     # the sum; added in float64 and rounded once, it is float32's rounding of it
     n = 1 << 20
     X = te.placeholder((n,), name="X", dtype="float32")

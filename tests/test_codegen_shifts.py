@@ -82,27 +82,21 @@ def test_the_shared_moves_are_compiled_with_the_kernel(monkeypatch):
     assert not units[1].compiled and units[1].compile_seconds == 0.0
 
 
-def test_the_knobs_turn_each_rewrite_off(monkeypatch):
+def test_the_knobs_turn_each_rewrite_off():
     # benchmarks/bench_variants.py times the variants: with shift plans off the
     # window and tap sum are loop nests; with both rewrites off neither stage exists
-    import texpr.codegen.analysis.shifts as shifts
-    import texpr.codegen.rewrite.tap_split as tap_split
-    import texpr.codegen.rewrite.windows as windows
     L, ins, grads = _conv_grads()
     rng = np.random.default_rng(2)
     feed = [rng.standard_normal(t.shape).astype("float32") for t in ins]
     with blas_at_any_size():
         want = codegen.build([L] + grads, ins)(*feed)
-    monkeypatch.setattr(shifts, "ENABLED", False)
     with blas_at_any_size():
-        k = codegen.build([L] + grads, ins)
+        k = codegen.build([L] + grads, ins, options={"shifts": False})
     kinds = {u.stage: u.kind for u in k.units}
     assert kinds["X_window"] == "numba" and kinds["d_X__conv"] == "numba", kinds
     for g, w in zip(k(*feed), want):
         np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-4)
-    monkeypatch.setattr(tap_split, "ENABLED", False)
-    monkeypatch.setattr(windows, "ENABLED", False)
-    with blas_at_any_size():
+    with blas_at_any_size(), codegen.options(shifts=False, tap_split=False, windows=False):
         k = codegen.build([L] + grads, ins)
     assert not [s for s in k.stages if s.endswith(("_window", "_taps"))], k.stages
     for g, w in zip(k(*feed), want):

@@ -6,7 +6,6 @@ import numpy as np
 
 import texpr as te
 from texpr import codegen
-from texpr.codegen.loopnest import stage
 
 
 def test_a_relu_mask_is_a_select_and_the_untaken_arm_never_leaks():
@@ -41,11 +40,10 @@ def test_a_padding_select_keeps_its_branch_and_reads_nothing_outside():
     np.testing.assert_array_equal(z, np.where(x > 0, x[::-1], x))
 
 
-def test_the_switch(monkeypatch):
-    monkeypatch.setenv("TEXPR_SYMBOLIC_CACHE", "0")
-    monkeypatch.setattr(stage, "SPECULATE_SELECTS", False)
+def test_the_switch():
     X = te.placeholder((4,), name="X", dtype="float64")
     Y = te.compute((4,), lambda i: te.if_then_else(X[i] > 0, X[i], 0.0), name="Y")
-    k = codegen.build([Y], [X], parallel=False, blas=False)
+    with codegen.options(speculate_selects=False):
+        k = codegen.build([Y], [X], parallel=False, blas=False)
     assert "_sel(" not in k.source.split("def unit", 1)[1]
     np.testing.assert_array_equal(k(np.array([-1.0, 2.0, 0.0, 3.0]))[0], [0, 2, 0, 3])

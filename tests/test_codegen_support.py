@@ -17,7 +17,6 @@ import pytest
 from texpr import codegen
 from texpr import simplify
 import texpr as te
-from texpr.codegen.loopnest.lower import PARALLEL_MIN_POINTS
 
 nn = te.nn
 RTOL = ATOL = 1e-12
@@ -53,9 +52,9 @@ def _check(kernel, tensors, inputs, seed=0):
 
 @pytest.fixture(scope="module")
 def large():
-    # both supports have at least PARALLEL_MIN_POINTS points: 4*8*64*64 and 4*8*48*48
+    # both supports have at least parallel_min_points points: 4*8*64*64 and 4*8*48*48
     tensors, inputs = _graph((4, 8, 96, 96))
-    assert 4 * 8 * 48 * 48 >= PARALLEL_MIN_POINTS
+    assert 4 * 8 * 48 * 48 >= codegen.Options().parallel_min_points
     return codegen.build(tensors, inputs), tensors, inputs
 
 

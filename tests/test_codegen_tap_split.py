@@ -38,18 +38,16 @@ def test_the_input_gradient_splits_where_it_has_fewer_channels():
     assert _split_names(L, [X, W]) == []
 
 
-def test_a_strided_input_gradient_splits_when_its_tap_sum_moves_only_valid_points(
-        monkeypatch):
+def test_a_strided_input_gradient_splits_when_its_tap_sum_moves_only_valid_points():
     # stride 2: dX reads W at mixed indices (j - 2 * r + 1) and the GEMM path packs
     # H once per residue class, more elements than the taps' stage holds; its tap
     # sum is sparse (an output point reads 1 or 2 of its taps per axis), which a
     # shift plan's moves do not visit
     L, (X, W, H) = conv_loss(3, 5, stride=2)
     assert _split_names(L, [X, W]) == ["d_X__conv_taps"]
-    # as a loop nest over its box the sparse tap sum does not pay (MIN_DENSITY)
-    import texpr.codegen.analysis.shifts as S
-    monkeypatch.setattr(S, "ENABLED", False)
-    assert _split_names(L, [X, W]) == []
+    # as a loop nest over its box the sparse tap sum does not pay (tap_split_min_density)
+    with codegen.options(shifts=False):
+        assert _split_names(L, [X, W]) == []
 
 
 @pytest.mark.parametrize("cin,cout,stride,dilation,padding,k", [

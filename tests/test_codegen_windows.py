@@ -121,14 +121,13 @@ def test_a_window_over_a_shrunk_tap_domain_is_read_at_its_offset():
         assert_same_values(a, b, rtol=1e-10, atol=1e-10)
 
 
-def test_no_window_larger_than_what_the_gemms_read(monkeypatch):
+def test_no_window_larger_than_what_the_gemms_read():
     # a strided convolution's dX reads W[o, c, h - 2 r + 1, ...] by taps: a window
     # over (h, r) would hold ~h/2 copies of every weight per image row
-    import texpr.codegen.rewrite.windows as windows
-    monkeypatch.setattr(windows, "MIN_READERS", 1)
     L, (X, W, H) = conv_loss(3, 3, stride=2, size=9)
     outs = simplify.simplify([L] + list(te.differentiate(L, [X]).result))
-    _, wins = _windows(outs)
+    with codegen.options(window_min_readers=1):
+        _, wins = _windows(outs)
     assert "W_window" not in [op.name for op in wins]
     assert "X_window" in [op.name for op in wins]  # the forward's, one reader here
 

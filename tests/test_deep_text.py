@@ -1,4 +1,4 @@
-"""Generated text nests at most ``codegen.loopnest.emit.TEXT_MAX_HEIGHT`` parentheses deep.
+"""Generated text nests at most ``codegen.Options().text_max_height`` parentheses deep.
 
 CPython's parser refuses more than 200 nested parentheses ("too many nested
 parentheses") and its compiler about 1,000 nested nodes. A fuzzed gradient (seed
@@ -16,13 +16,14 @@ import pytest
 
 import texpr as te
 from texpr import expr as E
-from texpr.codegen.loopnest.emit import TEXT_MAX_HEIGHT
+from texpr.codegen.options import Options
 from texpr.codegen.loopnest.stage import _StageLowering
 from texpr.visitor import post_order
 
 from emit_testutil import CheckFailed, emitter, namespace, nesting
 
 F = "float64"
+TEXT_MAX_HEIGHT = Options().text_max_height
 
 
 def _lowering():
@@ -144,15 +145,12 @@ def test_a_chain_of_checked_gathers_builds_and_matches(levels, ndim):
         assert nesting(line) < 200
 
 
-def test_a_deep_branch_of_a_large_statement_is_written_in_parts(monkeypatch):
+def test_a_deep_branch_of_a_large_statement_is_written_in_parts():
     # an attack: select(X > 0, max(chain of 45 checked gathers, a max tree over 1,100
     # leaves), 0): the branch's text was too deep, and _bind_branches left every
-    # statement of more than LET_MAX_DAG_NODES (2,000) nodes alone: a raw
+    # statement of more than let_max_dag_nodes (2,000) nodes alone: a raw
     # SyntaxError. Here the bound is lowered to 60 (40 leaves) to build in seconds
     from texpr import codegen
-    from texpr.codegen.loopnest import stage
-    monkeypatch.setattr(stage, "LET_MAX_DAG_NODES", 60)
-    monkeypatch.setenv("TEXPR_SYMBOLIC_CACHE", "0")
     table = te.placeholder((3, 3), "T", "int64")
     x = te.placeholder((3, 3), "X", F)
 
@@ -168,7 +166,8 @@ def test_a_deep_branch_of_a_large_statement_is_written_in_parts(monkeypatch):
 
     y = te.compute((3, 3), body, name="Y")
     feed = {table: np.array([[1, 2, 0]] * 3), x: np.arange(9.0).reshape(3, 3) - 4}
-    kernel = codegen.build([y], [table, x], parallel=False, blas=False)
+    kernel = codegen.build([y], [table, x], parallel=False, blas=False,
+                           options={"let_max_dag_nodes": 60})
     assert all(nesting(line) <= TEXT_MAX_HEIGHT for line in kernel.source.splitlines())
     np.testing.assert_array_equal(kernel(feed[table], feed[x])[0], te.evaluate(y, feed))
     bad = dict(feed)

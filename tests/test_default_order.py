@@ -32,7 +32,7 @@ def _innermost(t):
 
 
 @pytest.mark.parametrize("stage", ["var", "centred_head"])
-def test_loads_invariant_in_the_reduction_do_not_pull_the_row_axis_inside(stage, monkeypatch):
+def test_loads_invariant_in_the_reduction_do_not_pull_the_row_axis_inside(stage):
     X, mean, var = _variance()
     if stage == "centred_head":  # layernorm's d(var): a head row, per-row factors
         H = te.placeholder((20, 40), "H", "float64")
@@ -42,8 +42,8 @@ def test_loads_invariant_in_the_reduction_do_not_pull_the_row_axis_inside(stage,
     else:
         t = var
     assert _innermost(t).kind == "reduce"
-    monkeypatch.setattr(L, "INVARIANT_FREE", False)  # the earlier scores chose the row axis
-    assert _innermost(t).kind == "spatial"
+    with codegen.options(invariant_free=False):  # the earlier scores chose the row axis
+        assert _innermost(t).kind == "spatial"
 
 
 def test_a_matrix_product_keeps_its_contiguous_output_axis_inside():
@@ -55,14 +55,14 @@ def test_a_matrix_product_keeps_its_contiguous_output_axis_inside():
 
 
 @pytest.mark.parametrize("invariant_free", [True, False])
-def test_both_orders_compute_the_same_variance_and_gradient(invariant_free, monkeypatch):
-    monkeypatch.setattr(L, "INVARIANT_FREE", invariant_free)
+def test_both_orders_compute_the_same_variance_and_gradient(invariant_free):
+    opts = {"invariant_free": invariant_free}
     X, mean, var = _variance()
     i = te.reduce_axis(20, "i")
     loss = te.compute((), lambda: te.sum(var[i], axis=i), name="loss")
     dX, = te.differentiate(loss, [X]).result
     x = np.random.default_rng(3).standard_normal((20, 40))
-    got = codegen.build([var, dX], [X], parallel=False, blas=False)(x)
+    got = codegen.build([var, dX], [X], parallel=False, blas=False, options=opts)(x)
     want = te.evaluate([var, dX], {X: x})
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
@@ -110,7 +110,7 @@ def _masked_input_gradient(n=64, c=16, k=8, s=4):
     return G, conv, W, te.compute((n, k, s, s), body, name="dP")
 
 
-def test_a_small_convolution_runs_along_its_image_rows_not_its_batch(monkeypatch):
+def test_a_small_convolution_runs_along_its_image_rows_not_its_batch():
     # the main job's conv2 (3x3 on 4x4 images, batch 64): every long loop strides
     # far, so the short contiguous image row goes innermost (numba, serial, one
     # run: 0.98 -> 0.27 ms); the loads' invariance credit had put the batch inside
@@ -122,8 +122,8 @@ def test_a_small_convolution_runs_along_its_image_rows_not_its_batch(monkeypatch
         P[n, rc, h + kh - 1, w + kw - 1] * W[c, rc, kh, kw], axis=[rc, kh, kw],
         where=te.all(h + kh >= 1, h + kh <= 4, w + kw >= 1, w + kw <= 4)), name="conv")
     assert _innermost(out) is out.op.axis[3]
-    monkeypatch.setattr(L, "CONDITION_INVARIANT", False)
-    assert _innermost(out) is out.op.axis[0]
+    with codegen.options(condition_invariant=False):
+        assert _innermost(out) is out.op.axis[0]
 
 
 def test_the_innermost_loop_keeps_a_data_dependent_where_invariant(monkeypatch):
@@ -138,13 +138,14 @@ def test_the_innermost_loop_keeps_a_data_dependent_where_invariant(monkeypatch):
 
 
 @pytest.mark.parametrize("rule", [True, False])
-def test_both_orders_compute_the_same_masked_input_gradient(rule, monkeypatch):
-    monkeypatch.setattr(L, "CONDITION_INVARIANT", rule)
+def test_both_orders_compute_the_same_masked_input_gradient(rule):
+    opts = {"condition_invariant": rule}
     G, conv, W, dP = _masked_input_gradient(n=5, c=3, k=4, s=4)
     rng = np.random.default_rng(7)
     vals = {G: rng.standard_normal((5, 3, 4, 4)), conv: rng.standard_normal((5, 3, 4, 4)),
             W: rng.standard_normal((3, 4, 3, 3))}
-    got, = codegen.build([dP], [G, conv, W], parallel=False, blas=False)(*vals.values())
+    got, = codegen.build([dP], [G, conv, W], parallel=False, blas=False,
+                         options=opts)(*vals.values())
     want = te.evaluate([dP], vals)[0]
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     # and against numpy: the relu-masked adjoint convolved with the flipped kernel

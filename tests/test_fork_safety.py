@@ -16,7 +16,6 @@ import texpr as te
 from texpr import codegen
 from texpr.codegen.backends.numba_cpu import compile as cmp
 from texpr.codegen.backends.numba_cpu import forksafe
-from texpr.codegen.loopnest import stage
 
 from fork_testutil import FORKS_WITHOUT_JAX
 from test_gemm_chunks import _run_in_child
@@ -44,15 +43,12 @@ def _feed():
 
 
 @pytest.mark.parametrize("how", ["chunks", "prange"])
-def test_a_parallel_kernel_and_its_gradient_run_in_a_child_forked_after_they_ran(
-        how, monkeypatch):
+def test_a_parallel_kernel_and_its_gradient_run_in_a_child_forked_after_they_ran(how):
     X, W, Y = _parallel_graph()
     H = te.placeholder((4096,), name="H")
     dX, dW = te.differentiate(Y, [X, W], head=H).result
-    if how == "prange":  # chunks off: numba's prange loops, their serial twins in the child
-        monkeypatch.setattr(stage, "CHUNKS", False)
-        monkeypatch.setenv("TEXPR_SYMBOLIC_CACHE", "0")
-    k = codegen.build([Y, dX, dW], [X, W, H])
+    # prange: chunks off, numba's prange loops, their serial twins in the child
+    k = codegen.build([Y, dX, dW], [X, W, H], options={"chunks": how == "chunks"})
     if how == "prange":
         assert "parallel=True" in k.source
     else:

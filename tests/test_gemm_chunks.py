@@ -52,9 +52,9 @@ def test_reduction_chunks_agree_on_the_turned_around_gemm(monkeypatch):
     product). The race window is widened here by a delay inside _flip_pays (its
     result unchanged); naturally it needs a thread switch inside that window."""
     k, x, h, dw = _conv_dw_kernel()
-    monkeypatch.setattr(G, "CHUNK_MIN_BYTES", 0)
-    monkeypatch.setattr(G, "CHUNK_BYTES", 55000)  # chunks of 2 images, then 1
-    monkeypatch.setattr(G, "GEMM_THREADS", 2)
+    # chunks of 2 images, then 1
+    monkeypatch.setattr(k, "options", k.options.replace(
+        gemm_chunk_min_bytes=0, gemm_chunk_bytes=55000, gemm_threads=2))
     runs = _count_chunked(monkeypatch)
     orig_flip = G._flip_pays
 
@@ -106,7 +106,7 @@ def _run_in_child(fn, timeout=60):
 @FORKS_WITHOUT_JAX
 def test_a_chunked_gemm_runs_in_a_child_forked_while_another_thread_runs_one(monkeypatch):
     """_blas_one_thread's process-wide lock (_ONE_THREAD[0]) is taken by every
-    chunked run on two worker threads, also in the default mode (GEMM_THREADS=0
+    chunked run on two worker threads, also in the default mode (gemm_threads=0
     on an idle machine: _run_chunked enters it itself). A fork while another
     thread held it (inside ctl.limit / restore) left the child a lock no thread
     would release: the child's first chunked GEMM hung for good (an
@@ -115,9 +115,8 @@ def test_a_chunked_gemm_runs_in_a_child_forked_while_another_thread_runs_one(mon
     _blas_one_thread). Here the other thread holds the lock at the fork
     deterministically, as it does for the span of threadpoolctl's limit()."""
     k, x, w, y = _padded_conv_kernel()
-    monkeypatch.setattr(G, "CHUNK_MIN_BYTES", 0)
-    monkeypatch.setattr(G, "CHUNK_BYTES", 1)
-    monkeypatch.setattr(G, "GEMM_THREADS", 0)
+    monkeypatch.setattr(k, "options", k.options.replace(
+        gemm_chunk_min_bytes=0, gemm_chunk_bytes=1, gemm_threads=0))
     monkeypatch.setattr(workers, "oversubscribed", lambda: False)
     rng = np.random.default_rng(0)
     a = rng.standard_normal(x.shape).astype("float32")
@@ -171,7 +170,7 @@ def test_chunked_gemm_scales_before_it_can_overflow(kind, monkeypatch):
     c * x * w that is finite (0.25 * 1e19 * 4e19 = 1e38) but whose x * w
     overflows float32 (4e38) is then inf instead of 1e38: te.evaluate (raw and
     simplified), the loop nest and the unchunked GEMM all give 1e38; only the
-    chunked GEMM (forced here with CHUNK_MIN_BYTES=0; by default any packing
+    chunked GEMM (forced here with gemm_chunk_min_bytes=0; by default any packing
     copy above half the last-level cache) gives inf. The output-side inf check
     then reruns the same chunked GEMM on the exact path and keeps the inf."""
     X, W, Y = _scaled_conv(kind)
@@ -193,9 +192,8 @@ def test_chunked_gemm_scales_before_it_can_overflow(kind, monkeypatch):
         assert np.isfinite(ref).all() and np.abs(ref).max() == pytest.approx(1e38, rel=1e-6)
         np.testing.assert_allclose(k(x, w)[0], ref, rtol=1e-6)  # one call: finite
         runs = _count_chunked(monkeypatch)
-        monkeypatch.setattr(G, "CHUNK_MIN_BYTES", 0)
-        monkeypatch.setattr(G, "CHUNK_BYTES", 1)
-        monkeypatch.setattr(G, "GEMM_THREADS", 1)
+        monkeypatch.setattr(k, "options", k.options.replace(
+            gemm_chunk_min_bytes=0, gemm_chunk_bytes=1, gemm_threads=1))
         got = k(x, w)[0]
     assert runs and runs[0][1] == kind, runs
     assert np.isfinite(got).all(), np.argwhere(~np.isfinite(got)).tolist()

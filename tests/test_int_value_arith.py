@@ -18,8 +18,8 @@ import pytest
 import texpr as te
 from texpr import codegen
 from texpr.codegen.backends.numba_cpu import runtime
-from texpr.codegen.loopnest import stage
-from texpr.codegen.loopnest.emit import TEXT_MAX_HEIGHT
+
+TEXT_MAX_HEIGHT = codegen.Options().text_max_height
 
 from emit_testutil import nesting
 
@@ -202,7 +202,7 @@ def test_index_floor_division_by_minus_one_of_a_loaded_value_is_proven():
 def _wide_combine(chain, leaves):
     """A combine ``select(a > b, max(a -+ b ... (chain checked ops), a tree of
     max/min over leaves), b)``: deep text, and with 1,100 leaves a DAG of more
-    than codegen's LET_MAX_DAG_NODES nodes."""
+    than codegen's ``let_max_dag_nodes`` nodes."""
     def combine(a, b):
         e = a
         for j in range(chain):
@@ -215,13 +215,11 @@ def _wide_combine(chain, leaves):
     return combine
 
 
-def test_a_deep_custom_combine_builds_and_agrees(monkeypatch):
+def test_a_deep_custom_combine_builds_and_agrees():
     # a combine's text nested 105 levels of checked operations in one line: a raw
     # SyntaxError from the parser (the height bound did not reach combines, and
-    # then not a select over a DAG of more than LET_MAX_DAG_NODES = 2,000 nodes: an
+    # then not a select over a DAG of more than let_max_dag_nodes = 2,000 nodes: an
     # attack's 1,100 leaves; here the bound is lowered to 60 to build in seconds)
-    monkeypatch.setattr(stage, "LET_MAX_DAG_NODES", 60)
-    monkeypatch.setenv("TEXPR_SYMBOLIC_CACHE", "0")
     P = te.placeholder((2, 3), "P", "int64")
     k = te.reduce_axis(3, "k")
     pv = np.arange(6).reshape(2, 3)
@@ -229,7 +227,8 @@ def test_a_deep_custom_combine_builds_and_agrees(monkeypatch):
         red = te.comm_reducer(_wide_combine(chain, leaves), lambda d: te.const(-2**63, d),
                               name="deep")
         out = te.compute((2,), lambda i: red(P[i, k], axis=k), name="Deep")
-        kernel = codegen.build([out], [P], parallel=False, blas=False)
+        kernel = codegen.build([out], [P], parallel=False, blas=False,
+                               options={"let_max_dag_nodes": 60})
         assert all(nesting(line) <= TEXT_MAX_HEIGHT for line in kernel.source.splitlines())
         assert _agree([out], [P], {P: pv})
         assert not _agree([out], [P], {P: np.array([[2**62, -2**62, -2**62], [0, 1, 2]])})

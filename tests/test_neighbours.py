@@ -77,7 +77,7 @@ import texpr.codegen.backends.numba_cpu.compile
 """ + _DENSE + """
 from texpr.codegen.backends.numpy_host import gemm
 for mode in (1, 2, 0):  # the BLAS's own threads, split on worker threads, the default
-    gemm.GEMM_THREADS = mode
+    kernel.options = kernel.options.replace(gemm_threads=mode)
     check(kernel(x, w, h))
 after_env = dict(os.environ)
 changed = sorted(k for k in set(before_env) | set(after_env)
@@ -101,7 +101,7 @@ from texpr import codegen
 from texpr.codegen.backends.numpy_host import gemm
 from texpr.codegen.backends.numpy_host import parking
 """ + _DENSE + """
-gemm.GEMM_THREADS = 1  # one call on the BLAS's own threads, whatever the load
+kernel.options = kernel.options.replace(gemm_threads=1)  # one call on the BLAS's own threads, whatever the load
 def tasks():
     return len(os.listdir("/proc/self/task"))
 before = blas_threads()
@@ -135,7 +135,7 @@ from texpr import codegen
 from texpr.codegen.backends.numpy_host import gemm
 from texpr.codegen.backends.numpy_host import parking
 """ + _DENSE + """
-gemm.GEMM_THREADS = 1
+kernel.options = kernel.options.replace(gemm_threads=1)
 parks = parking._PARKS[0]
 check(kernel(x, w, h))
 alone = parking._PARKS[0] - parks
@@ -146,9 +146,9 @@ parks = parking._PARKS[0]
 check(kernel(x, w, h))
 beside = parking._PARKS[0] - parks
 ev.set(); t.join()
-gemm.GEMM_THREADS = 2  # split GEMMs: texpr's own worker threads exist now
+kernel.options = kernel.options.replace(gemm_threads=2)  # split GEMMs: texpr's own worker threads exist now
 check(kernel(x, w, h))
-gemm.GEMM_THREADS = 1
+kernel.options = kernel.options.replace(gemm_threads=1)
 parks = parking._PARKS[0]
 check(kernel(x, w, h))
 own = parking._PARKS[0] - parks
@@ -166,7 +166,7 @@ from texpr import codegen
 from texpr.codegen.backends.numpy_host import gemm
 from texpr.codegen.backends.numpy_host import parking
 """ + _DENSE + """
-gemm.GEMM_THREADS = 1
+kernel.options = kernel.options.replace(gemm_threads=1)
 check(kernel(x, w, h))
 print(json.dumps({"parks": parking._PARKS[0]}))
 """, {"TEXPR_PARK_BLAS": "0"})
@@ -185,15 +185,12 @@ def test_parallel_units_run_on_one_thread_while_the_machine_is_oversubscribed(mo
     from texpr import codegen
     from texpr.codegen.backends.numba_cpu import chunks
     from texpr.codegen.backends import workers
-    from texpr.codegen.loopnest import stage
     from texpr.codegen.backends.numba_cpu import units
 
-    monkeypatch.setenv("TEXPR_SYMBOLIC_CACHE", "0")
-    for knob, v in (("PARALLEL_MIN_POINTS", 1), ("PARALLEL_POINTS", 1), ("PARALLEL_MIN_WORK", 0)):
-        monkeypatch.setattr(stage, knob, v)
     X = te.placeholder((64, 48), "X", "float64")
     Y = te.compute((64, 48), lambda i, j: te.exp(X[i, j]) * 2.0 + X[i, (j + 1) % 48], name="Y")
-    kernel = codegen.build([Y], [X])
+    kernel = codegen.build([Y], [X], options={"parallel_min_points": 1, "parallel_points": 1,
+                                              "parallel_min_work": 0})
     assert [u.chunks for u in kernel.units] == [64]  # one chunked unit, 64 rows
     x = np.random.default_rng(0).standard_normal((64, 48))
     want = te.evaluate([Y], {X: x})[0]

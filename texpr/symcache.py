@@ -15,8 +15,10 @@ numbered by first appearance (with their names and domains), constants with
 their type and exact ``repr``, custom reducers with their combiner. Names are
 part of the key because they are part of the results (``d_X__Y``). The key
 is the sha256 of that text, the call's own arguments (which tensors are the
-inputs, the head, the parallel flag, a schedule's decisions), a format
-number, the content of texpr's own source files (so an edited pass never
+inputs, the head, the parallel flag, a schedule's decisions; for a lowering
+the fingerprint of codegen's Options), the tuning constants of texpr's
+loaded modules that differ from their source (:func:`settings_changed`), a
+format number, the content of texpr's own source files (so an edited pass never
 serves an old result) and the versions of Python, numpy, sympy, islpy and
 numba. A graph the text cannot describe exactly (an unknown operation, an
 attribute value of a type it does not know) is not cached.
@@ -315,7 +317,7 @@ _DEFAULTS = {}
 def _defaults(module):
     """The tuning constants of ``module`` as its source assigns them: every top-level
     one-line ``NAME = <literal>`` with an upper-case name (``CHEAP_TREE_NODES =
-    96``, ``BLAS_MIN_FLOP = 1 << 17``), evaluated as constant arithmetic on
+    96``, ``PARTS = 1 << 4``), evaluated as constant arithmetic on
     literals (anything else is no tuning constant)."""
     name = module.__name__
     got = _DEFAULTS.get(name)
@@ -347,9 +349,11 @@ def settings_changed():
     """The tuning constants of texpr's loaded modules that differ from their source's
     value, sorted ``(module, name, value)``: a program changes with them, so they
     are part of every key (a module not loaded yet has its defaults, which the
-    source fingerprint covers). ``contraction.BLAS_MIN_FLOP = 1 << 60`` set at
-    run time gives other keys than the default: no lowered program of the
-    default is loaded for it (or the reverse)."""
+    source fingerprint covers). ``materialize.CHEAP_TREE_NODES = 10 ** 9`` set
+    at run time gives other keys than the default: no result of the default is
+    loaded for it (or the reverse). codegen's knobs are no module constants:
+    they are the fields of ``texpr.codegen.Options``, whose fingerprint is in
+    the "lower" key (``codegen.build._lowered``)."""
     out = []
     for name, module in list(sys.modules.items()):
         if module is None or not (name == "texpr" or name.startswith("texpr.")):

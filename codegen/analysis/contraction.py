@@ -51,10 +51,10 @@ attention scores, ... all reach it from their simplified bodies.
 
 **Cost rule** (:func:`cost_ok`): a GEMM call pays for the packing and the
 call only when there is work for it: BLAS runs a stage when its GEMMs have
-at least ``BLAS_MIN_FLOP`` floating-point operations in all and each GEMM's
-M, N and K (batch axes aside) are at least ``BLAS_MIN_DIM``, and the GEMMs do
-at most ``1 / BLAS_MIN_EFFICIENCY`` times the domain's multiply-adds (padding
-and masked terms), and at least ``MASK_MACS`` multiply-adds per element pass
+at least ``options.blas_min_flop`` floating-point operations in all and each GEMM's
+M, N and K (batch axes aside) are at least ``options.blas_min_dim``, and the GEMMs do
+at most ``1 / options.blas_min_efficiency`` times the domain's multiply-adds (padding
+and masked terms), and at least ``options.blas_mask_macs`` multiply-adds per element pass
 of the data-dependent masks numpy evaluates on every run (:func:`mask_passes`).
 Anything else (depthwise convolutions: N = 1; small dense
 layers) keeps its loop nest. ``schedule[t].blas(True)`` runs a matching stage
@@ -87,46 +87,43 @@ from .bounds import may_refuse
 from ..backends.numpy_host.gemm import ContractionPlan, GemmPiece, OperandView, _TREE_OPS, _byte_view, _tree_nodes
 from ..ir.marks import WINDOW
 from ..ir.schedule import inline_expand
+from ..options import current as _opts
 
 __all__ = ["match", "ContractionPlan", "GemmPiece", "OperandView", "cost_ok",
-           "float_sum",
-           "BLAS_MIN_FLOP", "BLAS_MIN_DIM", "BLAS_MIN_EFFICIENCY", "MASK_MACS", "mask_passes",
-           "PAD_MAX_RATIO", "PAD_MIN_ELEMENTS"]
+           "float_sum", "mask_passes"]
 
-#: below this many floating-point operations (all GEMMs of a stage) the loop nest runs:
-#: a GEMM stage costs about 45 us of Python and numpy calls whatever its size, a
-#: loop nest this small runs serially in 5-10 us (16x16x16, 32x32x16); from
-#: 2**17 up the GEMM was faster (32x64x32: 47 vs 59 us; 32x784x10, a flattened
-#: image's dense layer: 53 vs 138 us) and compiles nothing (a loop nest: 1.3 s)
-BLAS_MIN_FLOP = 1 << 17
-#: a GEMM with an M, N or K below this is skinny: the loop nest runs
-BLAS_MIN_DIM = 8
-#: the GEMMs may do at most 1/this times the domain's multiply-adds
-BLAS_MIN_EFFICIENCY = 0.25
-#: at most this many pieces (non-empty residue classes) per stage
-MAX_PIECES = 64
-#: at most this many residue classes are enumerated (most are empty: a stride-3
-#: transposed convolution has 81 classes of (h, kh, w, kw), 9 of them non-empty)
-MAX_CLASSES = 1024
-#: the GEMMs must do at least this many multiply-adds per element pass of their
-#: data-dependent masks (:func:`mask_passes`). The main job's conv1 weight
-#: gradient behind its relu and max pool (4 residue-class GEMMs of 8x1024 @
-#: 1024x9; 0.19 multiply-adds per pass) ran 1.9 ms on BLAS, 0.19 ms as a loop
-#: nest; a 32x16x28x28 convolution's weight gradient behind the same (3.3 per
-#: pass) 18.8 ms on BLAS, 24.3 ms as a loop nest (the whole value and gradient
-#: 36.6 against 67.7 ms). 2026-12-05, one run each
-MASK_MACS = 1
-#: a piece whose box holds more than 1/this times its domain's points tries taps
-TAP_EFFICIENCY = 0.5
-#: the zero-padded copy of an operand (:class:`codegen.backends.numpy_host.gemm.OperandView`) may hold
-#: at most this many times the elements of the operand, of what the GEMMs read of
-#: it and of the output together (or :data:`PAD_MIN_ELEMENTS`): a padding sized by
-#: the user's extents (``conv2d(..., stride=10**6, padding=10**6)`` padded a 5 x 5
-#: image to 2,000,005 x 2,000,005, 175 TiB) leaves the stage its loop nest, which
-#: reads the operand in place; under ``blas(True)`` the build raises ScheduleError
-PAD_MAX_RATIO = 4
-#: padded copies up to this many elements are always allowed (8 MB of float64)
-PAD_MIN_ELEMENTS = 1 << 20
+# options.blas_min_flop (default 1 << 17): below this many floating-point operations (all
+#   GEMMs of a stage) the loop nest runs: a GEMM stage costs about 45 us of Python and numpy
+#   calls whatever its size, a loop nest this small runs serially in 5-10 us (16x16x16,
+#   32x32x16); from 2**17 up the GEMM was faster (32x64x32: 47 vs 59 us; 32x784x10, a
+#   flattened image's dense layer: 53 vs 138 us) and compiles nothing (a loop nest: 1.3 s)
+# options.blas_min_dim (default 8): a GEMM with an M, N or K below this is skinny: the loop
+#   nest runs
+# options.blas_min_efficiency (default 0.25): the GEMMs may do at most 1/this times the
+#   domain's multiply-adds
+# options.blas_max_pieces (default 64): at most this many pieces (non-empty residue classes)
+#   per stage
+# options.blas_max_classes (default 1024): at most this many residue classes are enumerated
+#   (most are empty: a stride-3 transposed convolution has 81 classes of (h, kh, w, kw), 9
+#   of them non-empty)
+# options.blas_mask_macs (default 1): the GEMMs must do at least this many multiply-adds per
+#   element pass of their data-dependent masks (:func:`mask_passes`). The main job's conv1
+#   weight gradient behind its relu and max pool (4 residue-class GEMMs of 8x1024 @ 1024x9;
+#   0.19 multiply-adds per pass) ran 1.9 ms on BLAS, 0.19 ms as a loop nest; a 32x16x28x28
+#   convolution's weight gradient behind the same (3.3 per pass) 18.8 ms on BLAS, 24.3 ms as
+#   a loop nest (the whole value and gradient 36.6 against 67.7 ms). 2026-12-05, one run
+#   each
+# options.blas_tap_efficiency (default 0.5): a piece whose box holds more than 1/this times
+#   its domain's points tries taps
+# options.blas_pad_max_ratio (default 4): the zero-padded copy of an operand
+#   (:class:`codegen.backends.numpy_host.gemm.OperandView`) may hold at most this many times
+#   the elements of the operand, of what the GEMMs read of it and of the output together (or
+#   ``options.blas_pad_min_elements``): a padding sized by the user's extents (``conv2d(...,
+#   stride=10**6, padding=10**6)`` padded a 5 x 5 image to 2,000,005 x 2,000,005, 175 TiB)
+#   leaves the stage its loop nest, which reads the operand in place; under ``blas(True)``
+#   the build raises ScheduleError
+# options.blas_pad_min_elements (default 1 << 20): padded copies up to this many elements
+#   are always allowed (8 MB of float64)
 
 
 class _NoMatch(Exception):
@@ -398,7 +395,7 @@ def _analyze(inst):
     piece = GemmPiece(piece_axes, out_offset, inst.out_strides, views[0], views[1],
                       out_masks, points)
     vol = int(np.prod([ax[1] for ax in piece_axes], dtype=np.int64))
-    if points < TAP_EFFICIENCY * vol:
+    if points < _opts().blas_tap_efficiency * vol:
         piece.inefficient = True
     return piece
 
@@ -627,13 +624,13 @@ def _pieces(inst, depth=0):
     except _NoMatch as exc:
         if len(exc.args) > 1 and exc.args[1] == "nonaffine" and not inst.split:
             moduli = _residue_moduli(inst)
-            if not moduli or int(np.prod(list(moduli.values()))) > MAX_CLASSES:
+            if not moduli or int(np.prod(list(moduli.values()))) > _opts().blas_max_classes:
                 raise
             out = []
             for sub in _split(inst, moduli):
                 out.extend(_pieces(sub, depth + 1))
-                if len(out) > MAX_PIECES:
-                    raise _NoMatch(f"more than {MAX_PIECES} residue classes") from None
+                if len(out) > _opts().blas_max_pieces:
+                    raise _NoMatch(f"more than {_opts().blas_max_pieces} residue classes") from None
             return out
         raise
     if piece is None:
@@ -667,7 +664,7 @@ def match(op, inlined=(), key=None, why=None):
     try:
         inst, scale, dtype = _contraction_of(op, set(inlined))
         pieces = _pieces(inst)
-        if len(pieces) > MAX_PIECES:
+        if len(pieces) > _opts().blas_max_pieces:
             raise _NoMatch(f"{len(pieces)} pieces")
         for p in pieces:
             # a reduction axis neither operand reads counts its points (a factor
@@ -698,7 +695,7 @@ def match(op, inlined=(), key=None, why=None):
 
 def _check_padding(pieces, out):
     """Raise _NoMatch when a piece's zero-padded operand copy would exceed its
-    bound (:data:`PAD_MAX_RATIO`, :data:`PAD_MIN_ELEMENTS`); ``pieces`` still
+    bound (``options.blas_pad_max_ratio``, ``options.blas_pad_min_elements``); ``pieces`` still
     name their operands by tensor."""
     out_elements = math.prod(out.shape)
     for p in pieces:
@@ -707,15 +704,16 @@ def _check_padding(pieces, out):
                 continue
             padded = math.prod(v.padded_shape())
             reads = math.prod(p.axes[q][1] for q in v.axes)
-            bound = max(PAD_MIN_ELEMENTS, PAD_MAX_RATIO * (math.prod(v.shape) + reads
-                                                          + out_elements))
+            opts = _opts()
+            bound = max(opts.blas_pad_min_elements,
+                        opts.blas_pad_max_ratio * (math.prod(v.shape) + reads + out_elements))
             if padded > bound:
                 name = getattr(v.key, "name", v.key)
                 raise _NoMatch(
                     f"its operand {name} {v.shape} would be copied zero-padded to "
-                    f"{v.padded_shape()} ({padded:,} elements), more than {PAD_MAX_RATIO} "
+                    f"{v.padded_shape()} ({padded:,} elements), more than {opts.blas_pad_max_ratio} "
                     f"times the operand, its {reads:,} elements read and the output "
-                    "(PAD_MAX_RATIO); the loop nest reads it in place", "padding")
+                    "(options.blas_pad_max_ratio); the loop nest reads it in place", "padding")
 
 
 def _partition(pieces, shape):
@@ -746,7 +744,7 @@ def mask_passes(plan):
     run (not only on the exact path: a packed operand's), its elements times
     its masks' tree nodes -- numpy evaluates a mask node by node over the
     operand's grid (:func:`codegen.backends.numpy_host.gemm._operand`). The cost rule weighs it
-    against the GEMMs' multiply-adds (``MASK_MACS``)."""
+    against the GEMMs' multiply-adds (``options.blas_mask_macs``)."""
     total = 0
     for p in plan.pieces:
         for v in (p.a, p.b):
@@ -764,19 +762,20 @@ def cost_ok(plan):
 def cost_refusal(plan):
     """Why the cost rule keeps ``plan`` off BLAS (a short phrase), or None when BLAS
     pays (:func:`cost_ok`)."""
-    if plan.flop < BLAS_MIN_FLOP:
-        return f"too small for BLAS ({plan.flop:,.0f} FLOP < BLAS_MIN_FLOP {BLAS_MIN_FLOP:,})"
+    if plan.flop < _opts().blas_min_flop:
+        return (f"too small for BLAS ({plan.flop:,.0f} FLOP < options.blas_min_flop "
+                f"{_opts().blas_min_flop:,})")
     passes = mask_passes(plan)
-    if plan.flop / 2 < MASK_MACS * passes:
+    if plan.flop / 2 < _opts().blas_mask_macs * passes:
         return (f"fewer multiply-adds ({plan.flop / 2:,.0f}) than the element passes of its "
                 f"data masks ({passes:,})")
-    if plan.flop / 2 * BLAS_MIN_EFFICIENCY > plan.points:
+    if plan.flop / 2 * _opts().blas_min_efficiency > plan.points:
         return (f"the GEMMs would multiply {plan.flop / 2:,.0f} terms for "
                 f"{plan.points:,} points of the domain")
     for p in plan.pieces:
         _b, m, n, k = p.gemm_dims()
-        if min(m, n, k) < BLAS_MIN_DIM:
-            return f"a GEMM dimension below BLAS_MIN_DIM ({m}x{k} @ {k}x{n})"
+        if min(m, n, k) < _opts().blas_min_dim:
+            return f"a GEMM dimension below options.blas_min_dim ({m}x{k} @ {k}x{n})"
     return None
 
 

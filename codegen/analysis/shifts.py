@@ -23,7 +23,7 @@ moves, 10.0 with the loop nests.
 tap-sum stage (``attrs[codegen.rewrite.tap_split.SPLIT]`` on a reduction) have a plan
 when every move has at most ``RANK`` axes, the moves share their first axis
 (the one the function's outer loop runs over) and read one source buffer,
-there are at most ``MAX_MOVES`` tap combinations, and, for a tap sum, for
+there are at most ``options.shift_max_moves`` tap combinations, and, for a tap sum, for
 every combination of tap values its ``where`` is a box in the output's axes
 (each conjunct affine in one output axis, the taps being constants) and its
 load's indices are affine -- or, the *lattice* path (a transposed
@@ -55,15 +55,14 @@ from texpr.visitor import free_vars, substitute
 from ..ir.marks import TAP_SPLIT, WINDOW, WINDOW_ORDER
 from .affine import affine_form, eval_cond, linear_coefs
 from .contraction import _cond_affine, _conjuncts
+from ..options import current as _opts
 
-__all__ = ["ShiftPlan", "plan_of", "MAX_MOVES", "LATTICE_BUDGET", "ENABLED"]
+__all__ = ["ShiftPlan", "plan_of"]
 
-#: at most this many tap combinations (moves) per plan
-MAX_MOVES = 1024
-#: False: window and tap-sum stages keep their loop nests (for A/B timings,
-#: benchmarks/bench_variants.py); the symbolic cache keys lowered programs by the graph, not
-#: by this: set TEXPR_SYMBOLIC_CACHE=0 where it changes within a process
-ENABLED = True
+# options.shift_max_moves (default 1024): at most this many tap combinations (moves) per
+#   plan
+# options.shifts (default True): False: window and tap-sum stages keep their loop nests (for
+#   A/B timings, benchmarks/bench_variants.py)
 
 
 class ShiftPlan:
@@ -146,7 +145,7 @@ def plan_of(op, key):
     """The :class:`ShiftPlan` of a window or tap-sum stage, or None (the stage keeps
     its loop nest). ``key``: tensor -> buffer key."""
     attrs = getattr(op, "attrs", {})
-    if not ENABLED:
+    if not _opts().shifts:
         return None
     try:
         if attrs.get(WINDOW):
@@ -183,7 +182,7 @@ def _window_plan(op, key):
     taps = [r[0] for r in region]
     free = [q for q in range(len(shape)) if q not in taps]
     combos = math.prod(shape[t] for t in taps)
-    if combos > MAX_MOVES:
+    if combos > _opts().shift_max_moves:
         raise _NoPlan()
     moves = []
     for combo in np.ndindex(*[shape[t] for t in taps]):
@@ -268,7 +267,7 @@ def _tap_sum_plan(op, key):
     ts = _strides(ld.tensor.shape)
     sp_ids = [id(v) for v in spatial]
     combos = math.prod(t.dom[1] - t.dom[0] for t in taps)
-    if combos > MAX_MOVES:
+    if combos > _opts().shift_max_moves:
         raise _NoPlan()
     moves = []
     for combo in np.ndindex(*[t.dom[1] - t.dom[0] for t in taps]):
@@ -303,10 +302,9 @@ def _tap_sum_plan(op, key):
                      ld.tensor.shape)
 
 
-#: the lattice path evaluates the conjuncts at most this many times in all (tap
-#: combinations times the values of the output axes they read; a few us each):
-#: a plan is made inside the build
-LATTICE_BUDGET = 1 << 15
+# options.shift_lattice_budget (default 1 << 15): the lattice path evaluates the conjuncts
+#   at most this many times in all (tap combinations times the values of the output axes
+#   they read; a few us each): a plan is made inside the build
 
 
 def _lattice_tap_sum_plan(op, key):
@@ -321,7 +319,7 @@ def _lattice_tap_sum_plan(op, key):
     red, ld, spatial, taps = _tap_sum_parts(op)
     shape = op.output(0).shape
     combos = math.prod(t.dom[1] - t.dom[0] for t in taps)
-    if combos > MAX_MOVES:
+    if combos > _opts().shift_max_moves:
         raise _NoPlan()
     sp_ids = [id(v) for v in spatial]
     per_axis = [[] for _ in spatial]
@@ -334,7 +332,7 @@ def _lattice_tap_sum_plan(op, key):
             per_axis[sp_ids.index(on.pop())].append(c)
         else:
             fixed.append(c)
-    if combos * sum(n * len(cs) for n, cs in zip(shape, per_axis)) > LATTICE_BUDGET:
+    if combos * sum(n * len(cs) for n, cs in zip(shape, per_axis)) > _opts().shift_lattice_budget:
         raise _NoPlan()
     os_, ts = _strides(shape), _strides(ld.tensor.shape)
     moves = []

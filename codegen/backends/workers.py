@@ -12,10 +12,9 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["threads", "set_thread_count", "oversubscribed", "pool", "LOAD_CHECK_S"]
+from ..options import current as _opts
 
-#: how often the load average is read again, in seconds
-LOAD_CHECK_S = 1.0
+__all__ = ["threads", "set_thread_count", "oversubscribed", "pool"]
 
 _COUNT = [lambda: 1]  # the registered thread count
 _POOL = []
@@ -38,10 +37,10 @@ def threads():
 
 def oversubscribed():
     """Whether the 1-minute load average exceeds this process's usable CPUs by more
-    than half a CPU (read at most every ``LOAD_CHECK_S`` seconds; False where
-    the platform has no load average)."""
+    than half a CPU (read at most every ``Options.gemm_load_check_s`` seconds;
+    False where the platform has no load average)."""
     now = time.monotonic()
-    if now - _LOAD[0] >= LOAD_CHECK_S:
+    if now - _LOAD[0] >= _opts().gemm_load_check_s:
         try:
             cpus = len(os.sched_getaffinity(0))
             _LOAD[1] = os.getloadavg()[0] > cpus + 0.5

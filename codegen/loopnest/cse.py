@@ -17,7 +17,7 @@ first by an ``if`` statement of its own when no run-time check of the
 statement comes before it. What is hoisted, so that no evaluation is
 added or moved past a condition, and the run-time check that fails first is
 still the one reported:
-an operation of at least ``MIN_NODES`` expression nodes that occurs at
+an operation of at least ``options.cse_min_nodes`` expression nodes that occurs at
 least twice in the statement, at least once where it is always evaluated:
 not only inside one branch of a conditional expression (``a if c else b``) or
 behind a short-circuit operator (``and``/``or``), and that holds no run-time
@@ -30,16 +30,16 @@ import ast
 import copy
 
 from .source import parse_module
+from ..options import current as _opts
 
-__all__ = ["hoist_common_subexpressions", "MIN_NODES", "SPLIT_NODES"]
+__all__ = ["hoist_common_subexpressions"]
 
-#: the smallest subexpression (in expression nodes) worth a temporary: a load
-#: through a computed index (``b1[np.uint64(i * 4 + j)]``: 10) is, index
-#: arithmetic alone (``i * 9``: 3) is not (LLVM shares that anyway)
-MIN_NODES = 8
-#: the smallest conditional expression turned into an if statement (smaller ones
-#: stay expressions, which LLVM can turn into straight-line selects)
-SPLIT_NODES = 100
+# options.cse_min_nodes (default 8): the smallest subexpression (in expression nodes) worth
+#   a temporary: a load through a computed index (``b1[np.uint64(i * 4 + j)]``: 10) is,
+#   index arithmetic alone (``i * 9``: 3) is not (LLVM shares that anyway)
+# options.cse_split_nodes (default 100): the smallest conditional expression turned into an
+#   if statement (smaller ones stay expressions, which LLVM can turn into straight-line
+#   selects)
 _PREFIX = "cse"
 
 
@@ -141,7 +141,7 @@ def _candidate(values, index):
             if index.count.get(k, 0) < 2:
                 continue
             size = index.size[id(n)]
-            if size >= MIN_NODES and (best is None or size > best[0]):
+            if size >= _opts().cse_min_nodes and (best is None or size > best[0]):
                 best = (size, k, n)
     return None if best is None else best[1:]
 
@@ -186,7 +186,7 @@ def _transform(stmt, counter):
     the repeats inside a branch are hoisted within it; then each assignment's
     repeated subexpressions are hoisted (:func:`_rewrite`)."""
     v = stmt.value
-    if isinstance(v, ast.IfExp) and _size(v) >= SPLIT_NODES:
+    if isinstance(v, ast.IfExp) and _size(v) >= _opts().cse_split_nodes:
         # what the condition computes and a branch reuses (a chain of selects:
         # each level's value is compared, then used) is computed once, first
         # (the value itself is never hoisted: it stays the conditional expression)
@@ -232,7 +232,7 @@ def _has_check(node):
 
 
 def _large_selects(value):
-    """The conditional expressions of at least ``SPLIT_NODES`` nodes that ``value``
+    """The conditional expressions of at least ``options.cse_split_nodes`` nodes that ``value``
     always evaluates (not inside another one's branch, nor behind ``and``/``or``),
     left to right, that may run first: up to the first run-time check of the
     statement outside them (evaluation order), so that the check that fails
@@ -242,7 +242,7 @@ def _large_selects(value):
 
     def visit(n):
         if isinstance(n, ast.IfExp):
-            if not blocked[0] and n is not value and _size(n) >= SPLIT_NODES:
+            if not blocked[0] and n is not value and _size(n) >= _opts().cse_split_nodes:
                 found.append(n)
             elif _has_check(n):
                 blocked[0] = True
@@ -290,7 +290,7 @@ def hoist_common_subexpressions(source, func):
     for st in stmts:
         if st.lineno != st.end_lineno:
             continue
-        if _size(st.value) < 2 * MIN_NODES:
+        if _size(st.value) < 2 * _opts().cse_min_nodes:
             continue
         new, changed = _transform(st, counter)
         if not changed:

@@ -17,6 +17,7 @@ from texpr.visitor import post_order, tree_sizes
 
 from ..analysis.bounds import DATA_INDEX_LIMIT
 from .source import comment_text
+from ..options import current as _opts
 
 __all__ = ["ExprEmitter", "const_str", "element"]
 
@@ -150,11 +151,11 @@ class ExprEmitter:
         (until :meth:`unbind`). Returns the bound nodes' ids.
 
         Only a statement whose tree (each use of a shared node counted again) has
-        more than :data:`LET_TREE_NODES` nodes: a chain of selects each reading the
+        more than ``options.let_tree_nodes`` nodes: a chain of selects each reading the
         level below several times is a DAG of O(d) nodes and a text of O(3^d) (an
         attack's chain of depth 5 gave 89 KB units that the backend compiled in 300 s;
         smaller statements keep their text, :mod:`codegen.loopnest.cse` shares their
-        repeats). A node used twice or more, of at least :data:`LET_MIN_NODES`
+        repeats). A node used twice or more, of at least ``options.let_min_nodes``
         tree nodes, is bound when
 
         * the statement always evaluates it (not only in one branch of a select
@@ -167,7 +168,7 @@ class ExprEmitter:
           2^depth copies).
 
         Whatever its size, a statement whose text would nest deeper than
-        :data:`TEXT_MAX_HEIGHT` parentheses has each node at that height bound on the
+        ``options.text_max_height`` parentheses has each node at that height bound on the
         same terms as a shared node (a long sum of terms is written as a few
         partial sums).
 
@@ -189,9 +190,9 @@ class ExprEmitter:
         (it may write statements computing the node's large branches first)."""
         roots = list(exprs)
         order, size, uses = tree_sizes(roots + list(later))
-        large = sum(size[id(r)] for r in roots + list(later)) > LET_TREE_NODES
-        deep = self.unbound_height(roots) > TEXT_MAX_HEIGHT
-        if not (large or deep) or (len(order) > LET_MAX_DAG_NODES and not deep):
+        large = sum(size[id(r)] for r in roots + list(later)) > _opts().let_tree_nodes
+        deep = self.unbound_height(roots) > _opts().text_max_height
+        if not (large or deep) or (len(order) > _opts().let_max_dag_nodes and not deep):
             return []
         checked, unsafe = set(), set()
         for n in order:
@@ -229,8 +230,8 @@ class ExprEmitter:
                 visit(c, cc)
             height[id(n)] = self.text_weight(n) + max(
                 (0 if id(c) in self.bound else height[id(c)] for c in n.args), default=0)
-            deep_here = height[id(n)] >= TEXT_MAX_HEIGHT
-            shared = large and uses.get(id(n), 0) >= 2 and size[id(n)] >= LET_MIN_NODES
+            deep_here = height[id(n)] >= _opts().text_max_height
+            shared = large and uses.get(id(n), 0) >= 2 and size[id(n)] >= _opts().let_min_nodes
             if id(n) in checked:
                 # a checked load, or a shared node holding checks: bound at an
                 # unconditional first evaluation only, after every check before it
@@ -412,22 +413,18 @@ class ExprEmitter:
         return element(buf, idx)
 
 
-#: a statement whose values' tree has more nodes than this has its shared
-#: subexpressions written once each (:meth:`ExprEmitter.bind_shared`)
-LET_TREE_NODES = 400
-#: the smallest shared subexpression (tree nodes) given a variable of its own there
-LET_MIN_NODES = 4
-#: a statement with more distinct nodes than this is left to codegen.loopnest.cse (the
-#: analysis keeps a set of nodes per node)
-LET_MAX_DAG_NODES = 2000
-#: a value's text nests at most this many parentheses deep, as estimated node by
-#: node (:meth:`ExprEmitter.text_weight`): a deeper node is given a variable
-#: (:meth:`ExprEmitter.bind_shared`). CPython's parser allows 200 nested
-#: parentheses and its compiler about 1,000 nested nodes. A fuzzed gradient (seed
-#: 7007500472) summed 216 terms in one line of 216 parentheses, and a chain of 45
-#: checked gathers (5 parentheses each) wrote 225: SyntaxError "too many nested
-#: parentheses".
-TEXT_MAX_HEIGHT = 120
+# options.let_tree_nodes (default 400): a statement whose values' tree has more nodes than
+#   this has its shared subexpressions written once each (:meth:`ExprEmitter.bind_shared`)
+# options.let_min_nodes (default 4): the smallest shared subexpression (tree nodes) given a
+#   variable of its own there
+# options.let_max_dag_nodes (default 2000): a statement with more distinct nodes than this
+#   is left to codegen.loopnest.cse (the analysis keeps a set of nodes per node)
+# options.text_max_height (default 120): a value's text nests at most this many parentheses
+#   deep, as estimated node by node (:meth:`ExprEmitter.text_weight`): a deeper node is
+#   given a variable (:meth:`ExprEmitter.bind_shared`). CPython's parser allows 200 nested
+#   parentheses and its compiler about 1,000 nested nodes. A fuzzed gradient (seed
+#   7007500472) summed 216 terms in one line of 216 parentheses, and a chain of 45 checked
+#   gathers (5 parentheses each) wrote 225: SyntaxError "too many nested parentheses".
 
 
 def _always_evaluated(roots):

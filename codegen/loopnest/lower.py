@@ -18,9 +18,10 @@ code is keyed on it (the loop-nest backend's compiler (:mod:`codegen.backends`))
 same shapes compiles once, editing one operator recompiles only its stages,
 and two graphs that share a stage share its machine code.
 
-A stage big enough to gain from a second thread (``PARALLEL_MIN_POINTS`` points
-and ``PARALLEL_MIN_WORK`` work, :mod:`codegen.loopnest.stage`; or one the schedule marks
-parallel) is a *chunked* unit where its loop nests allow it: serial text
+A stage big enough to gain from a second thread (``parallel_min_points`` points
+and ``parallel_min_work`` work, fields of the active :class:`codegen.options.Options`,
+read in :mod:`codegen.loopnest.stage`; or one the schedule marks parallel) is a
+*chunked* unit (``Options.chunks``) where its loop nests allow it: serial text
 ``unit(b0, .., part, err)`` whose parallel loop runs one part of a spatial
 axis, the parts run at the same time (the backend's chunked units (docs/stages.md)), so it compiles
 without the backend's parallel-loop pass (about 0.5-1 s a unit). Otherwise (a scan, a
@@ -34,14 +35,10 @@ that :class:`codegen.build.Kernel` runs in order, stopping at the first error
 (the bridges' compiled driver runs the same list).
 
 Re-exported for importers of this module: ``default_order``,
-``lift_zero_guards``, the tuning constants (``PARALLEL_MIN_POINTS``, ``UNROLL``,
-``JAM``, ``MAX_LANES``, ``SPLIT_LANES``, ... of :mod:`codegen.loopnest.stage`),
-``ExprEmitter``, ``const_str``, ``element`` (:mod:`codegen.loopnest.emit`).
+``lift_zero_guards``, ``ExprEmitter``, ``const_str``, ``element``
+(:mod:`codegen.loopnest.emit`). The tuning knobs are no module constants: they
+are the fields of :class:`codegen.options.Options` (docs/options.md).
 """
-
-import sys
-import types
-
 
 from texpr.simplify.isl_bridge import isl
 from texpr.errors import TexprError
@@ -58,38 +55,10 @@ from .memo import TextMemo
 from .scan_lower import lower_stage
 from .emit import ExprEmitter, _Writer, const_str, element  # noqa: F401
 from . import dialect as _dialect
-from . import stage as _stage
 from . import cse as _cse
 from .source import buffer_identifiers, remove_dead_assignments, rename
 from .stage import _StageLowering, default_order, lift_zero_guards
-from ..analysis import bounds as _bounds
-
-#: the tuning constants this module used to copy from :mod:`codegen.loopnest.stage` (and
-#: :mod:`codegen.analysis.bounds`): they are read there, where they are used, and setting
-#: them here sets them there (a copy set here changed nothing)
-_FORWARDED = {name: _stage for name in (
-    "BUFFER_TILE", "JAM", "JAM_MOVE", "MAX_LANES", "MAX_RESIDUE_SPLITS",
-    "PARALLEL_MIN_POINTS", "SPLIT_LANES", "UNROLL", "UNROLL_MAX_NODES")}
-_FORWARDED["DATA_INDEX_LIMIT"] = _bounds
-
-
-def __getattr__(name):
-    owner = _FORWARDED.get(name)
-    if owner is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(owner, name)
-
-
-class _ForwardingModule(types.ModuleType):
-    def __setattr__(self, name, value):
-        owner = _FORWARDED.get(name)
-        if owner is not None:
-            setattr(owner, name, value)
-        else:
-            super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _ForwardingModule
+from ..options import current as _opts
 
 __all__ = ["lower", "Program", "BufferInfo", "UnitSource", "default_order", "ExprEmitter",
            "const_str", "element", "lift_zero_guards"]
@@ -125,7 +94,7 @@ _TIDIED = TextMemo(1 << 25)
 
 def _tidy(src):
     """``src`` (a unit's module text) without its dead assignments
-    (:func:`source.remove_dead_assignments`) and, when ``stage.CSE``, with its
+    (:func:`source.remove_dead_assignments`) and, when ``Options.cse``, with its
     common subexpressions hoisted (:func:`cse.hoist_common_subexpressions`).
 
     Both passes are functions of the text and of the CSE settings alone, so the
@@ -136,11 +105,12 @@ def _tidy(src):
     one the passes make, character for character (the key holds the two pass
     functions too: one replaced, as a test may, is a new key)."""
     dead, hoist = remove_dead_assignments, _cse.hoist_common_subexpressions
-    key = (src, dead, hoist, bool(_stage.CSE), _cse.MIN_NODES, _cse.SPLIT_NODES)
+    opts = _opts()
+    key = (src, dead, hoist, opts.cse, opts.cse_min_nodes, opts.cse_split_nodes)
     done = _TIDIED.get(key)
     if done is None:
         done = dead(src, "unit")
-        if _stage.CSE:
+        if opts.cse:
             done = hoist(done, "unit")
         _TIDIED.put(key, done, len(src) + len(done))
     return done
@@ -175,7 +145,7 @@ def _chunked(sl):
 def _lower_unit(op, stage, buffers, order, idents, inlined, parallel):
     """The :class:`UnitSource` of the materialised ``op`` (see the module docstring)."""
     chunks = align = 0
-    use_chunks = parallel and _stage.CHUNKS
+    use_chunks = parallel and _opts().chunks
     sl, ub, w = _lower_stage(op, stage, buffers, inlined, parallel, use_chunks)
     if use_chunks:
         how = _chunked(sl)

@@ -41,9 +41,10 @@ from texpr.visitor import free_vars, post_order
 
 from .emit import ExprEmitter
 from ..ir.schedule import inline_expand
+from ..options import current as _opts
 
-#: the smallest product (M * N * K multiply-adds) worth a BLAS call per step
-GEMM_MIN_MACS = 4096
+# options.scan_gemm_min_macs (default 4096): the smallest product (M * N * K multiply-adds)
+#   worth a BLAS call per step
 
 
 def _affine(e):
@@ -116,7 +117,7 @@ def gemm_step(s, buffers, inlined, tv, tname, L, T):
     if i.dom[0] != 0 or j.dom[0] != 0 or k.dom[0] != 0:
         return None
     m, n, kk = i.dom[1], j.dom[1], k.dom[1]
-    if m * n * kk < GEMM_MIN_MACS:
+    if m * n * kk < _opts().scan_gemm_min_macs:
         return None
     a_ld, b_ld = src.args
     for first, second in ((a_ld, b_ld), (b_ld, a_ld)):

@@ -37,10 +37,10 @@ from texpr.visitor import post_order, substitute, transform
 from ..analysis.bounds import _BoundsChecker
 from ..ir.program import BufferInfo, alias_info
 from ..ir.schedule import Stage, inline_expand
-from . import stage as _stage
 from .emit import ExprEmitter
 from .scan_gemm import gemm_step
 from .stage import _StageLowering, lift_zero_guards
+from ..options import current as _opts
 
 __all__ = ["lower_scan"]
 
@@ -363,7 +363,7 @@ def _lower_pointwise(sl, depth, point, tv, buffers):
     st = Stage(nest)
     if rest:
         st.reorder(*(rest + (t,)))
-        if out.size >= _stage.PARALLEL_MIN_POINTS and sl.parallel_on:
+        if out.size >= _opts().parallel_min_points and sl.parallel_on:
             st.parallel(rest[0])
     # a state of no axes but time: its one loop is the recurrence, never parallel
     # (the default rules made it a prange loop once it had 65,536 steps: a prefix

@@ -32,12 +32,12 @@ except for reductions, where the axis giving the most accesses that are unit
 stride or invariant in it goes innermost (the output's store counts as
 invariant in a reduction loop; before that, an axis along which the
 reduction's data-dependent ``where`` does not vary, so that the condition is
-tested once per innermost loop: ``CONDITION_INVARIANT``): a reduction axis (scalar mode) or a spatial axis (buffer mode, with
+tested once per innermost loop: ``options.condition_invariant``): a reduction axis (scalar mode) or a spatial axis (buffer mode, with
 the reduction loops moved outside the spatial loops whose output tile is small
 so that the innermost loop has independent iterations and vectorises without
 reassociating floating-point sums). The outermost spatial loop runs in parallel
 (``prange``; never a loop that accumulates into shared locations), unless the
-stage visits fewer than ``PARALLEL_MIN_POINTS`` points.
+stage visits fewer than ``options.parallel_min_points`` points.
 
 Code shape (all exact: no reassociation the user did not ask for beyond a
 sum's order of terms, which the evaluator does not fix either):
@@ -49,14 +49,14 @@ sum's order of terms, which the evaluator does not fix either):
   vectoriser takes (unit-stride loads, no branch, no run-time check) is written
   once, its accumulator updated by ``_radd``, an add LLVM may reassociate: the
   vectoriser keeps the partial sums in vector registers; any other is unrolled
-  into ``UNROLL`` partial sums, added to the accumulator in a fixed tree;
-* register blocking: in scalar mode, ``JAM`` consecutive points of the innermost
+  into ``options.unroll`` partial sums, added to the accumulator in a fixed tree;
+* register blocking: in scalar mode, ``options.jam`` consecutive points of the innermost
   spatial axis share the reduction loops (when the domain does not depend on
   that axis and some load is shared), each with its own accumulator;
-* in buffer mode a short innermost reduction loop (``<= MAX_LANES``) is unrolled
+* in buffer mode a short innermost reduction loop (``<= options.max_lanes``) is unrolled
   inside the spatial loops where all its values are in the domain, so each
   output element is loaded and stored once for all of them; a long one with
-  constant bounds is unrolled by groups of ``SPLIT_LANES`` values the same way
+  constant bounds is unrolled by groups of ``options.split_lanes`` values the same way
   (dense's dX and dW: 1.6-2.3 ms -> 1.0 ms; layernorm 0.7 -> 0.34 ms); where a
   ``where`` bounds it, the groups wholly inside the domain are unrolled and the
   cut ones run as plain loops (cumsum 6.5 -> 4.4 ms); the longest such
@@ -88,113 +88,100 @@ from texpr.printer import expr_str, tensor_str
 from texpr.visitor import post_order, tree_sizes
 from texpr.tensor import ScatterAddOp, row_major_strides
 
+from ..options import current as _opts
 from ..analysis.affine import affine_offsets
 from ..analysis.bounds import _BoundsChecker
-from .emit import (LET_MAX_DAG_NODES, LET_MIN_NODES, LET_TREE_NODES, TEXT_MAX_HEIGHT,
-                   ExprEmitter, const_str,
-                   element, fill_value, helper_int)
+from .emit import ExprEmitter, const_str, element, fill_value, helper_int
 from ..ir.schedule import inline_expand
 from . import dialect as _dialect
 
-__all__ = ["default_order", "lift_zero_guards", "PARALLEL_MIN_POINTS", "UNROLL", "JAM",
-           "MAX_LANES", "SPLIT_LANES"]
+__all__ = ["default_order", "lift_zero_guards"]
 
-#: a second loop nest of a stage (the rest of an unrolled or blocked nest: borders,
-#: partial groups) with fewer than this fraction of the stage's points runs
-#: sequentially: the compiler compiles every parallel loop nest as a function of its own
-#: (depthwise conv's border nests: about 1 s of compile time each, for about 5% of
-#: the stage's run time)
-REST_PARALLEL_FRACTION = 0.125
-#: a subexpression of at most this many tree nodes and no run-time check stays
-#: inline in a large value's statements (:meth:`_StageLowering._bind_branches`)
-INLINE_NODES = 16
-#: when no loop of at least 4 trips walks memory contiguously, a shorter one that
-#: does may go innermost: the main job's 3x3 convolution of 4x4 images (batch 64)
-#: had its batch axis innermost, at a stride of a whole image: its forward ran
-#: 1.52 -> 0.55 ms, its weight gradient 1.33 -> 0.78 ms, its input gradient
-#: 0.70 -> 1.33 ms (the training step 6.06 -> 5.53 ms); avgpool3s2's dX 6.95 -> 1.78
-#: ms, upsample2's dX 0.23 -> 0.07 ms, avgpool3s2's forward 0.56 -> 0.82 ms, the
-#: other suite cases unchanged (bench_variants, one run)
-SHORT_CONTIGUOUS = True
-#: the innermost loop is, first, one along which the reduction's data-dependent
-#: ``where`` does not vary (tested once per loop, not per trip: see
-#: :func:`_data_condition_axes`), and a short contiguous loop may also go
-#: innermost when every long one strides far or varies the condition (the
-#: scores' credit for invariant loads had kept the main job's conv2 from
-#: SHORT_CONTIGUOUS: its batch axis was innermost again). The main job's serial
-#: kernel, one run: conv2 0.98 -> 0.27 ms, conv1's weight gradient 1.27 -> 0.19,
-#: the whole kernel 3.64 -> 1.86 ms. False: the scores and SHORT_CONTIGUOUS alone
-CONDITION_INVARIANT = True
-#: a float select of an elementwise stage whose arms are small, call nothing, run no
-#: check and read in bounds over the whole stage is written ``_sel(c, a, b)``: both
-#: arms computed, then one LLVM select (:func:`speculative_selects`). False: always
-#: ``a if c else b``, a branch
-SPECULATE_SELECTS = True
-#: the most nodes the two arms of a speculated select have together
-SPECULATE_MAX_NODES = 16
-#: a float32 sum of a loop nest (scalar mode: its accumulators in registers) adds in
-#: float64 and rounds once when it stores: BatchNorm's statistics and their gradients
-#: over 65,536 terms were 10x less accurate than PyTorch's cascaded float32 sums (a
-#: small ResNet's gradients within 1.6e-5 of float64, PyTorch's 1.5e-6). The vectorised
-#: loop then holds half as many lanes per register. False: float32 accumulators
-SUM_FLOAT64 = True
-#: a reduction's data-dependent ``where`` over a value that runs no check is a select
-#: of the combined value, not an ``if`` around it (:meth:`_StageLowering._select_combine`:
-#: the loads leave the branch and the accumulators vectorise). False: always the ``if``
-SELECT_WHERE = True
-#: output tile (elements) below the reduction loops in buffer mode
-BUFFER_TILE = 4096
-#: stages visiting fewer points run sequentially by default (waking the worker
-#: threads costs more than the loop)
-PARALLEL_MIN_POINTS = 1 << 16
-#: ... and, below ``PARALLEL_POINTS`` points, whose *work* (its points times the
-#: expression nodes of its body; a reduction's summand and condition) is below
-#: ``PARALLEL_MIN_WORK``. Waking the second thread costs about 0.1 ms here
-#: (a parallel loop and a chunked unit's launch alike, OpenMP waiting passively:
-#: the loop-nest backend's compiler), so a stage of few cheap points runs faster serially.
-#: Calibrated on the suite's stages (2 cores, bench_variants, docs/stages.md):
-#: upsample2's and pixel_shuffle2's copies and selects (0.4 M points, work 3-9
-#: M) and layernorm's stages (0.13 M points) lose in parallel; max_pool2d's
-#: forward max and argmax (0.8 M points, work 7-14 M), avg_pool2d's and the
-#: depthwise convolution's stages (1.7-6.9 M points) gain
-PARALLEL_POINTS = 1 << 19
-PARALLEL_MIN_WORK = 16_000_000
-#: a parallel stage is a *chunked* serial unit whose parts of its outermost
-#: spatial axis run at the same time (the backend's chunked units (docs/stages.md)), where its loop nests
-#: allow it, instead of prange loops (the backend's parallel-loop pass: about 0.5-1 s of
-#: compile time per unit)
-CHUNKS = True
-#: reductions whose iteration box has fewer points are neither unrolled nor
-#: register-blocked
-UNROLL_MIN_POINTS = 1 << 15
-#: partial sums in the innermost loop of a sum reduction (a power of two)
-UNROLL = 8
-#: points of the innermost spatial axis blocked together in a sum (register blocking)
-JAM = 4
-#: partial sums per blocked point of a register-blocked sum (JAM points x this many
-#: accumulators; UNROLL's 8 there made flatten_dense's dense unit 32 accumulators
-#: and 7.7 s of compile time)
-JAM_UNROLL = 4
-#: the blocked axis may be a spatial axis other than the innermost (moved innermost)
-JAM_MOVE = True
-#: a reduction loop this short, innermost among the reductions in buffer mode, is
-#: unrolled inside the spatial loops
-MAX_LANES = 4
-#: a longer innermost reduction loop in buffer mode (constant bounds) is unrolled
-#: by groups of this many values inside the spatial loops
-SPLIT_LANES = 16
-#: at most this many residue splits of one stage's domain (each doubles its code, about)
-MAX_RESIDUE_SPLITS = 2
-#: the innermost loop of a float sum that LLVM's loop vectoriser takes is written
-#: once with ``_radd`` accumulators instead of ``UNROLL`` copies
-#: (:meth:`_StageLowering._emit_reassociated_sum`)
-REASSOCIATE = True
-#: ... where its loop runs at least this many times: the vectorised loop takes
-#: vector width x interleave (8 x 4 float32 lanes with AVX2) terms a trip, and a
-#: shorter loop runs mostly in its scalar remainder, one dependency chain.
-#: Depthwise conv's dW (a 28-value innermost loop): 0.72 ms unrolled, 1.57 ms
-#: written once (bench_variants, 2026-12-04)
-REASSOCIATE_MIN_TRIPS = 128
+# The knobs read here are fields of the active codegen Options (``_opts()``, read
+# when the stage is lowered; docs/options.md). Why their defaults are what they are:
+# options.rest_parallel_fraction (default 0.125): a second loop nest of a stage (the rest of
+#   an unrolled or blocked nest: borders, partial groups) with fewer than this fraction of
+#   the stage's points runs sequentially: the compiler compiles every parallel loop nest as
+#   a function of its own (depthwise conv's border nests: about 1 s of compile time each,
+#   for about 5% of the stage's run time)
+# options.inline_nodes (default 16): a subexpression of at most this many tree nodes and no
+#   run-time check stays inline in a large value's statements
+#   (:meth:`_StageLowering._bind_branches`)
+# options.short_contiguous (default True): when no loop of at least 4 trips walks memory
+#   contiguously, a shorter one that does may go innermost: the main job's 3x3 convolution
+#   of 4x4 images (batch 64) had its batch axis innermost, at a stride of a whole image: its
+#   forward ran 1.52 -> 0.55 ms, its weight gradient 1.33 -> 0.78 ms, its input gradient
+#   0.70 -> 1.33 ms (the training step 6.06 -> 5.53 ms); avgpool3s2's dX 6.95 -> 1.78 ms,
+#   upsample2's dX 0.23 -> 0.07 ms, avgpool3s2's forward 0.56 -> 0.82 ms, the other suite
+#   cases unchanged (bench_variants, one run)
+# options.condition_invariant (default True): the innermost loop is, first, one along which
+#   the reduction's data-dependent ``where`` does not vary (tested once per loop, not per
+#   trip: see :func:`_data_condition_axes`), and a short contiguous loop may also go
+#   innermost when every long one strides far or varies the condition (the scores' credit
+#   for invariant loads had kept the main job's conv2 from options.short_contiguous: its batch axis
+#   was innermost again). The main job's serial kernel, one run: conv2 0.98 -> 0.27 ms,
+#   conv1's weight gradient 1.27 -> 0.19, the whole kernel 3.64 -> 1.86 ms. False: the
+#   scores and options.short_contiguous alone
+# options.speculate_selects (default True): a float select of an elementwise stage whose
+#   arms are small, call nothing, run no check and read in bounds over the whole stage is
+#   written ``_sel(c, a, b)``: both arms computed, then one LLVM select
+#   (:func:`speculative_selects`). False: always ``a if c else b``, a branch
+# options.speculate_max_nodes (default 16): the most nodes the two arms of a speculated
+#   select have together
+# options.sum_float64 (default True): a float32 sum of a loop nest (scalar mode: its
+#   accumulators in registers) adds in float64 and rounds once when it stores: BatchNorm's
+#   statistics and their gradients over 65,536 terms were 10x less accurate than PyTorch's
+#   cascaded float32 sums (a small ResNet's gradients within 1.6e-5 of float64, PyTorch's
+#   1.5e-6). The vectorised loop then holds half as many lanes per register. False: float32
+#   accumulators
+# options.select_where (default True): a reduction's data-dependent ``where`` over a value
+#   that runs no check is a select of the combined value, not an ``if`` around it
+#   (:meth:`_StageLowering._select_combine`: the loads leave the branch and the accumulators
+#   vectorise). False: always the ``if``
+# options.buffer_tile (default 4096): output tile (elements) below the reduction loops in
+#   buffer mode
+# options.parallel_min_points (default 1 << 16): stages visiting fewer points run
+#   sequentially by default (waking the worker threads costs more than the loop)
+# options.parallel_points (default 1 << 19): ... and, below ``options.parallel_points`` points,
+#   whose *work* (its points times the expression nodes of its body; a reduction's summand
+#   and condition) is below ``options.parallel_min_work``. Waking the second thread costs about 0.1
+#   ms here (a parallel loop and a chunked unit's launch alike, OpenMP waiting passively:
+#   the loop-nest backend's compiler), so a stage of few cheap points runs faster serially.
+#   Calibrated on the suite's stages (2 cores, bench_variants, docs/stages.md): upsample2's
+#   and pixel_shuffle2's copies and selects (0.4 M points, work 3-9 M) and layernorm's
+#   stages (0.13 M points) lose in parallel; max_pool2d's forward max and argmax (0.8 M
+#   points, work 7-14 M), avg_pool2d's and the depthwise convolution's stages (1.7-6.9 M
+#   points) gain
+# options.parallel_min_work (default 16_000_000): 
+# options.chunks (default True): a parallel stage is a *chunked* serial unit whose parts of
+#   its outermost spatial axis run at the same time (the backend's chunked units
+#   (docs/stages.md)), where its loop nests allow it, instead of prange loops (the backend's
+#   parallel-loop pass: about 0.5-1 s of compile time per unit)
+# options.unroll_min_points (default 1 << 15): reductions whose iteration box has fewer
+#   points are neither unrolled nor register-blocked
+# options.unroll (default 8): partial sums in the innermost loop of a sum reduction (a power
+#   of two)
+# options.jam (default 4): points of the innermost spatial axis blocked together in a sum
+#   (register blocking)
+# options.jam_unroll (default 4): partial sums per blocked point of a register-blocked sum
+#   (options.jam points x this many accumulators; options.unroll's 8 there made flatten_dense's dense unit
+#   32 accumulators and 7.7 s of compile time)
+# options.jam_move (default True): the blocked axis may be a spatial axis other than the
+#   innermost (moved innermost)
+# options.max_lanes (default 4): a reduction loop this short, innermost among the reductions
+#   in buffer mode, is unrolled inside the spatial loops
+# options.split_lanes (default 16): a longer innermost reduction loop in buffer mode
+#   (constant bounds) is unrolled by groups of this many values inside the spatial loops
+# options.max_residue_splits (default 2): at most this many residue splits of one stage's
+#   domain (each doubles its code, about)
+# options.reassociate (default True): the innermost loop of a float sum that LLVM's loop
+#   vectoriser takes is written once with ``_radd`` accumulators instead of ``options.unroll``
+#   copies (:meth:`_StageLowering._emit_reassociated_sum`)
+# options.reassociate_min_trips (default 128): ... where its loop runs at least this many
+#   times: the vectorised loop takes vector width x interleave (8 x 4 float32 lanes with
+#   AVX2) terms a trip, and a shorter loop runs mostly in its scalar remainder, one
+#   dependency chain. Depthwise conv's dW (a 28-value innermost loop): 0.72 ms unrolled,
+#   1.57 ms written once (bench_variants, 2026-12-04)
 #: a statement that branches, and the run-time checks (calls that may set the
 #: error flag), which keep a sum's loop unrolled by copies
 _BRANCH = re.compile(r"\s*(if|elif|else|while|for)\b")
@@ -204,22 +191,21 @@ _BRANCH = re.compile(r"\s*(if|elif|else|while|for)\b")
 def _check_call(names):
     """A regex finding a call of one of the check helpers ``names``."""
     return re.compile(r"\b(" + "|".join(names) + r")\(")
-#: larger summands are not unrolled (compile time grows with the copies)
-UNROLL_MAX_NODES = 64
-#: repeated subexpressions of a statement are computed once, and large selects
-#: inside it by if statements of their own (:mod:`codegen.loopnest.cse`)
-CSE = True
-#: in the default order's scores, a load invariant in a loop counts as much as a
-#: unit-stride one, and the output's store is invariant in a reduction loop
-#: (layernorm's variance: ``mean[i]`` and the store no longer pull ``i``
-#: innermost, which read X at stride 512 and unrolled 16 lanes; value and
-#: gradient compile time 3.8 -> 3.0 s); first, though, the innermost loop walks
-#: the fewest tensors at a far stride (:func:`_far_strided`). False: the
-#: earlier scores alone
-INVARIANT_FREE = True
-#: loads whose row-major offset isl proves affine over the iteration box are
-#: addressed by that offset, not by their ``//`` and ``%`` indices (:mod:`codegen.analysis.affine`)
-AFFINE_OFFSETS = True
+
+
+# options.unroll_max_nodes (default 64): larger summands are not unrolled (compile time
+#   grows with the copies)
+# options.cse (default True): repeated subexpressions of a statement are computed once, and
+#   large selects inside it by if statements of their own (:mod:`codegen.loopnest.cse`)
+# options.invariant_free (default True): in the default order's scores, a load invariant in
+#   a loop counts as much as a unit-stride one, and the output's store is invariant in a
+#   reduction loop (layernorm's variance: ``mean[i]`` and the store no longer pull ``i``
+#   innermost, which read X at stride 512 and unrolled 16 lanes; value and gradient compile
+#   time 3.8 -> 3.0 s); first, though, the innermost loop walks the fewest tensors at a far
+#   stride (:func:`_far_strided`). False: the earlier scores alone
+# options.affine_offsets (default True): loads whose row-major offset isl proves affine over
+#   the iteration box are addressed by that offset, not by their ``//`` and ``%`` indices
+#   (:mod:`codegen.analysis.affine`)
 
 
 def _coef(e, v):
@@ -285,15 +271,15 @@ def _average_trips(exprs, spatial, reduce_):
     return out
 
 
-#: a stride (in elements) up to which consecutive iterations of the innermost loop
-#: still share cache lines (rows of 3 per-row statistics read along the rows)
-NEAR_STRIDE = 4
+# options.near_stride (default 4): a stride (in elements) up to which consecutive iterations
+#   of the innermost loop still share cache lines (rows of 3 per-row statistics read along
+#   the rows)
 
 
 def _far_strided(op, loads, spatial, reduce_):
     """id(axis) -> how many tensors (each counted once; the output's store too,
     for a spatial axis) a loop over the axis walks at a stride above
-    :data:`NEAR_STRIDE` elements, or an unknown one: the first key of the
+    ``options.near_stride`` elements, or an unknown one: the first key of the
     default order, so that the invariant loads the scores credit never put a
     loop that strides through a large tensor innermost (``sum_k A[k, i] *
     S[i, 0]``: ``k`` innermost read A by columns, 11.7x slower at 3000x3000)."""
@@ -308,11 +294,11 @@ def _far_strided(op, loads, spatial, reduce_):
                 hit.add(id(ld.tensor))
                 continue
             step = sum(c * st for c, st in zip(coefs, row_major_strides(ld.tensor.shape)))
-            if abs(step) > NEAR_STRIDE:
+            if abs(step) > _opts().near_stride:
                 hit.add(id(ld.tensor))
         if ax.kind == "spatial" and op.axis:
             pos = next((d for d, a in enumerate(op.axis) if a is ax), None)
-            if pos is not None and row_major_strides(op.shape)[pos] > NEAR_STRIDE:
+            if pos is not None and row_major_strides(op.shape)[pos] > _opts().near_stride:
                 hit.add("store")
         far[id(ax)] = len(hit)
     return far
@@ -344,7 +330,8 @@ def default_order(op, exprs, spatial, reduce_):
                 continue
             last = _coef(idx[-1], ax)
             others = [_coef(i, ax) for i in idx[:-1]]
-            if last in ((1, -1, 0) if INVARIANT_FREE else (1, -1)) and all(o == 0 for o in others):
+            free = (1, -1, 0) if _opts().invariant_free else (1, -1)
+            if last in free and all(o == 0 for o in others):
                 # unit stride, or invariant: the loop keeps the value in a register
                 # (layernorm's mean[i] is free in a loop over the reduction axis)
                 s += 2
@@ -353,12 +340,12 @@ def default_order(op, exprs, spatial, reduce_):
         score[id(ax)] = s
     if spatial:
         score[id(spatial[-1])] = score.get(id(spatial[-1]), 0) + 2  # the store
-    for ax in reduce_ if INVARIANT_FREE else ():
+    for ax in reduce_ if _opts().invariant_free else ():
         score[id(ax)] += 2  # the store is invariant in a reduction loop (an accumulator)
 
     trip = _average_trips(exprs, spatial, reduce_)
-    far = _far_strided(op, loads, spatial, reduce_) if INVARIANT_FREE else {}
-    varies = _data_condition_axes(exprs) if CONDITION_INVARIANT else set()
+    far = _far_strided(op, loads, spatial, reduce_) if _opts().invariant_free else {}
+    varies = _data_condition_axes(exprs) if _opts().condition_invariant else set()
 
     def key(ax):
         is_sp = ax.kind == "spatial"
@@ -367,10 +354,10 @@ def default_order(op, exprs, spatial, reduce_):
 
     axes = list(spatial) + list(reduce_)
     cands = [a for a in axes if trip[id(a)] >= 4] or list(reduce_)
-    if SHORT_CONTIGUOUS and all(score[id(a)] <= 0 or (CONDITION_INVARIANT and (
+    if _opts().short_contiguous and all(score[id(a)] <= 0 or (_opts().condition_invariant and (
             far.get(id(a), 0) or id(a) in varies)) for a in cands):
         # no long loop walks memory contiguously: a short one that does may beat a
-        # long strided one (see SHORT_CONTIGUOUS)
+        # long strided one (see options.short_contiguous)
         cands += [a for a in axes if 2 <= trip[id(a)] < 4 and score[id(a)] > 0]
     best = max(cands, key=key)
     if best.kind == "reduce":
@@ -380,7 +367,7 @@ def default_order(op, exprs, spatial, reduce_):
     sp = [a for a in spatial if a is not best]
     inner = [best]
     tile = best.extent
-    while sp and len(sp) > 1 and tile * sp[-1].extent <= BUFFER_TILE:
+    while sp and len(sp) > 1 and tile * sp[-1].extent <= _opts().buffer_tile:
         tile *= sp[-1].extent
         inner.insert(0, sp.pop())
     return sp + _split_last(exprs, reduce_, best) + inner
@@ -401,7 +388,7 @@ def _partial_groups(where, axes, r, f, box):
 
 def _split_last(exprs, reduce_, inner):
     """The reduction loops of a buffer-mode stage, outermost first: in definition
-    order, except that the longest one (``>= SPLIT_LANES``) whose bounds are
+    order, except that the longest one (``>= options.split_lanes``) whose bounds are
     constant (the ``where`` does not mention it) and that a load reads goes
     innermost, where its values are unrolled by groups (one load and store of
     the output element per group: conv2d's input channels rather than its
@@ -415,7 +402,7 @@ def _split_last(exprs, reduce_, inner):
     for ld in loads:
         if ld.args and _mentions(ld, inner) and _coef(ld.args[-1], inner) not in (1, -1):
             return list(reduce_)
-    ok = [a for a in reduce_ if a.extent >= SPLIT_LANES and a.dom[0] == 0
+    ok = [a for a in reduce_ if a.extent >= _opts().split_lanes and a.dom[0] == 0
           and not _mentions(red.where, a) and any(_mentions(ld, a) for ld in loads)]
     if not ok:
         return list(reduce_)
@@ -479,16 +466,16 @@ def _chunk_form(x):
 
 def _worth_parallel(points, exprs):
     """Whether a stage of ``points`` points whose body is ``exprs`` is worth its
-    parallel launch (``PARALLEL_MIN_POINTS``, ``PARALLEL_POINTS``,
-    ``PARALLEL_MIN_WORK``)."""
-    if points < PARALLEL_MIN_POINTS:
+    parallel launch (``options.parallel_min_points``, ``options.parallel_points``,
+    ``options.parallel_min_work``)."""
+    if points < _opts().parallel_min_points:
         return False
-    if points >= PARALLEL_POINTS:
+    if points >= _opts().parallel_points:
         return True
     from texpr.visitor import post_order
 
     nodes = sum(len(post_order(x)) for x in exprs if isinstance(x, E.Expr))
-    return points * max(nodes, 1) >= PARALLEL_MIN_WORK
+    return points * max(nodes, 1) >= _opts().parallel_min_work
 
 
 def _free(e):
@@ -524,7 +511,7 @@ def _residue_candidates(where, space, dom):
                 if not dom.intersect(to_set(E.floormod(n.a, m) == r, space)[0]).is_empty())
         if 1 < k < m:
             out.append((n.a, m))
-    return out[:MAX_RESIDUE_SPLITS]
+    return out[:_opts().max_residue_splits]
 
 
 def _lane(name, lane):
@@ -543,7 +530,7 @@ def _jam_axis(sp_order, red, fixed=()):
         a = sp_order[k]
         if any(a is f for f in fixed):
             continue
-        if a.extent < 2 * JAM or _mentions(red.where, a):
+        if a.extent < 2 * _opts().jam or _mentions(red.where, a):
             continue
         if not any(not _mentions(ld, a) for ld in loads):
             continue
@@ -559,7 +546,7 @@ def speculative_selects(name, exprs, space, box, em):
     relu's mask, ``select(x > 0, dy, 0)``) half its branches are mispredicted, and
     LLVM cannot make it a blend itself, for it may not load an array element the
     branch does not reach. Speculated: arms of at most
-    :data:`SPECULATE_MAX_NODES` nodes together, with no call, no division, no
+    ``options.speculate_max_nodes`` nodes together, with no call, no division, no
     integer load and no run-time check (:attr:`ExprEmitter.checks` and the
     others), whose loads isl proves in bounds over the whole stage, not only
     where the condition holds (a padding select, ``select(h >= 1, X[h - 1],
@@ -567,14 +554,14 @@ def speculative_selects(name, exprs, space, box, em):
     value is the branch's: an arm not taken is computed and dropped (a NaN or
     an infinity in it never reaches the result)."""
     out = set()
-    if not SPECULATE_SELECTS:
+    if not _opts().speculate_selects:
         return out
     for n in post_order(list(exprs)):
         if not isinstance(n, E.Select) or not dt.is_float(n.dtype):
             continue
         arms = [n.true_value, n.false_value]
         nodes = post_order(arms)
-        if len(nodes) > SPECULATE_MAX_NODES:
+        if len(nodes) > _opts().speculate_max_nodes:
             continue
         if any(isinstance(x, (E.Call, E.Div, E.Reduce))
                or (isinstance(x, E.Select) and id(x) not in out)
@@ -672,7 +659,7 @@ class _StageLowering:
                 ck.walk(b, sp_box, False)
             em.checks, em.value_checks, em.arith_checks = ck.need, ck.values, ck.arith
             em.speculative = speculative_selects(op.name, body, sp_space, sp_box, em)
-            if AFFINE_OFFSETS:
+            if _opts().affine_offsets:
                 em.flat = affine_offsets(body, spatial, sp_space, sp_box, ck.need)
 
             def write_all(d):
@@ -717,7 +704,7 @@ class _StageLowering:
         for s in red.source:
             ck.walk(s, dom, resid is not None)
         em.checks, em.value_checks, em.arith_checks = ck.need, ck.values, ck.arith
-        if AFFINE_OFFSETS:
+        if _opts().affine_offsets:
             em.flat = affine_offsets([red.where] + list(red.source), full, space, box, ck.need)
         comb = red.combiner
         ncomp = len(comb.identity)
@@ -728,16 +715,16 @@ class _StageLowering:
         if scalar_mode:
             sp_order, rd_order = order[:n_sp], order[n_sp:]
             from texpr.visitor import post_order
-            small = len(post_order(red.source[0])) <= UNROLL_MAX_NODES
+            small = len(post_order(red.source[0])) <= _opts().unroll_max_nodes
             sum_ok = comb.kind == "sum" and ncomp == 1 and dt.is_float(comb.dtypes[0]) and small
-            u_n = UNROLL if comb.dtypes[0] == "float32" else UNROLL // 2
+            u_n = _opts().unroll if comb.dtypes[0] == "float32" else _opts().unroll // 2
             # a float32 sum accumulates in float64, rounded once when it is stored
-            acc_dt = ("float64" if SUM_FLOAT64 and comb.kind == "sum" and ncomp == 1
+            acc_dt = ("float64" if _opts().sum_float64 and comb.kind == "sum" and ncomp == 1
                       and comb.dtypes[0] == "float32" else None)
             # a small stage runs in microseconds either way: unrolled and blocked
             # copies would only cost compile time (the main job's 64-term loss sum
             # with its checked gather: 1.8 s of compilation unrolled)
-            sum_ok = sum_ok and self._box_points(full) >= UNROLL_MIN_POINTS
+            sum_ok = sum_ok and self._box_points(full) >= _opts().unroll_min_points
             if sum_ok and rd_order and rd_order[-1].extent >= 2 * u_n:
                 self.unroll = (combine, acc[0], acc_dt or comb.dtypes[0], u_n,
                                rd_order[-1].extent)
@@ -746,12 +733,13 @@ class _StageLowering:
                 # moving another spatial axis innermost pays where the reduction
                 # loop is short (strided conv dW: 8.4 -> 4.7 ms), not where it is
                 # unrolled (conv dW stride 1: 7.8 -> 14.5 ms)
-                move = JAM_MOVE and not self.stage.vectorize_axes and self.unroll is None
+                move = _opts().jam_move and not self.stage.vectorize_axes and self.unroll is None
                 jam = _jam_axis(sp_order, red, par if move else sp_order[:-1])
                 if jam is not None and jam is not sp_order[-1]:
                     sp_order = [a for a in sp_order if a is not jam] + [jam]
                 if jam is not None and self.unroll is not None:
-                    u_j = JAM_UNROLL if comb.dtypes[0] == "float32" else max(1, JAM_UNROLL // 2)
+                    u_j = _opts().jam_unroll
+                    u_j = u_j if comb.dtypes[0] == "float32" else max(1, u_j // 2)
                     if u_j < self.unroll[3]:
                         self.unroll = self.unroll[:3] + (u_j,) + self.unroll[4:]
 
@@ -772,17 +760,17 @@ class _StageLowering:
             zeros_r = [0] * len(rd_order)
             rest_sp, rest_dom = sp_box, dom
             if jam is not None:
-                # register blocking: JAM consecutive points of the innermost spatial
+                # register blocking: options.jam consecutive points of the innermost spatial
                 # axis share the reduction loops (one accumulator each), over the
                 # full tiles; the last partial tile runs unblocked below
-                n_full = jam.extent // JAM * JAM
+                n_full = jam.extent // _opts().jam * _opts().jam
                 in_sp = to_set(jam < n_full, sp_space)[0]
                 in_full = to_set(jam < n_full, space)[0]
 
                 def sv(a):
-                    return jam // JAM if a is jam else self._val(a)
+                    return jam // _opts().jam if a is jam else self._val(a)
 
-                lane = [jam % JAM]
+                lane = [jam % _opts().jam]
                 sts = [LA.Statement(f"I{self.k}", spatial, sp_box.intersect(in_sp),
                                     [sv(a) for a in sp_order] + [0] + zeros_r + lane),
                        LA.Statement(f"U{self.k}", full, dom.intersect(in_full),
@@ -833,19 +821,19 @@ class _StageLowering:
             rd = [a for a in order if a.kind == "reduce"]
             used = rd and any(_mentions(ld, rd[-1]) for ld in _loads(red.source))
             # (a loop of one value is no loop: isl substitutes it away)
-            if used and 2 <= rd[-1].extent <= MAX_LANES and rd[-1].dom[0] == 0:
+            if used and 2 <= rd[-1].extent <= _opts().max_lanes and rd[-1].dom[0] == 0:
                 lane_axis = rd[-1]
-            elif used and rd[-1].extent >= SPLIT_LANES and rd[-1].dom[0] == 0 \
-                    and self._box_points(full) >= UNROLL_MIN_POINTS \
+            elif used and rd[-1].extent >= _opts().split_lanes and rd[-1].dom[0] == 0 \
+                    and self._box_points(full) >= _opts().unroll_min_points \
                     and (resid is None or not _mentions(red.where, rd[-1])) \
-                    and sum(len(_nodes(x)) for x in red.source) <= UNROLL_MAX_NODES:
+                    and sum(len(_nodes(x)) for x in red.source) <= _opts().unroll_max_nodes:
                 split_axis = rd[-1]
         if split_axis is not None:
             # a long innermost reduction loop whose bounds are constant: its groups
-            # of SPLIT_LANES consecutive values are unrolled inside the spatial
+            # of options.split_lanes consecutive values are unrolled inside the spatial
             # loops (the output element is loaded and stored once per group; the
             # terms are added in the same order), the last partial group runs below
-            r, f = split_axis, SPLIT_LANES
+            r, f = split_axis, _opts().split_lanes
             n_full = r.extent // f * f
             main = dom.intersect(to_set(r < n_full, space)[0])
             if _mentions(red.where, r):
@@ -992,10 +980,10 @@ class _StageLowering:
         The combined values are the same: a sum adds ``+0.0`` where ``c`` fails
         (its accumulator, from ``+0.0``, is never ``-0.0``), a product
         multiplies by 1, a max or min keeps its accumulator."""
-        if not SELECT_WHERE or comb.kind not in ("sum", "prod", "max", "min") \
+        if not _opts().select_where or comb.kind not in ("sum", "prod", "max", "min") \
                 or len(red.source) != 1:
             return False
-        if em.tree_nodes([resid] + list(red.source)) > LET_TREE_NODES:
+        if em.tree_nodes([resid] + list(red.source)) > _opts().let_tree_nodes:
             return False
         for n in post_order(red.source[0]):
             if em._has_own_check(n) or (isinstance(n, E.Load) and not dt.is_float(n.dtype)):
@@ -1029,7 +1017,7 @@ class _StageLowering:
         before it held (``and``'s short circuit, without nesting a block per
         conjunct), after binding the shared subexpressions it computes first."""
         w = self.w
-        if em.tree_nodes([cond] + later) <= LET_TREE_NODES:
+        if em.tree_nodes([cond] + later) <= _opts().let_tree_nodes:
             w(depth, f"if {em(cond)}:")
             return depth + 1, []
         parts, stack = [], [cond]
@@ -1056,11 +1044,11 @@ class _StageLowering:
 
     def _bind_branches(self, em, depth, e):
         """After :meth:`_bind_shared`, a value ``e`` still larger than
-        ``LET_TREE_NODES`` as a tree is computed before its statement as statements
+        ``options.let_tree_nodes`` as a tree is computed before its statement as statements
         in its own order of evaluation: a select whose branches compute something
         worth a name becomes ``if c: v = a`` / ``else: v = b`` (an ``and``/``or``
         likewise), and within each block every node with a run-time check and
-        every shared node (of at least ``LET_MIN_NODES`` tree nodes) gets a
+        every shared node (of at least ``options.let_min_nodes`` tree nodes) gets a
         variable at its first evaluation on that path; a branch's variables are
         forgotten after it. ``e`` is emitted by name from then on.
 
@@ -1071,15 +1059,16 @@ class _StageLowering:
         fuzzed gradient scatter, seed 7007400007: 430 KB of source, the compiler out of
         memory at 23 GB). Checks run in the value's order (each in a statement of
         its own, in order), so the one that fails first stays the one reported.
-        A value whose text would nest deeper than ``TEXT_MAX_HEIGHT`` parentheses is
+        A value whose text would nest deeper than ``options.text_max_height`` parentheses is
         written the same way, a node at that height bound (a derivative's sum of
         216 terms, each in a branch of its own: fuzz seed 7007500472).
         Returns the ids to unbind after the statement."""
         order, size, uses = tree_sizes([e])
         # too deep to parse is written in parts whatever its size (an attack: a select
         # over a 2,000-node tree and a chain of 45 checked gathers was a SyntaxError)
-        if em.unbound_height([e]) <= TEXT_MAX_HEIGHT and (
-                em.unbound_tree_nodes([e]) <= LET_TREE_NODES or len(order) > LET_MAX_DAG_NODES):
+        if em.unbound_height([e]) <= _opts().text_max_height and (
+                em.unbound_tree_nodes([e]) <= _opts().let_tree_nodes
+                or len(order) > _opts().let_max_dag_nodes):
             return []
         vc = em.value_checks
         checked = {}  # id -> whether emitting the node runs a check not bound yet
@@ -1103,7 +1092,7 @@ class _StageLowering:
 
         def worth(n):  # the node would write a statement of its own
             return (id(n) not in em.bound and id(n) not in vc
-                    and (has_check(n) or size[id(n)] > INLINE_NODES))
+                    and (has_check(n) or size[id(n)] > _opts().inline_nodes))
 
         def first_in(arm, hoisted):
             """The nodes worth a statement that ``arm`` evaluates before any check
@@ -1207,8 +1196,8 @@ class _StageLowering:
             for c in kids:
                 block(c, d, scope)
             if (em._has_own_check(n) or any(id(c) in vc for c in n.args)
-                    or (uses.get(id(n), 0) >= 2 and size[id(n)] >= LET_MIN_NODES)
-                    or height(n) >= TEXT_MAX_HEIGHT):
+                    or (uses.get(id(n), 0) >= 2 and size[id(n)] >= _opts().let_min_nodes)
+                    or height(n) >= _opts().text_max_height):
                 bind(n, d, em(n), scope)
 
         bound = []
@@ -1285,7 +1274,7 @@ class _StageLowering:
         if par_dims and not self.stage.parallel_set and self.stage_points and not self.chunking:
             # (a chunked unit's parts run every nest: each must run its part only)
             points = sum(_points(st.domain) for st in statements if st.name.startswith("U"))
-            if points < REST_PARALLEL_FRACTION * self.stage_points:
+            if points < _opts().rest_parallel_fraction * self.stage_points:
                 par_dims = set()
         saved = self.jam_dim, self.lanes
         try:
@@ -1366,7 +1355,7 @@ class _StageLowering:
             self.chunk_broken = True
             return
         self.chunk_axis = axis
-        # a register-blocked nest runs its tiles (axis // JAM): parts start at a
+        # a register-blocked nest runs its tiles (axis // options.jam): parts start at a
         # multiple of every tile size, so a tile is in one part
         self.chunk_align = math.lcm(self.chunk_align, div)
         self._chunk_div[id(loop_var)] = div
@@ -1402,7 +1391,7 @@ class _StageLowering:
             for c in node.body:
                 self._emit_tree(c, depth, par_vars, stmt_vars, stmt_code)
         elif isinstance(node, LA.For) and self._is_lane_loop(node):
-            lanes = range(JAM if self.lanes is None else self.lanes[1])
+            lanes = range(_opts().jam if self.lanes is None else self.lanes[1])
             if self.lanes is not None:
                 # buffer mode: the output element is read once into a scalar, takes
                 # every lane in order, and is written back once
@@ -1490,7 +1479,8 @@ class _StageLowering:
         if self.jam_dim is None or node.var.name != f"c{self.k}_{self.jam_dim}":
             return False
         if not (isinstance(node.lo, E.Const) and node.lo.value == 0
-                and isinstance(node.hi, E.Const) and node.hi.value == JAM and node.stride == 1):
+                and isinstance(node.hi, E.Const) and node.hi.value == _opts().jam
+                and node.stride == 1):
             raise TexprError(f"stage {self.op.name}: internal: a register-blocked loop with "
                              f"bounds {expr_str(node.lo)}..{expr_str(node.hi)}")
         return True
@@ -1535,7 +1525,7 @@ class _StageLowering:
                 self.names[id(lane_loop.var)] = lane_loop.var.name
 
         body.done = done
-        return (list(range(JAM)) if lane_loop is not None else [None]), body
+        return (list(range(_opts().jam)) if lane_loop is not None else [None]), body
 
     def _emit_unrolled_sum(self, node, v, lo, hi, depth, stmt_vars):
         """The innermost loop of a sum, with ``u_n`` independent partial sums per
@@ -1544,7 +1534,7 @@ class _StageLowering:
         anything), then the remainder, then the partial sums added to the
         accumulator in a fixed tree. With register blocking, each lane of the
         blocked spatial axis has its own accumulator and partial sums."""
-        if REASSOCIATE and self._emit_reassociated_sum(node, v, lo, hi, depth, stmt_vars):
+        if _opts().reassociate and self._emit_reassociated_sum(node, v, lo, hi, depth, stmt_vars):
             return
         w = self.w
         _combine, acc, dtype, u_n, _extent = self.unroll
@@ -1582,19 +1572,19 @@ class _StageLowering:
         vectoriser keeps the partial sums in vector registers, so the copies of
         :meth:`_emit_unrolled_sum` are not needed. Written, and True, only where
         the vectoriser will take the loop and gain: at least
-        :data:`REASSOCIATE_MIN_TRIPS` trips (the constant trip count, else the
+        ``options.reassociate_min_trips`` trips (the constant trip count, else the
         reduction axis's extent), every subscript moves by -1, 0 or +1
         per iteration (:meth:`codegen.loopnest.dialect.Dialect.unit_stride_loop`, the rule that
         turns the vectoriser on for the unit) and the body has no branch and no
         run-time check (a call that may set the error flag,
         :attr:`codegen.loopnest.dialect.Dialect.check_names`). Otherwise nothing is written and
         the caller unrolls. Measured (benchmarks/bench_variants.py, 2026-12-04,
-        ``L.REASSOCIATE = False`` against the default in one process): layernorm's
+        ``reassociate=False`` against the default in one process): layernorm's
         value and gradient 0.23 -> 0.10 ms, the other suite cases within noise."""
         from texpr.simplify.sympy_bridge import constant_difference
         trips = constant_difference(node.hi, node.lo)
         acc, extent = self.unroll[1], self.unroll[4]
-        if (trips if trips is not None else extent) < REASSOCIATE_MIN_TRIPS:
+        if (trips if trips is not None else extent) < _opts().reassociate_min_trips:
             return False
         w = self.w
         lanes, body = self._sum_lanes(node, stmt_vars)
@@ -1652,7 +1642,7 @@ class _StageLowering:
             if st.parallel_set:
                 par = [a for a in st.parallel_axes if any(a is b for b in order)]
             else:
-                par = order[:1] if _points(dom) >= PARALLEL_MIN_POINTS else []
+                par = order[:1] if _points(dom) >= _opts().parallel_min_points else []
             par_dims = {k for k, a in enumerate(order) if any(a is b for b in par)}
 
         def upd(d):
@@ -1690,7 +1680,7 @@ class _StageLowering:
                     tgt.append(f"_ck({helper_int(s)}, np.int64({n}), err, "
                                f"np.int64({len(self.errors)}))")
             bound = []
-            if em.tree_nodes([op.value]) > LET_TREE_NODES:
+            if em.tree_nodes([op.value]) > _opts().let_tree_nodes:
                 # a large value shares its subexpressions (ExprEmitter.bind_shared):
                 # the target's indices and their checks first, as Python evaluates
                 # ``out[target] += value``, then the value's bindings

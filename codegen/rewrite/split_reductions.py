@@ -1,16 +1,16 @@
 """Split reductions: a reduction to few outputs over a large domain, across cores.
 
 One job: rewrite, before scheduling, a reduction stage with at most
-:data:`MAX_OUTPUTS` output points and at least :data:`MIN_POINTS` points in its
+``options.split_reduction_max_outputs`` output points and at least ``options.split_reduction_min_points`` points in its
 box (a loss, a logsumexp over a whole array, a norm) into two stages, as XLA's
 and Inductor's split reductions do:
 
     Y_parts[p, i..] = reduce(source, axis=[r', ...], where=where && r < n)   r = p * c + r'
     Y[i..]          = reduce(Y_parts[p, i..], axis=p)
 
-The first reduces :data:`PARTS` contiguous slices of the first reduction axis
-long enough to split (``c`` = ceil(n / PARTS) of its ``n`` values each): its
-``PARTS x outputs`` points run in parallel, each with the inner loop's
+The first reduces ``options.split_reduction_parts`` contiguous slices of the first reduction axis
+long enough to split (``c`` = ceil(n / options.split_reduction_parts) of its ``n`` values each): its
+``options.split_reduction_parts x outputs`` points run in parallel, each with the inner loop's
 independent accumulators of any long reduction (:mod:`codegen.loopnest.stage`). The
 second combines the partial results in slice order. A stage that no thread
 could share (one output: a scalar loss) ran on one core with one
@@ -33,20 +33,19 @@ from texpr.tensor import ComputeOp
 from texpr.visitor import substitute
 
 from ..analysis import contraction
+from ..options import current as _opts
 
-__all__ = ["split_reductions", "PARTS", "MAX_OUTPUTS", "MIN_POINTS", "SPLIT", "ENABLED"]
+__all__ = ["split_reductions", "SPLIT"]
 
-#: False: no reduction is split (for A/B timings)
-ENABLED = True
+# options.split_reductions (default True): False: no reduction is split (for A/B timings)
 
-#: slices of the split axis (fixed: the partition, and so the result, does not
-#: depend on the number of threads)
-PARTS = 16
-#: a reduction with more output points than this is parallel over its outputs already
-MAX_OUTPUTS = 8
-#: the fewest points (outputs x reduction box) a split stage has: below, one
-#: thread's pass is shorter than waking a second one
-MIN_POINTS = 1 << 19
+# options.split_reduction_parts (default 16): slices of the split axis (fixed: the
+#   partition, and so the result, does not depend on the number of threads)
+# options.split_reduction_max_outputs (default 8): a reduction with more output points than
+#   this is parallel over its outputs already
+# options.split_reduction_min_points (default 1 << 19): the fewest points (outputs x
+#   reduction box) a split stage has: below, one thread's pass is shorter than waking a
+#   second one
 #: the tag of a stage of partial results (``attrs["of"]``: the stage it was split from)
 SPLIT = "split_reduction"
 
@@ -59,7 +58,7 @@ def split_reductions(outputs):
     (the same objects where nothing changed) and the stages of partial results
     made. Never raises for a stage it cannot split: that stage is kept."""
     parts = []
-    if not ENABLED:
+    if not _opts().split_reductions:
         return list(outputs), parts
 
     def fn(op, orig, tmap):
@@ -87,17 +86,17 @@ def _split(op):
     box = outputs
     for a in red.axes:
         box *= a.dom[1] - a.dom[0]
-    if outputs > MAX_OUTPUTS or box < MIN_POINTS:
+    if outputs > _opts().split_reduction_max_outputs or box < _opts().split_reduction_min_points:
         return None
-    long_axes = [a for a in red.axes if a.dom[1] - a.dom[0] >= 2 * PARTS]
+    long_axes = [a for a in red.axes if a.dom[1] - a.dom[0] >= 2 * _opts().split_reduction_parts]
     if not long_axes:
         return None
     if contraction.float_sum(op) is not None and contraction.match(op) is not None:
         return None  # a GEMM (a dot product) runs it
     r = long_axes[0]
     lo, hi = r.dom
-    chunk = -(-(hi - lo) // PARTS)
-    p = iter_var(0, PARTS, "p", "spatial")
+    chunk = -(-(hi - lo) // _opts().split_reduction_parts)
+    p = iter_var(0, _opts().split_reduction_parts, "p", "spatial")
     inner = iter_var(0, chunk, r.name, "reduce")
     axis = tuple(iter_var(a.dom[0], a.dom[1], a.name, "spatial") for a in op.axis)
     fresh = {a: iter_var(a.dom[0], a.dom[1], a.name, "reduce") for a in red.axes if a is not r}
@@ -111,7 +110,7 @@ def _split(op):
     part_op = ComputeOp(f"{op.name}_parts", (p,) + axis, (body,), SPLIT, {"of": op.name})
     parts_t = part_op.output(0)
     out_axis = tuple(iter_var(a.dom[0], a.dom[1], a.name, "spatial") for a in op.axis)
-    q = iter_var(0, PARTS, "p", "reduce")
+    q = iter_var(0, _opts().split_reduction_parts, "p", "reduce")
     total = E.make_reduce(comb, (parts_t[(q,) + out_axis],), (q,), None, 0)
     combined = ComputeOp(op.name, out_axis, (total,), op.tag, op.attrs)
     return part_op, combined

@@ -88,16 +88,16 @@ from texpr.visitor import free_vars, post_order, substitute
 from ..analysis import contraction
 from ..ir.marks import PACKED, TAP_SPLIT
 from ..analysis.affine import linear_coefs as _linear
+from ..options import current as _opts
 
-__all__ = ["split_taps", "SPLIT", "MIN_DENSITY", "ENABLED"]
+__all__ = ["split_taps", "SPLIT"]
 
 #: the attrs key that marks a stage made by the split (never split again)
 SPLIT = TAP_SPLIT
-#: False: no stage is split (for A/B timings, benchmarks/bench_variants.py); the symbolic cache keys lowered programs by the graph, not
-#: by this: set TEXPR_SYMBOLIC_CACHE=0 where it changes within a process
-ENABLED = True
-#: the loop nest's domain must fill at least this fraction of its box
-MIN_DENSITY = 0.5
+# options.tap_split (default True): False: no stage is split (for A/B timings,
+#   benchmarks/bench_variants.py)
+# options.tap_split_min_density (default 0.5): the loop nest's domain must fill at least
+#   this fraction of its box
 
 
 def split_taps(outputs, keep=()):
@@ -114,7 +114,7 @@ def split_taps(outputs, keep=()):
     where nothing changed), the ops of the new GEMM stages (to be
     materialised), and ``keep``'s ops in the rewritten graph (those still in
     it). Never raises for a stage it cannot rewrite: that stage is kept."""
-    if not ENABLED:
+    if not _opts().tap_split:
         return list(outputs), [], list(keep)
     made, replaced = [], {}
 
@@ -348,7 +348,7 @@ def _pays(im2col, t, t_op, op, nest_taps, cond, nest):
         return False
     points = card_within(dom.intersect(box)).value
     total = math.prod(v.dom[1] - v.dom[0] for v in list(op.axis) + nest_taps)
-    if points < MIN_DENSITY * total and not _moves_only_valid(nest):
+    if points < _opts().tap_split_min_density * total and not _moves_only_valid(nest):
         return False
     try:
         plan = contraction.match(t_op)

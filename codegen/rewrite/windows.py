@@ -42,7 +42,7 @@ extents): a convolution's ``h + kh - 1`` and its weight gradient's ``r_h + j2 -
 the first stage reading it, its taps, the other plain dimensions, its
 positions (a convolution's ``(c, kh, kw, n, h, w)``).
 
-**Cost rule.** A window is made only when at least ``MIN_READERS`` stages read
+**Cost rule.** A window is made only when at least ``options.window_min_readers`` stages read
 it, and it is no larger than what each reader's GEMMs read of that operand
 (their im2col copies; a strided convolution's dX reads its weights by taps,
 and a window over its positions would be a hundred times that). For a single
@@ -64,14 +64,14 @@ from texpr.visitor import substitute
 from ..analysis import contraction
 from ..ir.marks import WINDOW, WINDOW_ORDER, WINDOWED
 from ..analysis.affine import linear_coefs as _linear
+from ..options import current as _opts
 
-__all__ = ["window_operands", "WINDOW", "WINDOWED", "MIN_READERS", "ENABLED"]
+__all__ = ["window_operands", "WINDOW", "WINDOWED"]
 
-#: a window is made when at least this many stages read it
-MIN_READERS = 2
-#: False: no window stage is made (for A/B timings, benchmarks/bench_variants.py); the symbolic cache keys lowered programs by the graph, not
-#: by this: set TEXPR_SYMBOLIC_CACHE=0 where it changes within a process
-ENABLED = True
+# options.window_min_readers (default 2): a window is made when at least this many stages
+#   read it
+# options.windows (default True): False: no window stage is made (for A/B timings,
+#   benchmarks/bench_variants.py)
 
 
 def window_operands(outputs, keep=()):
@@ -85,14 +85,14 @@ def window_operands(outputs, keep=()):
     Returns ``(tensors, windows, kept)``: the output Tensors, the window
     stages' ops (to be materialised), ``keep``'s ops in the rewritten graph.
     Never raises for a stage it cannot rewrite: that stage is kept."""
-    if not ENABLED:
+    if not _opts().windows:
         return list(outputs), [], list(keep)
     # first pass: which windows would be read, and by how many stages
     counts = {}
     for op in topo_order(list(outputs)):
         for sig, _i, _roles in _window_loads(op):
             counts[sig] = counts.get(sig, 0) + 1
-    wanted = {sig for sig, n in counts.items() if n >= MIN_READERS}
+    wanted = {sig for sig, n in counts.items() if n >= _opts().window_min_readers}
     if not wanted:
         return list(outputs), [], list(keep)
     made, replaced = {}, {}

@@ -9,7 +9,7 @@ suite's parallel units, fresh processes, quiet 2-core machine: maxpool2's two
 units 2.11 s vs 1.03 s compiled serially, upsample2's two 1.51 vs 0.49,
 depthwise's three 4.54 vs 2.22; numba's option to run the prange conversion
 alone did not change it). So a stage large enough to be parallel
-(:data:`codegen.loopnest.stage.PARALLEL_MIN_POINTS`) is lowered, where its loop nests
+(``Options.parallel_min_points``) is lowered, where its loop nests
 allow it, as a serial function ``unit(b0, .., part, err)`` whose parallel loop
 runs only the values ``part[0] <= v < part[1]`` of one spatial axis of the
 stage (``part``: an ``int64[2]``). Instances at different values of that axis
@@ -47,12 +47,13 @@ from .. import workers as _workers
 from . import forksafe as _forksafe
 from .compile import compile_source
 from .intrinsics import unit_address
+from ...options import current as _opts
 
-__all__ = ["run", "threads", "RUNNER"]
+__all__ = ["run", "threads"]
 
-#: how the parts run: "openmp" (libgomp's team, falling back to "threads" when
-#: libgomp cannot be loaded) or "threads" (Python worker threads)
-RUNNER = "openmp"
+# options.chunk_runner (default "openmp"): how the parts run: "openmp" (libgomp's team,
+#   falling back to "threads" when libgomp cannot be loaded) or "threads" (Python worker
+#   threads)
 _HEAD = 6  # words: part counter, parts, unit address, err address, status, block length
 
 
@@ -240,7 +241,7 @@ def run(unit, bufs, err):
     if nt < 2:
         unit._entry(*bufs, st.whole, err)
         return
-    if st.trampoline is not None and RUNNER == "openmp":
+    if st.trampoline is not None and _opts().chunk_runner == "openmp":
         block = _block(st, bufs, err, nt)
         _forksafe.OPENMP_USED[0] = True
         st.gomp(st.trampoline, block.ctypes.data, nt, 0)

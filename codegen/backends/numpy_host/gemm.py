@@ -13,13 +13,13 @@ over two :class:`OperandView` s of the kernel's flat buffers.
   outside it (a convolution's padding; per thread and per plan, kept from run
   to run), with its masks applied (elements outside them are zeros).
 * **Chunks.** A packing copy above half the last-level cache
-  (``CHUNK_MIN_BYTES``) is made in pieces of about ``CHUNK_BYTES`` along one
+  (``options.gemm_chunk_min_bytes``) is made in pieces of about ``options.gemm_chunk_bytes`` along one
   axis, each multiplied while it is in cache, the products summed (a cut
   reduction axis) or written to their slices (a cut spatial axis).
 * **Orientation.** A GEMM whose right operand is column-major with many
   columns and whose result is small runs turned around (``C^T = B^T A^T``):
   numpy's BLAS runs it faster that way (:func:`_flip_pays`).
-* **Threads.** ``GEMM_THREADS`` says how a GEMM uses the cores: the BLAS's
+* **Threads.** ``options.gemm_threads`` says how a GEMM uses the cores: the BLAS's
   own threads, or parts on worker threads with a one-thread BLAS each (the
   mode of an oversubscribed machine, where OpenBLAS's busy-waiting threads
   lose; the BLAS's thread count is limited with threadpoolctl).
@@ -44,9 +44,9 @@ from texpr.evaluate import int_arith_exactly
 
 from .. import workers as _workers
 from . import parking as _parking
+from ...options import current as _opts
 
-__all__ = ["ContractionPlan", "GemmPiece", "OperandView",
-           "GEMM_THREADS", "GEMM_SPLIT_MIN", "CHUNK_MIN_BYTES", "CHUNK_BYTES", "CHUNKED"]
+__all__ = ["ContractionPlan", "GemmPiece", "OperandView", "CHUNKED"]
 
 # ---- the plan (picklable data) -------------------------------------------------------
 
@@ -295,20 +295,20 @@ class ContractionPlan:
         return f"ContractionPlan({self.stage}: {self.describe()})"
 
 
-#: How a GEMM uses the cores. A positive value: cut each GEMM into this many parts
-#: (along a batch axis or the rows), run on worker threads, each a one-thread
-#: BLAS call (1: one call on the BLAS's own threads). 0 (the default): one part per
-#: backend thread. In a model OpenBLAS's own workers spin after each GEMM and starve
-#: the parallel loop nests that follow it: on an idle 2-core machine the mini-GPT's
-#: step took 83 ms with them, 53 ms cut into parts (the ResNet's 667 vs 503 ms;
-#: kernel.profile, 2026-12-07, load 1.3-2). Alone, OpenBLAS's threads are the faster on an idle
-#: machine (value-and-grad of dense 3.0 ms vs 4.3 ms cut in two, conv2d_s1 32.5
-#: vs 40.1, in one run alternating), but they busy-wait for each other: on a
-#: loaded 2-core machine a 2-thread SGEMM ran 6x slower than one thread (dense
-#: 124 ms vs 20 ms); Python's pool waits on a lock instead.
-GEMM_THREADS = 0
-#: a GEMM with fewer multiply-adds runs in one call
-GEMM_SPLIT_MIN = 1 << 20
+# options.gemm_threads (default 0): How a GEMM uses the cores. A positive value: cut each
+#   GEMM into this many parts (along a batch axis or the rows), run on worker threads, each
+#   a one-thread BLAS call (1: one call on the BLAS's own threads). 0 (the default): one
+#   part per backend thread. In a model OpenBLAS's own workers spin after each GEMM and starve
+#   the parallel loop nests that follow it: on an idle 2-core machine the mini-GPT's step
+#   took 83 ms with them, 53 ms cut into parts (the ResNet's 667 vs 503 ms; kernel.profile,
+#   2026-12-07, load 1.3-2). Alone, OpenBLAS's threads are the faster on an idle machine
+#   (value-and-grad of dense 3.0 ms vs 4.3 ms cut in two, conv2d_s1 32.5 vs 40.1, in one run
+#   alternating), but they busy-wait for each other: on a loaded 2-core machine a 2-thread
+#   SGEMM ran 6x slower than one thread (dense 124 ms vs 20 ms); Python's pool waits on a
+#   lock instead.
+# options.gemm_split_min (default 1 << 20): a GEMM with fewer multiply-adds runs in one call
+
+_POOL = []
 _LIMITER = []
 _MODE = threading.local()
 #: per thread, per plan (weakly): the zero-padded operand buffers kept between runs
@@ -316,10 +316,9 @@ _WORKSPACES = threading.local()
 
 
 def _gemm_parts():
-    """How many parts the GEMMs of one plan run are cut into (see ``GEMM_THREADS``)."""
-    if GEMM_THREADS > 0:
-        return GEMM_THREADS
-    return _workers.threads()
+    """How many parts the GEMMs of one plan run are cut into (see ``options.gemm_threads``)."""
+    threads = _opts().gemm_threads
+    return threads if threads > 0 else _workers.threads()
 
 
 @contextlib.contextmanager
@@ -400,13 +399,13 @@ def _quiet_matmul(a, b, out):
 
 def _matmul(a, b, out=None):
     """``np.matmul(a, b, out=out)``, cut into parts run on worker threads (see
-    ``GEMM_THREADS``) when it is large enough: along the leading batch axis when
+    ``options.gemm_threads``) when it is large enough: along the leading batch axis when
     it has enough entries, else along the rows of ``a``."""
     n = getattr(_MODE, "parts", None) or _gemm_parts()
     rows, inner, cols = a.shape[-2], a.shape[-1], b.shape[-1]
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     work = math.prod(batch) * rows * inner * cols
-    if n <= 1 or work < GEMM_SPLIT_MIN:
+    if n <= 1 or work < _opts().gemm_split_min:
         return np.matmul(a, b, out=out)
     if out is None:
         out = np.empty(batch + (rows, cols), dtype=np.result_type(a, b))
@@ -495,7 +494,7 @@ def _copy_parts(dst, src):
     """``np.copyto(dst, src)``, in parts on the worker threads when it is large
     (numpy's copy releases the GIL)."""
     n = _workers.threads()
-    if n <= 1 or src.size < GEMM_SPLIT_MIN or src.ndim == 0 or src.shape[0] < n:
+    if n <= 1 or src.size < _opts().gemm_split_min or src.ndim == 0 or src.shape[0] < n:
         np.copyto(dst, src)
         return
     cuts = np.linspace(0, src.shape[0], n + 1).astype(int)
@@ -686,18 +685,17 @@ def _by_stride(v, axes, group):
                                         v.shape[axes.index(p)]))
 
 
-#: the cost of starting a run of a packing copy, in elements read (numpy's strided
-#: copy pays it per innermost run): conv2d_s2's im2col (32x14x14 by 16x3x3) copied
-#: with the 3 kernel columns innermost took 3.8 ms, with the 14 image columns
-#: (stride 2) innermost 1.2 ms
-RUN_COST = 4.0
+# options.gemm_run_cost (default 4.0): the cost of starting a run of a packing copy, in
+#   elements read (numpy's strided copy pays it per innermost run): conv2d_s2's im2col
+#   (32x14x14 by 16x3x3) copied with the 3 kernel columns innermost took 3.8 ms, with the 14
+#   image columns (stride 2) innermost 1.2 ms
 
 
 def _last_is_finer(v, axes, first, last):
     """Whether the packed layout ``(first, last)`` (rather than ``(last, first)``)
     makes the cheaper packing copy: the innermost dimension of each layout is its
     group's smallest stride (:func:`_by_stride`), and a copy costs, per element,
-    ``RUN_COST / extent`` for starting its runs plus the cache-line fraction its
+    ``options.gemm_run_cost / extent`` for starting its runs plus the cache-line fraction its
     stride reads (a convolution's image columns, 14 at stride 2, beat its 3 kernel
     columns at stride 1)."""
     if not first or not last:
@@ -706,7 +704,7 @@ def _last_is_finer(v, axes, first, last):
     def cost(g):
         inner = min(g, key=lambda q: (abs(v.strides[axes.index(q)]), -v.shape[axes.index(q)]))
         d = axes.index(inner)
-        return RUN_COST / max(v.shape[d], 1) + min(abs(v.strides[d]), 64) / 64.0
+        return _opts().gemm_run_cost / max(v.shape[d], 1) + min(abs(v.strides[d]), 64) / 64.0
     return cost(last) <= cost(first)
 
 
@@ -972,17 +970,18 @@ def _last_level_cache_bytes():
     return best[1]
 
 
-#: a packing copy (im2col) of more than this many bytes, half the last-level
-#: cache, is made and multiplied in chunks of about ``CHUNK_BYTES`` (along the
-#: first prefix axis, or the outermost reduction axis) that stay in a core's
-#: cache for their GEMM, spread over the worker threads (one BLAS thread each).
-#: Measured on conv2d_s1 (2 cores, 32 MB L3, in-process A/B, 2026-12-02): dX's
-#: 28.9 MB im2col 4.2 -> 3.8 ms in 2 MB chunks; the forward's 14.4 MB one ran
-#: faster whole (2.3 vs 2.6 ms: one GEMM on the BLAS's own threads, which scale
-#: better than two one-thread BLAS calls at once)
-CHUNK_MIN_BYTES = _last_level_cache_bytes() // 2
-#: the size of a chunk's packing copy (a core's L2 cache)
-CHUNK_BYTES = 1 << 21
+#: ``options.gemm_chunk_min_bytes`` when it is None: half the last-level cache
+_LLC_HALF = _last_level_cache_bytes() // 2
+# options.gemm_chunk_min_bytes (default None: _LLC_HALF): a packing copy
+#   (im2col) of more than this many bytes, half the last-level cache, is made and multiplied
+#   in chunks of about ``options.gemm_chunk_bytes`` (along the first prefix axis, or the outermost
+#   reduction axis) that stay in a core's cache for their GEMM, spread over the worker
+#   threads (one BLAS thread each). Measured on conv2d_s1 (2 cores, 32 MB L3, in-process
+#   A/B, 2026-12-02): dX's 28.9 MB im2col 4.2 -> 3.8 ms in 2 MB chunks; the forward's 14.4
+#   MB one ran faster whole (2.3 vs 2.6 ms: one GEMM on the BLAS's own threads, which scale
+#   better than two one-thread BLAS calls at once)
+# options.gemm_chunk_bytes (default 1 << 21): the size of a chunk's packing copy (a core's
+#   L2 cache)
 #: GEMMs run in chunks in this process (a count, for tests and the fuzzer)
 CHUNKED = [0]
 
@@ -1029,11 +1028,13 @@ def _chunk_plan(a, a_axes, b, b_axes, prefix, rows, cols, k, a_rows_first, b_k_f
     axis, whose chunks write disjoint output slices; ``"k"``: the outermost
     reduction axis of the copied operand, whose chunks' products are summed) into
     chunks of ``length``. Only where the packing copies exceed
-    :data:`CHUNK_MIN_BYTES`."""
+    ``options.gemm_chunk_min_bytes``."""
     copy_a = _packed_copy_bytes(a, a_axes, prefix, *((rows, k) if a_rows_first else (k, rows)))
     copy_b = _packed_copy_bytes(b, b_axes, prefix, *((k, cols) if b_k_first else (cols, k)))
     copied = copy_a + copy_b
-    if copied <= max(CHUNK_MIN_BYTES, CHUNK_BYTES):
+    opts = _opts()
+    least = _LLC_HALF if opts.gemm_chunk_min_bytes is None else opts.gemm_chunk_min_bytes
+    if copied <= max(least, opts.gemm_chunk_bytes):
         return None
     heavy, heavy_axes = (a, a_axes) if copy_a >= copy_b else (b, b_axes)
     if prefix and prefix[0] in heavy_axes and heavy.shape[heavy_axes.index(prefix[0])] > 1:
@@ -1045,8 +1046,8 @@ def _chunk_plan(a, a_axes, b, b_axes, prefix, rows, cols, k, a_rows_first, b_k_f
         q, mode = cut[0], "k"
     n = heavy.shape[heavy_axes.index(q)]
     per_index = sum(c for c, ax in ((copy_a, a_axes), (copy_b, b_axes)) if q in ax) / n
-    length = max(1, int(CHUNK_BYTES // max(per_index, 1)))
-    threads = GEMM_THREADS if GEMM_THREADS > 0 else _workers.threads()
+    length = max(1, int(opts.gemm_chunk_bytes // max(per_index, 1)))
+    threads = opts.gemm_threads if opts.gemm_threads > 0 else _workers.threads()
     if threads > 1:
         length = min(length, -(-n // threads))
     if length >= n:

@@ -38,15 +38,14 @@ server (OpenMP builds wait in their OpenMP runtime; MKL has its own
 """
 
 import ctypes
-import os
 import sys
 import threading
+from ...options import current as _opts
 
-__all__ = ["park_blas_threads", "note_blas_woken", "parkable_libraries", "ENABLED",
-           "THREADED_MNK"]
+__all__ = ["park_blas_threads", "note_blas_woken", "parkable_libraries", "THREADED_MNK"]
 
-#: whether kernels park the BLAS workers after a call (``TEXPR_PARK_BLAS=0``: never)
-ENABLED = os.environ.get("TEXPR_PARK_BLAS", "1") != "0"
+# options.park_blas (default os.environ.get("TEXPR_PARK_BLAS", "1") != "0"): whether kernels
+#   park the BLAS workers after a call (``TEXPR_PARK_BLAS=0``: never)
 
 _LIBS = {}  # filepath -> the library's blas_thread_shutdown_ (ctypes), or None
 _SCANNED = [-1]  # len(sys.modules) at the last scan: an import may have loaded a BLAS
@@ -114,7 +113,7 @@ def park_blas_threads():
     thread's wake-up and join, and its start again at the next threaded call:
     1-5 ms per call on a loaded machine, measured on the digits step). Returns
     the number of libraries parked (0 when skipped). Never raises."""
-    if not ENABLED or not _WOKEN[0]:
+    if not _opts().park_blas or not _WOKEN[0]:
         return 0
     if _SCANNED[0] != len(sys.modules):  # a scan costs ~1 ms: only after new imports
         parkable_libraries()
