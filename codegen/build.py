@@ -19,6 +19,9 @@ from .backends.numpy_host import parking as _parking
 from . import profile as _profile
 from .explain import explain as _explain
 from .loopnest.lower import lower
+from . import strategy as _strategy
+from .analysis import contraction as _contraction
+from .analysis import matches as _matches
 from .backends.numba_cpu.units import make_units
 from .ir.schedule import Schedule, create_schedule, default_materialized
 
@@ -397,51 +400,6 @@ def _check_out(outputs, out, args):
     return out
 
 
-def _chooser(schedule, inlined, parallel, reasons=None):
-    """``(op, key) -> plan or None``: which stages run as GEMMs (:mod:`codegen.analysis.contraction`),
-    and which window and tap-sum stages as shift plans (:mod:`codegen.analysis.shifts`).
-
-    A stage the user marked ``blas(True)`` must match (else ScheduleError);
-    ``blas(False)`` never runs on BLAS; by default a stage without loop decisions
-    (split, reorder, parallel, vectorize) in a parallel build runs on BLAS when it
-    matches and :func:`contraction.cost_ok` says it pays. ``reasons`` (a dict,
-    when given) gets, per sum-reduction stage name left a loop nest, why
-    (:meth:`Kernel.explain`)."""
-    from .analysis import contraction
-
-    def choose(op, key):
-        plan, why = _choice(op, key)
-        if reasons is not None and plan is None and contraction.float_sum(op) is not None:
-            reasons[op.name] = why
-        return plan
-
-    def _choice(op, key):
-        st = schedule[op]
-        flag = st.blas_flag
-        if flag is False:
-            return None, "the schedule says blas(False)"
-        if flag is None and not parallel:
-            return None, "a serial build (parallel=False) keeps every stage a loop nest"
-        if flag is None and (st.ordered or st.parallel_set or st.vectorize_axes):
-            return None, "the schedule sets its loops (split, reorder, parallel or vectorize)"
-        from .analysis.shifts import plan_of
-        shift = plan_of(op, key)  # a window or tap-sum stage (codegen.analysis.shifts)
-        if shift is not None:
-            return shift, None
-        why = []
-        plan = contraction.match(op, inlined, key=key, why=why)
-        if plan is None:
-            if flag:
-                raise ScheduleError(f"stage {op.name}: blas(True), but it is not a contraction "
-                                    f"the GEMM path runs ({why[0] if why else 'no match'}; "
-                                    "see texpr.codegen.analysis.contraction)")
-            return None, f"not a GEMM: {why[0] if why else 'no match'}"
-        if flag is None and not contraction.cost_ok(plan):
-            return None, f"BLAS does not pay: {contraction.cost_refusal(plan) or 'the cost rule'}"
-        return plan, None
-    return choose
-
-
 def _compile_kernel(program, inputs, outputs):
     t0 = time.perf_counter()
     units = make_units(program)
@@ -489,6 +447,12 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
         names = [t.name for t in inputs]
         raise TexprError(f"build: a placeholder is listed twice in inputs {names}; "
                          "each input takes one array")
+    with _matches.build_scope():  # one contraction.match per stage for the whole build
+        return _build(outs, inputs, schedule, parallel)
+
+
+def _build(outs, inputs, schedule, parallel):
+    """:func:`build` after its arguments are checked."""
     simp, rule = _simplifier()
     if schedule is None:
         outs = list(simp(outs))
@@ -554,15 +518,22 @@ def _lowered(schedule, inputs, mat, inl, parallel):
         return ["inputs", list(inputs), "outputs", list(schedule.outputs), "stages", stages,
                 "materialized", sorted(c.position(op) for op in schedule.ops if id(op) in mat),
                 "inlined", sorted(c.position(op) for op in schedule.ops if id(op) in inl),
-                "parallel", bool(parallel)]
+                "parallel", bool(parallel), "rules", _strategy.rules_fingerprint()]
 
     # the key holds texpr's source: whatever lower() returns, an entry of this key
     # was written by this very lower() (a foreign or damaged entry fails its checksum)
     def run():
-        reasons = {}
-        program = lower(schedule, inputs, mat, inl, parallel=parallel,
-                        contraction=_chooser(schedule, inl, parallel, reasons))
-        program.loop_reasons = reasons  # cached with it: Kernel.explain reads it
+        memo, inlined = {}, frozenset(inl)
+
+        def choose(op, key):  # the strategy: the first rule that applies (codegen.strategy)
+            ctx = _strategy.StrategyContext(schedule, inlined, parallel, key)
+            return _strategy.plan_stage(op, ctx, memo)
+
+        program = lower(schedule, inputs, mat, inl, parallel=parallel, strategy=choose)
+        # per sum-reduction stage left a loop nest, why (Kernel.explain reads it)
+        program.loop_reasons = {
+            plan.stage: plan.reason for plan, op in zip(program.plans, program.ops)
+            if not plan.runs_on_blas and plan.reason and _contraction.float_sum(op) is not None}
         return program
 
     return symcache.memo("lower", list(schedule.outputs) + list(inputs), extra, run)

@@ -57,6 +57,7 @@ from . import cse as _cse
 from .source import buffer_identifiers, remove_dead_assignments, rename
 from .stage import _StageLowering, default_order, lift_zero_guards
 from ..analysis import bounds as _bounds
+from .. import strategy as _strategy
 
 #: the tuning constants this module used to copy from :mod:`codegen.loopnest.stage` (and
 #: :mod:`codegen.analysis.bounds`): they are read there, where they are used, and setting
@@ -180,12 +181,16 @@ class Program:
     ``kernel``), ``stages`` (names of the materialised stages), ``parallel``
     (whether some unit uses prange), ``ops`` (the materialised operations, one
     per unit, in unit order: what each unit computes, for
-    :mod:`codegen.profile`)."""
+    :mod:`codegen.profile`), ``plans`` (the :class:`codegen.strategy.StagePlan`
+    of each unit, in unit order, with what the loop-nest lowering chose),
+    ``inline_plans`` (those of the inlined stages)."""
 
-    def __init__(self, source, buffers, units, stages, parallel, ops=()):
+    def __init__(self, source, buffers, units, stages, parallel, ops=(), plans=(),
+                 inline_plans=()):
         self.source, self.buffers, self.units = source, buffers, units
         self.stages, self.parallel = stages, parallel
         self.ops = list(ops)
+        self.plans, self.inline_plans = list(plans), list(inline_plans)
 
 
 class _UnitBuffers(dict):
@@ -265,7 +270,9 @@ def _chunked(sl):
 
 
 def _lower_unit(op, stage, buffers, order, idents, inlined, parallel):
-    """The :class:`UnitSource` of the materialised ``op`` (see the module docstring)."""
+    """``(unit, lowering, execution)``: the :class:`UnitSource` of the materialised
+    ``op`` (see the module docstring), the :class:`_StageLowering` that wrote it
+    and how it runs (``"chunked"``, ``"prange"`` or ``"serial"``)."""
     chunks = align = 0
     use_chunks = parallel and _stage.CHUNKS
     sl, ub, w = _lower_stage(op, stage, buffers, inlined, parallel, use_chunks)
@@ -299,8 +306,9 @@ def _lower_unit(op, stage, buffers, order, idents, inlined, parallel):
         ln[:len(ln) - len(ln.lstrip())] + w.comments[ln.strip()] + "\n"
         if ln.strip() in w.comments else ln for ln in readable.splitlines(keepends=True))
     specs = [(b.dtype, 1) for b in ub.used] + [("int64", 1)] * (2 if chunks else 1)
-    return UnitSource(op.name, tensor_str(op.output(0)), src, args, specs, errors,
+    unit = UnitSource(op.name, tensor_str(op.output(0)), src, args, specs, errors,
                       sl.uses_prange, readable, chunks, align)
+    return unit, sl, "chunked" if chunks else "prange" if sl.uses_prange else "serial"
 
 
 def _blas_unit(op, plan):
@@ -338,7 +346,17 @@ def _scan_views(schedule, mat_ops):
     return views
 
 
-def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=None):
+def _legacy_plan(op, payload):
+    """The StagePlan of a ``contraction=`` chooser's answer (a plan or None)."""
+    from ..analysis.shifts import ShiftPlan  # (shifts imports the rewrites)
+    if payload is None:
+        return _strategy.loop_nest(op, None)
+    kind = "shift" if isinstance(payload, ShiftPlan) else "gemm"
+    return _strategy.StagePlan(op.name, True, kind, payload, None, "contraction=")
+
+
+def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=None,
+          strategy=None):
     """Lower a resolved schedule to a :class:`Program` (one unit per materialised stage).
 
     ``materialized``/``inlined``: sets of op ids (from
@@ -347,7 +365,11 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
     None, or a function ``(op, key) -> ContractionPlan or None`` choosing the
     stages that run as GEMMs (:mod:`codegen.analysis.contraction`; ``key`` maps a tensor
     to its buffer's position): such a stage is a unit of kind ``"blas"``
-    (:class:`codegen.analysis.contraction.ContractionUnitSource`) instead of a loop nest.
+    (:class:`codegen.analysis.contraction.ContractionUnitSource`) instead of a loop nest;
+    ``strategy``: None, or a function ``(op, key) -> StagePlan``
+    (:mod:`codegen.strategy`) that decides every materialised stage (it takes
+    the place of ``contraction``). The lowering follows the plan and does not
+    decide again.
 
     Raises TexprError (a placeholder read but not listed in ``inputs``; index
     arithmetic not provably exact in int64; an isl failure),
@@ -391,13 +413,23 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
                 order.append(b)
     idents = buffer_identifiers([b.tensor.name for b in order])
     position = {id(b.tensor): k for k, b in enumerate(order)}
-    units = []
+    units, plans = [], []
     for op in mat_ops:
-        plan = None if contraction is None else contraction(op, lambda t: position[id(t)])
-        if plan is not None:
-            units.append(_blas_unit(op, plan))
+        key = lambda t: position[id(t)]  # noqa: E731
+        if strategy is not None:
+            plan = strategy(op, key)
         else:
-            units.append(_lower_unit(op, schedule[op], buffers, order, idents, inlined, parallel))
+            plan = _legacy_plan(op, None if contraction is None else contraction(op, key))
+        if plan.kind in ("gemm", "shift"):
+            units.append(_blas_unit(op, plan.payload))
+        else:
+            unit, sl, how = _lower_unit(op, schedule[op], buffers, order, idents, inlined,
+                                        parallel)
+            units.append(unit)
+            plan = _strategy.with_loops(plan, sl, how)
+        plans.append(plan)
+    inline_plans = [_strategy.inline_plan(op) for op in schedule.ops if id(op) in inlined
+                    and not isinstance(op, PlaceholderOp)]
     head = _Writer()
     for k, (b, ident) in enumerate(zip(order, idents)):
         head.comment(0, f"argument {k}",
@@ -405,6 +437,9 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
                      f"{b.dtype}")
     head.comment(0, "argument err", "err: the error flag ([code, value]; code 0, or the "
                  "first failed check of the unit that stopped)")
+    head.comment(0, "strategy", "strategy (codegen.strategy), one line per stage:")
+    for k, p in enumerate(plans + inline_plans):
+        head.comment(0, f"plan {k}", f"  {p.stage}: {p.line()}")
     parts = [_PRELUDE + "\n\n" + HELPERS.rstrip("\n"),
              "\n".join(head.comments[ln] for ln in head.lines)]
     driver = [f"def kernel({', '.join(idents + ['err'])}):",
@@ -434,4 +469,4 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
     parts.append("\n".join(driver))
     source = "\n\n\n".join(parts) + "\n"
     return Program(source, order, units, [op.name for op in mat_ops],
-                   any(u.parallel for u in units), mat_ops)
+                   any(u.parallel for u in units), mat_ops, plans, inline_plans)

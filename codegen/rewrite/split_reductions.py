@@ -32,7 +32,7 @@ from texpr.simplify.graph import rebuild
 from texpr.tensor import ComputeOp
 from texpr.visitor import substitute
 
-from ..analysis import contraction
+from ..analysis import contraction, matches
 
 __all__ = ["split_reductions", "PARTS", "MAX_OUTPUTS", "MIN_POINTS", "SPLIT", "ENABLED"]
 
@@ -92,7 +92,7 @@ def _split(op):
     long_axes = [a for a in red.axes if a.dom[1] - a.dom[0] >= 2 * PARTS]
     if not long_axes:
         return None
-    if contraction.float_sum(op) is not None and contraction.match(op) is not None:
+    if contraction.float_sum(op) is not None and matches.match(op) is not None:
         return None  # a GEMM (a dot product) runs it
     r = long_axes[0]
     lo, hi = r.dom

@@ -85,7 +85,7 @@ from texpr.simplify.isl_bridge import VarSpace, box_set, card_within, isl, to_se
 from texpr.tensor import ComputeOp, topo_order
 from texpr.visitor import free_vars, post_order, substitute
 
-from ..analysis import contraction
+from ..analysis import contraction, matches
 from .operands import PACKED, _linear
 
 __all__ = ["split_taps", "SPLIT", "MIN_DENSITY", "ENABLED"]
@@ -154,7 +154,7 @@ def _split(op):
     if not op.attrs.get(PACKED) and any(isinstance(n, Load) for c in conj for n in post_order(c)):
         return None  # (a packed stage's data conjuncts are its packed operand's)
     try:
-        plan = contraction.match(op)
+        plan = matches.match(op)
     except Exception:  # noqa: BLE001 - the matcher's own errors: leave the stage alone
         return None
     if plan is None or not contraction.cost_ok(plan):
@@ -350,7 +350,7 @@ def _pays(im2col, t, t_op, op, nest_taps, cond, nest):
     if points < MIN_DENSITY * total and not _moves_only_valid(nest):
         return False
     try:
-        plan = contraction.match(t_op)
+        plan = matches.match(t_op)
     except Exception:  # noqa: BLE001
         return False
     if plan is None or not contraction.cost_ok(plan):
