@@ -7,12 +7,17 @@ matcher said of each stage, so that the graph rewrites
 strategy (:mod:`codegen.strategy`) share one analysis. Before, a dense gradient
 of two contraction stages ran the matcher 10 times (issue 49, finding 3).
 
-The memo is keyed by the stage's operation object (held, so that its id is
-not reused) and by the inlined stages its body reaches: a rewritten stage is a
-new object and gets its own analysis, never a stale one; a stage matched
-before the schedule is made (no stage inlined) and again by the strategy
-shares the analysis when none of the stages it reads is inlined. A plan is
-analysed with tensors as its keys and handed out keyed anew
+The memo is keyed by what the matcher reads of a stage: its name, axes,
+attributes and body, with every tensor it loads replaced by a slot (the
+tensor's name, shape, dtype and, for a window stage of
+:mod:`codegen.rewrite.windows`, its region). A rewrite that only re-points a
+stage at a rewritten producer of the same shape (``rebuild`` makes a new
+operation: the dense layer after :func:`window_operands` gave its input a
+window) therefore shares the analysis, keyed anew for the new tensors, while a
+stage whose body changed is analysed anew, never given a stale result. A
+stage whose body reaches an inlined stage (the strategy's view, after the
+schedule is made) is keyed by the operation object and the inlined stages it
+reaches. A plan is analysed with tensors as its keys and handed out keyed anew
 (:func:`codegen.analysis.contraction.rekey`) for every caller; the matcher's
 reason for a refusal and its exceptions are remembered too.
 
@@ -23,13 +28,14 @@ call runs the matcher.
 import contextlib
 import contextvars
 
+from texpr import expr as E
 from texpr.tensor import ComputeOp
 
 from . import contraction
 
 __all__ = ["match", "build_scope"]
 
-#: the memo of the build under way: ``{id(op): (op, {inlined key: outcome})}``, or None
+#: the memo of the build under way: ``{stage key: (outcome, its tensors, its op)}``, or None
 _MEMO = contextvars.ContextVar("texpr_codegen_match_memo", default=None)
 
 
@@ -61,6 +67,57 @@ def _reached_inlined(op, inlined):
     return frozenset(seen)
 
 
+#: the attributes of a loaded tensor's stage that the matcher reads (a window's region)
+_PRODUCER_ATTRS = ("texpr.window", "texpr.window_order")
+
+
+def _plain(attr):
+    """A node attribute as a key part: plain values as they are, objects by id."""
+    if attr is None or isinstance(attr, (str, int, float, bool)):
+        return (type(attr).__name__, attr)
+    if isinstance(attr, tuple):
+        return tuple(_plain(x) for x in attr)
+    return ("id", id(attr))
+
+
+def _structure(op):
+    """``(key, tensors)``: the stage as the matcher reads it, with the tensors it
+    loads as slots (first-load order), and those tensors; None for a stage the
+    walk does not know (keyed by the object then)."""
+    if not isinstance(op, ComputeOp):
+        return None
+    tensors, slots, seen = [], {}, {}
+
+    def slot(t):
+        k = slots.get(id(t))
+        if k is None:
+            attrs = getattr(t.op, "attrs", None) or {}
+            window = tuple((name, repr(attrs[name])) for name in _PRODUCER_ATTRS
+                           if name in attrs)
+            k = slots[id(t)] = (len(tensors), t.name, tuple(t.shape), t.dtype, window)
+            tensors.append(t)
+        return k
+
+    def walk(node):
+        got = seen.get(id(node))
+        if got is not None:
+            return got
+        if isinstance(node, E.Load):
+            out = ("ld", slot(node.tensor), tuple(walk(a) for a in node.args), node.dtype)
+        elif not node.args:
+            out = ("node", id(node))  # interned: equal leaves are one object
+        else:
+            out = (type(node).__name__, _plain(node.attr), tuple(walk(a) for a in node.args),
+                   node.dtype)
+        seen[id(node)] = out
+        return out
+
+    attrs = tuple((k, repr(v)) for k, v in sorted(op.attrs.items()))
+    key = ("op", op.name, tuple(id(a) for a in op.axis), attrs,
+           tuple(walk(b) for b in op.body))
+    return key, tensors
+
+
 def _same(t):
     return t
 
@@ -83,23 +140,29 @@ def match(op, inlined=(), key=None, why=None):
     if memo is None:
         return contraction.match(op, inlined, key=key, why=why)
     inl = set(inlined)
-    slot = (_reached_inlined(op, inl),)
-    held = memo.get(id(op))
-    if held is None or held[0] is not op:
-        held = memo[id(op)] = (op, {})
-    outcome = held[1].get(slot)
-    if outcome is None:
+    reached = _reached_inlined(op, inl)
+    shape = None if reached else _structure(op)
+    if shape is None:
+        slot, tensors = ("object", id(op), reached), []
+        memo.setdefault(("held", id(op)), op)  # (its id stays its own while the memo lives)
+    else:
+        slot, tensors = shape
+    held = memo.get(slot)
+    if held is None:
         reasons = []
         try:
             outcome = ("plan", contraction.match(op, inl, key=_same, why=reasons), reasons)
         except Exception as exc:  # noqa: BLE001 - remembered, raised to every caller
             outcome = ("raise", exc, reasons)
-        held[1][slot] = outcome
-    kind, value, reasons = outcome
+        held = memo[slot] = (outcome, tensors, op)
+    (kind, value, reasons), first, first_op = held
     if kind == "raise":
         raise value
     if value is None:
         if why is not None:
             why.extend(reasons)
         return None
-    return contraction.rekey(value, key)
+    # the analysed stage's tensors -> this stage's (the same slots), then the caller's keys
+    moved = {id(a): b for a, b in zip(first, tensors)}
+    moved[id(first_op.output(0))] = op.output(0)
+    return contraction.rekey(value, lambda t: key(moved.get(id(t), t)))
