@@ -219,6 +219,8 @@ def plan_stage(op, ctx, memo=None):
     for rule in list(RULES):
         plan = rule(op, ctx)
         if plan is not None:
+            if plan.rule is None:  # (the rule's name, printed with the plan)
+                plan = dataclasses.replace(plan, rule=getattr(rule, "__name__", repr(rule)))
             break
     if plan is None:  # (a list without loop_nest at its end)
         plan = loop_nest(op, ctx)
