@@ -47,8 +47,8 @@ class Kernel:
     A Kernel pickles: the loader takes the compiled code from the cache
     (memory, then disk) or recompiles the source.
 
-    Attributes: ``source`` (generated Python: the units, then the driver
-    ``kernel``), ``stages`` (names of the materialised stages, in execution
+    Attributes: ``source`` (generated Python: a comment with each stage's plan,
+    :mod:`codegen.strategy`, the units, then the driver ``kernel``), ``stages`` (names of the materialised stages, in execution
     order), ``units`` (the runnable units, one per stage, see
     :mod:`codegen.backends.numba_cpu.units`), ``inputs``, ``outputs``, ``compile_seconds`` (wall
     seconds spent compiling or loading the units), ``units_compiled`` (units
@@ -159,8 +159,11 @@ class Kernel:
         stage, in execution order) with what it computes, its lowering (GEMM,
         batched GEMM, shift plan, loop nest parallel, chunked or serial) and, for
         a sum-reduction left a loop nest, why it is no GEMM (the matcher's or
-        the cost rule's reason, :mod:`codegen.analysis.contraction`), then how many
-        multiply-adds run on BLAS and how many in loop nests.
+        the cost rule's reason, :mod:`codegen.analysis.contraction`), and its plan
+        (:class:`codegen.strategy.StagePlan`: the rule that decided, the lowering
+        kind and why, a loop nest's order, parallel axes, unroll and lanes), then
+        the inlined stages and how many multiply-adds run on BLAS and how many in
+        loop nests.
 
         Args:
             print_table: also print the text.
