@@ -48,7 +48,7 @@ from texpr.tensor import ScatterAddOp
 from .analysis import contraction, matches
 from .analysis import shifts
 
-__all__ = ["StagePlan", "StrategyContext", "RULES", "plan_stage", "inline_plan",
+__all__ = ["StagePlan", "StrategyContext", "RULES", "plan_stage", "inline_plan", "from_payload",
            "with_loops", "rules_fingerprint", "schedule_says_no_blas", "serial_build",
            "schedule_sets_loops", "shift_plan", "gemm", "loop_nest"]
 
@@ -227,6 +227,16 @@ def plan_stage(op, ctx, memo=None):
     if memo is not None:
         memo[id(op)] = (op, plan)
     return plan
+
+
+def from_payload(op, payload):
+    """The StagePlan of the materialised ``op`` from a GEMM or shift plan, or None
+    for a loop nest (what a ``contraction=`` chooser of
+    :func:`codegen.loopnest.lower.lower` answers)."""
+    if payload is None:
+        return loop_nest(op, None)
+    kind = "shift" if isinstance(payload, shifts.ShiftPlan) else "gemm"
+    return StagePlan(op.name, True, kind, payload, None, "contraction=")
 
 
 def inline_plan(op):

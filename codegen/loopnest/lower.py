@@ -346,15 +346,6 @@ def _scan_views(schedule, mat_ops):
     return views
 
 
-def _legacy_plan(op, payload):
-    """The StagePlan of a ``contraction=`` chooser's answer (a plan or None)."""
-    from ..analysis.shifts import ShiftPlan  # (shifts imports the rewrites)
-    if payload is None:
-        return _strategy.loop_nest(op, None)
-    kind = "shift" if isinstance(payload, ShiftPlan) else "gemm"
-    return _strategy.StagePlan(op.name, True, kind, payload, None, "contraction=")
-
-
 def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=None,
           strategy=None):
     """Lower a resolved schedule to a :class:`Program` (one unit per materialised stage).
@@ -419,7 +410,7 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
         if strategy is not None:
             plan = strategy(op, key)
         else:
-            plan = _legacy_plan(op, None if contraction is None else contraction(op, key))
+            plan = _strategy.from_payload(op, None if contraction is None else contraction(op, key))
         if plan.kind in ("gemm", "shift"):
             units.append(_blas_unit(op, plan.payload))
         else:
