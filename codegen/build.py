@@ -11,18 +11,19 @@ import time
 
 import numpy as np
 
-from texpr.errors import FeedError, OutOfBoundsError, ScheduleError, TexprError, in_stage
+from texpr.errors import FeedError, ScheduleError, TexprError, in_stage
 from texpr.tensor import (ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, check_allocatable,
                           check_input_array)
 
 from .backends.numpy_host import parking as _parking
 from . import profile as _profile
+from .backends.unit_errors import unit_error
 from .explain import explain as _explain
 from .loopnest.lower import lower
 from . import strategy as _strategy
 from .analysis import contraction as _contraction
 from .analysis import matches as _matches
-from .backends.numba_cpu.units import make_units
+from .units import make_units
 from .ir.schedule import Schedule, create_schedule, default_materialized
 
 __all__ = ["build", "Kernel"]
@@ -277,24 +278,6 @@ def _raise(unit, err):
     """Raise the error of the failed check ``err[0]`` of ``unit``."""
     raise unit_error(unit, int(err[0]), int(err[1]))
 
-
-def unit_error(unit, code, value):
-    """The exception for ``unit``'s failed check ``code`` (1-based, into
-    ``unit.errors``) with offending ``value``: its message names the stage and
-    the expression, and an index or value gets the offending value. Code -1:
-    the unit raised inside compiled code; -2 (``unit`` None): the kernel's
-    temporaries could not be allocated."""
-    if code == -2:
-        return MemoryError("texpr kernel: its temporary buffers could not be allocated")
-    if code == -1:
-        where = "the kernel's driver" if unit is None else f"stage {unit.stage}"
-        return TexprError(f"{where}: the compiled code raised inside numba")
-    msg = unit.errors[code - 1]
-    if "division by zero" in msg:
-        return TexprError(msg)
-    if "would wrap around" in msg:
-        return TexprError(f"{msg} (its first operand: {value})")
-    return OutOfBoundsError(f"{msg} (index value {value})")
 
 
 def _order_hint(inputs, arrays):

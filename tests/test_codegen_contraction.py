@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import texpr as te
+from texpr.codegen.backends import workers
 from texpr import codegen, simplify
 from texpr import expr as E
 from texpr.codegen.analysis import contraction as C
@@ -484,7 +485,7 @@ def test_gemm_threading_modes_give_the_same_values(monkeypatch):
     seen = []
     for threads, loaded in ((1, False), (2, False), (3, False), (0, False), (0, True)):
         monkeypatch.setattr(G, "GEMM_THREADS", threads)
-        monkeypatch.setattr(G, "_oversubscribed", lambda loaded=loaded: loaded)
+        monkeypatch.setattr(workers, "oversubscribed", lambda loaded=loaded: loaded)
         got = kernel(*args)
         for g, w in zip(got, want):
             np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5 * np.abs(w).max())
@@ -500,14 +501,14 @@ def test_oversubscribed_reads_the_load_average_at_most_every_second(monkeypatch)
     import os
     calls = []
     monkeypatch.setattr(os, "getloadavg", lambda: calls.append(1) or (99.0, 0.0, 0.0))
-    monkeypatch.setattr(G, "_LOAD", [float("-inf"), False])
-    assert G._oversubscribed() and G._oversubscribed()
+    monkeypatch.setattr(workers, "_LOAD", [float("-inf"), False])
+    assert workers.oversubscribed() and workers.oversubscribed()
     assert len(calls) == 1
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
-    monkeypatch.setattr(G, "_LOAD", [float("-inf"), True])
-    assert not G._oversubscribed()
+    monkeypatch.setattr(workers, "_LOAD", [float("-inf"), True])
+    assert not workers.oversubscribed()
     monkeypatch.setattr(G, "GEMM_THREADS", 0)  # the default: one part per numba thread
-    assert G._gemm_parts() == G._threads()
+    assert G._gemm_parts() == workers.threads()
 
 
 def test_concurrent_split_gemms_restore_the_blas_thread_count(monkeypatch):

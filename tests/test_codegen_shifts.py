@@ -8,6 +8,7 @@ import pytest
 import texpr as te
 from texpr import codegen
 from texpr.errors import TexprError
+from texpr.codegen.backends.numba_cpu.shift_units import run_moves
 
 from fuzz import every_contraction_on_blas as blas_at_any_size  # the cost rule off
 
@@ -64,13 +65,13 @@ def test_a_buffer_not_as_planned_is_refused():
     unit = next(u for u in kernel.units if u.kind == "shift")
     arrays = {k: np.zeros(3, "float32") for k in unit.args}
     with pytest.raises(TexprError, match="not as planned"):
-        unit.plan.run(arrays)
+        run_moves(unit.plan, arrays)
 
 
 def test_the_shared_moves_are_compiled_with_the_kernel(monkeypatch):
     # made inside codegen.build, so a kernel's compile_seconds holds them (not the
     # first call); the first shift unit of a dtype in the process reports it
-    import texpr.codegen.analysis.shifts as shifts
+    import texpr.codegen.backends.numba_cpu.shift_units as shifts
     monkeypatch.setattr(shifts, "_FUNCTIONS", {})
     L, ins, grads = _conv_grads()
     with blas_at_any_size():

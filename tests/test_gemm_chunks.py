@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import texpr as te
+from texpr.codegen.backends import workers
 from texpr import codegen
 from texpr.codegen.backends.numpy_host import gemm as G
 from fork_testutil import FORKS_WITHOUT_JAX
@@ -117,7 +118,7 @@ def test_a_chunked_gemm_runs_in_a_child_forked_while_another_thread_runs_one(mon
     monkeypatch.setattr(G, "CHUNK_MIN_BYTES", 0)
     monkeypatch.setattr(G, "CHUNK_BYTES", 1)
     monkeypatch.setattr(G, "GEMM_THREADS", 0)
-    monkeypatch.setattr(G, "_oversubscribed", lambda: False)
+    monkeypatch.setattr(workers, "oversubscribed", lambda: False)
     rng = np.random.default_rng(0)
     a = rng.standard_normal(x.shape).astype("float32")
     b = rng.standard_normal(w.shape).astype("float32")

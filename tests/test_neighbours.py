@@ -184,7 +184,7 @@ def test_parallel_units_run_on_one_thread_while_the_machine_is_oversubscribed(mo
     import texpr as te
     from texpr import codegen
     from texpr.codegen.backends.numba_cpu import chunks
-    from texpr.codegen.backends.numpy_host import gemm
+    from texpr.codegen.backends import workers
     from texpr.codegen.loopnest import stage
     from texpr.codegen.backends.numba_cpu import units
 
@@ -202,7 +202,7 @@ def test_parallel_units_run_on_one_thread_while_the_machine_is_oversubscribed(mo
     monkeypatch.setattr(chunks, "threads", lambda: seen.append(numba.get_num_threads()) or real())
     before = numba.get_num_threads()
     for loaded in (False, True):
-        monkeypatch.setattr(gemm, "_oversubscribed", lambda loaded=loaded: loaded)
+        monkeypatch.setattr(workers, "oversubscribed", lambda loaded=loaded: loaded)
         np.testing.assert_allclose(kernel(x)[0], want, rtol=1e-13, atol=0)
         assert numba.get_num_threads() == before
     assert before == 1 or (seen[0] == before and seen[-1] == 1)

@@ -53,7 +53,7 @@ def _native_handler(kernel):
     """``(keepalive, address, descriptor address)`` of the compiled FFI handler
     for ``kernel`` (:mod:`texpr.codegen.backends.numba_cpu.native_call`), or None."""
     from . import jax_ffi
-    from .codegen.build import unit_error
+    from .codegen.backends.unit_errors import unit_error
     from .codegen.native_call import ffi_handler
 
     units = kernel.units

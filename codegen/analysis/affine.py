@@ -22,9 +22,21 @@ from texpr import expr as E
 from texpr.errors import TexprError
 from texpr.simplify.affine_index import affine_form, eval_int, flat_offset
 from texpr.simplify.isl_bridge import isl
+from texpr.triangles import linear_form
 from texpr.visitor import post_order
 
-__all__ = ["affine_form", "affine_offsets", "eval_int", "eval_cond"]
+__all__ = ["affine_form", "affine_offsets", "eval_int", "eval_cond", "linear_coefs"]
+
+
+def linear_coefs(e):
+    """``({id(var): coef}, const)`` when the int expression ``e`` is written as a sum
+    of constant multiples of variables (no proof needed: affine as written), else
+    None. The syntactic form of :func:`texpr.triangles.linear_form`, keyed by id."""
+    f = linear_form(e)
+    if f is None:
+        return None
+    coefs, const = f
+    return {k: c for k, (_, c) in coefs.items()}, const
 
 
 def eval_cond(c, env):

@@ -85,10 +85,11 @@ from texpr.visitor import post_order, substitute
 from .affine import affine_form as _affine
 from .bounds import may_refuse
 from ..backends.numpy_host.gemm import ContractionPlan, GemmPiece, OperandView, _TREE_OPS, _byte_view, _tree_nodes
+from ..ir.marks import WINDOW
 from ..ir.schedule import inline_expand
 
 __all__ = ["match", "rekey", "ContractionPlan", "GemmPiece", "OperandView", "cost_ok",
-           "ContractionUnitSource", "ContractionUnit", "float_sum",
+           "float_sum",
            "BLAS_MIN_FLOP", "BLAS_MIN_DIM", "BLAS_MIN_EFFICIENCY", "MASK_MACS", "mask_passes",
            "PAD_MAX_RATIO", "PAD_MIN_ELEMENTS"]
 
@@ -405,7 +406,6 @@ def _analyze(inst):
 def _window_region(t, args, space, box):
     """The set where a load of the window stage ``t`` (:mod:`codegen.rewrite.windows`) reads
     its valid region, or None when ``t`` is no window stage."""
-    from ..rewrite.windows import WINDOW
     region = getattr(t.op, "attrs", {}).get(WINDOW)
     if not region:
         return None
@@ -810,44 +810,3 @@ def cost_refusal(plan):
 
 # ---- the unit kind (codegen.backends.numba_cpu.units) ----------------------------------------------------------
 
-class ContractionUnitSource:
-    """The description of a stage run as GEMMs, beside the numba units of a
-    program (:mod:`codegen.backends.numba_cpu.units`): ``kind`` ``"blas"``, ``stage``,
-    ``definition``, ``plan`` (its keys are buffer positions), ``args`` (the
-    buffers it reads and writes), ``errors`` (none: a plan checks nothing at run
-    time, isl proved its loads in bounds), ``parallel`` (False: the BLAS has
-    its own threads), ``source`` (the readable comment of ``Kernel.source``).
-    Picklable."""
-
-    kind = "blas"
-
-    def __init__(self, stage, definition, plan, readable):
-        self.stage, self.definition, self.plan = stage, definition, plan
-        self.args = tuple(sorted(plan.keys()))
-        self.errors, self.parallel, self.source = [], False, readable
-        self.module_source, self.arg_specs = None, []
-
-    def describe(self):
-        d = self.definition
-        return "the stage " + (d if len(d) < 400 else d[:400] + " ...")
-
-
-class ContractionUnit:
-    """A runnable unit (:mod:`codegen.backends.numba_cpu.units` interface): ``run(arrays, err)`` runs
-    the plan on the kernel's flat buffers. Nothing is compiled."""
-
-    kind = "blas"
-
-    def __init__(self, desc):
-        self.stage, self.args, self.errors = desc.stage, desc.args, desc.errors
-        self.plan = desc.plan
-        self.key = self.path = None
-        self.compile_seconds = 0.0
-        self.from_disk_cache, self.from_memory_cache, self.compiled = False, True, False
-        self.in_worker = False
-
-    def run(self, arrays, err):
-        self.plan.run(arrays)
-
-    def __repr__(self):
-        return f"{type(self).__name__}({self.stage!r}, {self.plan.describe()})"

@@ -32,6 +32,7 @@ from texpr import expr as E
 from texpr.tensor import ComputeOp
 
 from . import contraction
+from ..ir.marks import WINDOW, WINDOW_ORDER
 
 __all__ = ["match", "build_scope"]
 
@@ -68,7 +69,7 @@ def _reached_inlined(op, inlined):
 
 
 #: the attributes of a loaded tensor's stage that the matcher reads (a window's region)
-_PRODUCER_ATTRS = ("texpr.window", "texpr.window_order")
+_PRODUCER_ATTRS = (WINDOW, WINDOW_ORDER)
 
 
 def _plain(attr):

@@ -50,8 +50,11 @@ from texpr import expr as E
 from texpr.errors import TexprError
 from texpr.expr import Load, Reduce
 from texpr.simplify.isl_bridge import VarSpace, box_set, isl
+from texpr.visitor import free_vars, substitute
 
-from .contraction import ContractionUnit, ContractionUnitSource
+from ..ir.marks import TAP_SPLIT, WINDOW, WINDOW_ORDER
+from .affine import affine_form, eval_cond, linear_coefs
+from .contraction import _cond_affine, _conjuncts
 
 __all__ = ["ShiftPlan", "plan_of", "MAX_MOVES", "LATTICE_BUDGET", "ENABLED"]
 
@@ -116,27 +119,6 @@ class ShiftPlan:
         """The buffers the plan reads and writes."""
         return {self.out_key} | {m[4] for m in self.moves if m[4] is not None}
 
-    def run(self, arrays):
-        """Compute the stage's output into ``arrays[out_key]`` (flat, C-contiguous):
-        the moves by one compiled function (:data:`MOVES_SOURCE`), on the calling
-        thread. (Two threads, each on half the first axis, ran the moves alone
-        faster -- conv2d_s1's tap sum 0.53 against 0.74 ms -- but in the kernel,
-        between GEMMs whose OpenBLAS threads were still spinning, the step took
-        10.5 ms against 8.8 with one thread; in-process A/B, 2026-12-05.)"""
-        out = np.asarray(arrays[self.out_key]).reshape(-1)
-        src = out if self.src_key is None else np.asarray(arrays[self.src_key]).reshape(-1)
-        dt = np.dtype(self.dtype)
-        if out.dtype != dt or src.dtype != dt or not out.flags.c_contiguous \
-                or not src.flags.c_contiguous or out.size != self.out_size \
-                or (self.src_key is not None and src.size != self.src_size):
-            raise TexprError(f"stage {self.stage}: internal: a buffer is not as planned; "
-                             "please report the program")
-        if self.fill:
-            out.fill(0)
-        _moves_function(self.dtype)(out, src, self._table,
-                                    np.array([0, self.extent], dtype=np.int64))
-        return out
-
     def __repr__(self):
         return f"ShiftPlan({self.stage}: {self.describe()})"
 
@@ -145,82 +127,6 @@ class ShiftPlan:
 RANK = 4
 _MODES = {"copy": 0, "add": 1, "zero": 2}
 _WORDS = 3 + 3 * RANK  # per move in the table: mode, offsets, extents, strides
-
-#: the compiled moves, one function for every plan of a dtype (compiled and cached
-#: like a unit, :func:`codegen.backends.numba_cpu.compile.compile_source`: once per cache directory)
-MOVES_SOURCE = f"""# texpr shift moves (codegen/analysis/shifts.py)
-import numpy as np
-from numba import njit
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def moves(dst, src, table, rng):
-    # per move {_WORDS} words: mode (0 copy, 1 add, 2 zero), the element offsets in
-    # dst and src, {RANK} extents, {RANK} dst strides, {RANK} src strides; the first
-    # axis (every move's) runs over rng[0] <= i0 < rng[1] only (the caller's range),
-    # outermost: a window's source rows and a tap sum's output rows stay in cache
-    # while every move uses them
-    for i0 in range(rng[0], rng[1]):
-        for m in range(table.size // {_WORDS}):
-            w = m * {_WORDS}
-            mode = table[w]
-            n1 = table[w + 4]
-            n2 = table[w + 5]
-            n3 = table[w + 6]
-            d1 = table[w + 8]
-            d2 = table[w + 9]
-            d3 = table[w + 10]
-            s1 = table[w + 12]
-            s2 = table[w + 13]
-            s3 = table[w + 14]
-            base_d = table[w + 1] + i0 * table[w + 7]
-            base_s = table[w + 2] + i0 * table[w + 11]
-            for i1 in range(n1):
-                for i2 in range(n2):
-                    d = base_d + i1 * d1 + i2 * d2
-                    s = base_s + i1 * s1 + i2 * s2
-                    if mode == 2:
-                        for i3 in range(n3):
-                            dst[np.uint64(d + i3 * d3)] = 0
-                    elif d3 == 1 and s3 == 1:
-                        if mode == 0:
-                            for i3 in range(n3):
-                                dst[np.uint64(d + i3)] = src[np.uint64(s + i3)]
-                        else:
-                            for i3 in range(n3):
-                                dst[np.uint64(d + i3)] += src[np.uint64(s + i3)]
-                    elif mode == 0:
-                        for i3 in range(n3):
-                            dst[np.uint64(d + i3 * d3)] = src[np.uint64(s + i3 * s3)]
-                    else:
-                        for i3 in range(n3):
-                            dst[np.uint64(d + i3 * d3)] += src[np.uint64(s + i3 * s3)]
-    return 0
-"""
-
-_FUNCTIONS = {}
-
-
-def _moves_compiled(dtype):
-    """The first :class:`codegen.backends.numba_cpu.compile.Compiled` of the moves for ``dtype`` in this
-    process (None after that: it is in memory)."""
-    if dtype in _FUNCTIONS:
-        return None
-    from ..backends.numba_cpu.compile import compile_source
-    c = compile_source(MOVES_SOURCE, [(dtype, 1), (dtype, 1), ("int64", 1), ("int64", 1)],
-                       "the shift moves (codegen/analysis/shifts.py)", entry="moves")
-    _FUNCTIONS[dtype] = c.entry
-    return c
-
-
-def _moves_function(dtype):
-    """The compiled moves for ``dtype`` (its entry point: exact argument types)."""
-    fn = _FUNCTIONS.get(dtype)
-    if fn is None:
-        _moves_compiled(dtype)
-        fn = _FUNCTIONS[dtype]
-    return fn
-
 
 def _inside(offset, shape, strides, size):
     """Raise _NoPlan unless every element of the view lies in ``[0, size)``."""
@@ -239,15 +145,13 @@ def _strides(shape):
 def plan_of(op, key):
     """The :class:`ShiftPlan` of a window or tap-sum stage, or None (the stage keeps
     its loop nest). ``key``: tensor -> buffer key."""
-    from ..rewrite.tap_split import SPLIT
-    from ..rewrite.windows import WINDOW
     attrs = getattr(op, "attrs", {})
     if not ENABLED:
         return None
     try:
         if attrs.get(WINDOW):
             return _window_plan(op, key)
-        if attrs.get(SPLIT) and op.reduce_axis:
+        if attrs.get(TAP_SPLIT) and op.reduce_axis:
             try:
                 return _tap_sum_plan(op, key)
             except _NoPlan:
@@ -266,9 +170,8 @@ class _NoPlan(Exception):
 def _window_plan(op, key):
     """A window stage (codegen.rewrite.windows): per combination of taps, the valid box of
     positions copied from the source, the rest zeros."""
-    from ..rewrite.windows import WINDOW
     region = op.attrs[WINDOW]
-    order = op.attrs["texpr.window_order"]
+    order = op.attrs[WINDOW_ORDER]
     body = op.body[0]
     if not isinstance(body, E.Select) or not isinstance(body.true_value, Load):
         raise _NoPlan()
@@ -338,8 +241,6 @@ def _tap_sum_plan(op, key):
     red, ld, spatial, taps = _tap_sum_parts(op)
     # the load's indices and the where's comparisons as affine forms over the
     # stage's axes (codegen.analysis.affine, checked by isl over the box), keyed by axis
-    from .affine import affine_form
-    from .contraction import _cond_affine, _conjuncts
     axes = spatial + taps
     space = VarSpace(axes)
     box = box_set(space)
@@ -418,10 +319,6 @@ def _lattice_tap_sum_plan(op, key):
     :func:`codegen.analysis.affine.affine_form`): the move adds the taps' stage into
     the output at stride ``step``."""
     red, ld, spatial, taps = _tap_sum_parts(op)
-    from texpr.visitor import free_vars, substitute
-    from .affine import affine_form, eval_cond
-    from .contraction import _conjuncts
-    from ..rewrite.operands import _linear
     shape = op.output(0).shape
     combos = math.prod(t.dom[1] - t.dom[0] for t in taps)
     if combos > MAX_MOVES:
@@ -479,7 +376,7 @@ def _lattice_tap_sum_plan(op, key):
         soff, sstr = 0, [0] * len(spatial)
         for ix, st in zip(ld.args, ts):
             ix = substitute(ix, sub)
-            f = _linear(ix)  # a sum of multiples is affine as written: no proof needed
+            f = linear_coefs(ix)  # a sum of multiples is affine as written: no proof needed
             if f is not None and set(f[0]) <= {id(ax) for ax in axes}:
                 f = ([f[0].get(id(ax), 0) for ax in axes], f[1])
             else:
@@ -497,30 +394,3 @@ def _lattice_tap_sum_plan(op, key):
                      ld.tensor.shape, lattice=True)
 
 
-# ---- the unit kind (codegen.backends.numba_cpu.units) ----------------------------------------------------------
-
-class ShiftUnitSource(ContractionUnitSource):
-    """The description of a stage run as a :class:`ShiftPlan`, beside the numba units
-    of a program (:mod:`codegen.backends.numba_cpu.units`), as a GEMM stage's: ``kind`` ``"shift"``.
-    Picklable."""
-
-    kind = "shift"
-
-
-class ShiftUnit(ContractionUnit):
-    """A runnable unit (:mod:`codegen.backends.numba_cpu.units` interface): ``run(arrays, err)`` runs the
-    plan on the kernel's flat buffers, as a GEMM unit does. Made with the kernel
-    (inside ``codegen.build``), it compiles or loads the shared moves function
-    of its dtype then, not at the first call: ``compile_seconds`` and
-    ``compiled`` say so (the first unit of a dtype in a process that compiled
-    it; from disk or memory after that)."""
-
-    kind = "shift"
-
-    def __init__(self, desc):
-        super().__init__(desc)
-        c = _moves_compiled(desc.plan.dtype)
-        if c is not None:
-            self.compile_seconds = c.compile_seconds
-            self.from_disk_cache, self.from_memory_cache = c.from_disk_cache, False
-            self.compiled = not c.from_disk_cache

@@ -42,14 +42,17 @@ Re-exported for importers of this module: ``default_order``,
 import sys
 import types
 
-import numpy as np
 
 from texpr.simplify.isl_bridge import isl
 from texpr.errors import TexprError
 from texpr.printer import tensor_str
 from texpr.tensor import PlaceholderOp
 
+from ..analysis.shifts import ShiftPlan
+from ..ir.program import (BufferInfo, ContractionUnitSource, Program, ShiftUnitSource, UnitSource,
+                          ViewInfo, alias_info)  # noqa: F401 (lower.X of old)
 from .memo import TextMemo
+from .scan_lower import lower_stage
 from .emit import ExprEmitter, _Writer, const_str, element  # noqa: F401
 from ..backends.numba_cpu.runtime import GEMM_GUARD, IMPORT_LINE
 from . import stage as _stage
@@ -94,103 +97,6 @@ __all__ = ["lower", "Program", "BufferInfo", "UnitSource", "default_order", "Exp
 HELPERS = IMPORT_LINE + "\n\n" + GEMM_GUARD.strip() + "\n"
 
 _PRELUDE = "import math\n\nimport numpy as np\nfrom numba import njit, prange\n"
-
-
-class BufferInfo:
-    """A buffer of the kernel: ``name`` in the source, ``tensor``, ``role``
-    (input/output/temp), ``shape`` (0-d tensors are stored with shape ``(1,)``)."""
-
-    def __init__(self, name, tensor, role):
-        self.name, self.tensor, self.role = name, tensor, role
-        self.shape = tuple(tensor.shape) if tensor.shape else (1,)
-        self.size = int(np.prod(self.shape, dtype=np.int64))
-        self.dtype = tensor.dtype
-
-
-class ViewInfo(BufferInfo):
-    """A tensor stored inside another tensor's buffer (``base``, a BufferInfo)
-    through an axis permutation with reversals: the state of a scan whose only
-    reader re-indexes it (:func:`texpr.simplify.materialize.scan_view`).
-    ``perm[j] = (d, reversed)``: the tensor's axis ``j`` is the base's axis ``d``
-    (``n - 1 - i`` when reversed). :func:`codegen.loopnest.emit.element` applies it."""
-
-    def __init__(self, base, tensor, perm, extents=None):
-        super().__init__(base.name, tensor, base.role)
-        self.base, self.perm = base, list(perm)
-        self.extents = tuple(extents or tensor.shape)  # the state's (for reversals)
-
-    def alias(self, tensor, base=None):
-        """The same layout for another tensor indexed like the state (a loop
-        nest that writes some of its steps), over ``base`` (default: the same)."""
-        return ViewInfo(base or self.base, tensor, self.perm, self.extents)
-
-    def physical(self, idx):
-        """``(index strings, shape)`` in the base buffer for the index strings ``idx``."""
-        out = [None] * len(self.perm)
-        for s, (d, rev), n in zip(idx, self.perm, self.extents):
-            out[d] = f"({n - 1} - ({s}))" if rev else s
-        return out, self.base.shape
-
-
-def alias_info(info, tensor):
-    """A BufferInfo for ``tensor`` in the storage of ``info`` (same layout)."""
-    if isinstance(info, ViewInfo):
-        return info.alias(tensor)
-    return BufferInfo(info.name, tensor, info.role)
-
-
-class UnitSource:
-    """One materialised stage, lowered: what a compiled unit is made from.
-
-    ``kind`` (``"numba"``: ``module_source`` is compiled by
-    :func:`codegen.backends.numba_cpu.compile.compile_units`); ``stage`` (the op's name);
-    ``definition`` (``te.tensor_str`` of its output, for messages);
-    ``module_source`` (canonical text defining ``unit(b0, .., err)``, see the
-    module docstring); ``args`` (indices into :attr:`Program.buffers`, in
-    parameter order); ``arg_specs`` (``(dtype, 1)`` per parameter, then
-    ``("int64", 1)`` for ``err``); ``errors`` (flag code - 1 -> message, naming
-    the stage); ``parallel`` (the text has a ``prange`` loop); ``source`` (the
-    readable text of the unit, as in :attr:`Program.source`); ``chunks`` (0, or
-    the extent ``n`` of the spatial axis a *chunked* unit splits: its text
-    defines ``unit(b0, .., part, err)``, serial, which runs the points whose
-    value of that axis is in ``part[0] <= v < part[1]``, and the parts
-    ``[0, n)`` is cut into run at the same time, each starting at a multiple of
-    ``chunk_align``, :mod:`codegen.backends.numba_cpu.chunks`). Picklable."""
-
-    kind = "numba"
-
-    def __init__(self, stage, definition, module_source, args, arg_specs, errors, parallel,
-                 source, chunks=0, chunk_align=1):
-        self.stage, self.definition, self.module_source = stage, definition, module_source
-        self.args, self.arg_specs, self.errors = tuple(args), list(arg_specs), list(errors)
-        self.parallel, self.source, self.chunks = parallel, source, chunks
-        self.chunk_align = chunk_align or 1
-
-    def describe(self):
-        """``"the stage <definition>"`` (shortened), for messages."""
-        d = self.definition
-        return "the stage " + (d if len(d) < 400 else d[:400] + " ...")
-
-
-class Program:
-    """The lowered kernel: ``units`` (a :class:`UnitSource` per materialised
-    stage, in execution order), ``buffers`` (the kernel's flat arrays, argument
-    order: inputs, outputs, temps; each unit's ``args`` index them),
-    ``source`` (readable Python text: the units with buffers named after their
-    tensors and each stage's definition in a comment, then the driver
-    ``kernel``), ``stages`` (names of the materialised stages), ``parallel``
-    (whether some unit uses prange), ``ops`` (the materialised operations, one
-    per unit, in unit order: what each unit computes, for
-    :mod:`codegen.profile`), ``plans`` (the :class:`codegen.strategy.StagePlan`
-    of each unit, in unit order, with what the loop-nest lowering chose),
-    ``inline_plans`` (those of the inlined stages)."""
-
-    def __init__(self, source, buffers, units, stages, parallel, ops=(), plans=(),
-                 inline_plans=()):
-        self.source, self.buffers, self.units = source, buffers, units
-        self.stages, self.parallel = stages, parallel
-        self.ops = list(ops)
-        self.plans, self.inline_plans = list(plans), list(inline_plans)
 
 
 class _UnitBuffers(dict):
@@ -251,7 +157,7 @@ def _lower_stage(op, stage, buffers, inlined, parallel, chunking):
     sl = _StageLowering(0, op, stage, ub, inlined, [], parallel, w)
     sl.chunking = chunking
     try:
-        sl.run(1)
+        lower_stage(sl, 1)
     except isl.Error as exc:
         raise TexprError(f"stage {op.name}: isl failed while lowering it ({exc}); "
                          "please report the program") from None
@@ -314,8 +220,6 @@ def _lower_unit(op, stage, buffers, order, idents, inlined, parallel):
 def _blas_unit(op, plan):
     """The unit of a stage run as GEMMs (or as strided moves, a
     :class:`codegen.analysis.shifts.ShiftPlan`): its definition and its plan as comments."""
-    from ..analysis.contraction import ContractionUnitSource
-    from ..analysis.shifts import ShiftPlan, ShiftUnitSource
     w = _Writer()
     w.comment(0, "---- stage (BLAS)", f"---- stage {op.name}: {tensor_str(op.output(0))}")
     w.comment(0, "BLAS", plan.describe())

@@ -26,11 +26,20 @@ import functools
 import numpy as np
 
 from texpr.errors import TexprError
-from texpr.expr import Load, iter_var, load
+from texpr.expr import Load, Reduce, iter_var, load, select
+from texpr.scan import ScanOp
+from texpr.simplify import materialized_stages
+from texpr.simplify.isl_bridge import VarSpace, box_set, to_set
 from texpr.tensor import ComputeOp
-from texpr.visitor import substitute, transform
+from texpr.visitor import post_order, substitute, transform
 
+from ..analysis.bounds import _BoundsChecker
+from ..ir.program import BufferInfo, alias_info
+from ..ir.schedule import Stage, inline_expand
+from . import stage as _stage
+from .emit import ExprEmitter
 from .scan_gemm import gemm_step
+from .stage import _StageLowering, lift_zero_guards
 
 __all__ = ["lower_scan"]
 
@@ -39,9 +48,6 @@ __all__ = ["lower_scan"]
 def _step_classes():
     """The stage lowering and its expression emitter, told which loads are proven in
     bounds (built on first use: :mod:`texpr.codegen.loopnest.stage` imports this module)."""
-    from .emit import ExprEmitter
-    from .stage import _StageLowering
-
     class _StepEmitter(ExprEmitter):
         safe = frozenset()
 
@@ -147,7 +153,6 @@ def _step_ops(op):
 def _body_materialized(op):
     """Ids of the body stages that get a buffer (the simplifier's rule over the
     body graph, the updates always)."""
-    from texpr.simplify import materialized_stages
 
     body_ids = {id(b) for b in op.body_ops}
     mat = {id(b) for b in materialized_stages(list(op.update)) if id(b) in body_ids}
@@ -159,13 +164,6 @@ def _proven_loads(step, tv, inlined):
     """Ids of the loads of the step stage ``step`` that isl proves in bounds once it
     knows the step ``L <= t < T`` (the stage lowering alone does not: ``t`` is not
     one of its loops, and it would check them at run time)."""
-    from texpr.expr import Reduce
-    from texpr.simplify.isl_bridge import VarSpace, box_set, to_set
-    from texpr.visitor import post_order
-
-    from ..analysis.bounds import _BoundsChecker
-    from .stage import lift_zero_guards
-    from ..ir.schedule import inline_expand
 
     body = [inline_expand(b, inlined) for b in step.body]
     red = body[0] if isinstance(body[0], Reduce) else None
@@ -194,10 +192,6 @@ def _pointwise(op, pairs, mat, inlined):
     averages): that stage over ``(u, i...)`` with the step ``t = u + L``, to be run
     with the time loop innermost (each point's history is independent: the loops
     interchange), else None."""
-    from texpr.expr import Reduce
-    from texpr.visitor import post_order
-
-    from ..ir.schedule import inline_expand
 
     if len(op.outputs) != 1 or len(mat) != 1:
         return None
@@ -217,12 +211,19 @@ def _pointwise(op, pairs, mat, inlined):
     return body, None, step.axis
 
 
+def lower_stage(sl, depth):
+    """Write the loop nests of ``sl``'s stage (a :class:`_StageLowering`): a scan's
+    steps here, any other stage by the stage lowering itself."""
+    if isinstance(sl.op, ScanOp):
+        sl.header(depth)
+        return lower_scan(sl, depth)
+    return sl.run(depth)
+
+
 def lower_scan(sl, depth):
     """Emit the scan stage of the stage lowering ``sl`` (a
     :class:`texpr.codegen.loopnest.stage._StageLowering` whose ``op`` is a ScanOp) at ``depth``:
     the whole scan is one compiled unit (its step stages are loop nests inside it)."""
-    from .lower import BufferInfo
-    from ..ir.schedule import Stage
 
     op, w, k = sl.op, sl.w, sl.k
     T, L = op.time_extent, op.init_extent
@@ -293,9 +294,6 @@ def _lower_init_in_place(sl, depth, a, out, init):
     (``out[:L]``, in the state's layout) directly: the inlined elementwise init's
     body (no buffer of its own, no copy), or a copy of the init's buffer into a
     state that lives in another tensor's buffer (:class:`codegen.loopnest.lower.ViewInfo`)."""
-    from .lower import alias_info
-    from ..ir.schedule import Stage
-    from .stage import _StageLowering
 
     src = init.op
     axes = tuple(iter_var(0, n, f"i{d}", "spatial") for d, n in enumerate(init.shape))
@@ -318,11 +316,7 @@ def _lower_pointwise(sl, depth, point, tv, buffers):
     t >= L ? body : S[t, i]`` (the outermost ``i`` loop parallel when the scan is
     big), written into the state's own buffer (no view: a parallel loop must see
     that it reads what it writes)."""
-    from texpr.expr import select
 
-    from .lower import alias_info
-    from .stage import PARALLEL_MIN_POINTS, _StageLowering
-    from ..ir.schedule import Stage
 
     op, k = sl.op, sl.k
     body, _u, step_axes = point
@@ -338,7 +332,7 @@ def _lower_pointwise(sl, depth, point, tv, buffers):
     st = Stage(nest)
     if rest:
         st.reorder(*(rest + (t,)))
-        if out.size >= PARALLEL_MIN_POINTS and sl.parallel_on:
+        if out.size >= _stage.PARALLEL_MIN_POINTS and sl.parallel_on:
             st.parallel(rest[0])
     # a state of no axes but time: its one loop is the recurrence, never parallel
     # (the default rules made it a prange loop once it had 65,536 steps: a prefix

@@ -84,13 +84,11 @@ from texpr import dtypes as dt
 from texpr import expr as E
 from texpr.errors import TexprError
 from texpr.printer import expr_str, tensor_str
-from texpr.scan import ScanOp
 from texpr.visitor import post_order, tree_sizes
 from texpr.tensor import ScatterAddOp, row_major_strides
 
 from ..analysis.affine import affine_offsets
 from ..analysis.bounds import _BoundsChecker
-from .scan_lower import lower_scan
 from .emit import (LET_MAX_DAG_NODES, LET_MIN_NODES, LET_TREE_NODES, TEXT_MAX_HEIGHT,
                    ExprEmitter, const_str,
                    element, fill_value, helper_int)
@@ -637,15 +635,19 @@ class _StageLowering:
         self.residues = []  # [(e, m)]: split the domains on the residues of e % m
         self.stage_points = None  # points of a reduction stage's domain
 
+    def header(self, depth):
+        """The stage's comment line (its definition, in the readable source only)."""
+        self.w.comment(depth, "---- stage",
+                       f"---- stage {self.op.name}: {tensor_str(self.op.output(0))}")
+
     def run(self, depth):
+        """Write the stage's loop nests (a scan is lowered by
+        :func:`codegen.loopnest.scan_lower.lower_stage`, which calls this for the rest)."""
         op = self.op
         w = self.w
-        w.comment(depth, "---- stage",
-                  f"---- stage {op.name}: {tensor_str(op.output(0))}")
+        self.header(depth)
         if isinstance(op, ScatterAddOp):
             return self._scatter(depth)
-        if isinstance(op, ScanOp):
-            return lower_scan(self, depth)
         spatial = list(op.axis)
         body = [inline_expand(b, self.inlined) for b in op.body]
         red = body[0] if isinstance(body[0], E.Reduce) else None

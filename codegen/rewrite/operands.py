@@ -60,12 +60,11 @@ from texpr.visitor import free_vars, post_order, substitute
 
 from ..analysis import contraction, matches
 from ..analysis.bounds import int_arith_on_data, may_refuse
+from ..analysis.affine import linear_coefs as _linear
+from ..ir.marks import PACKED
 
 __all__ = ["pack_operands", "PACKED"]
 
-#: the attrs key that marks a stage whose data-dependent conjuncts its packed
-#: operands already apply (read by :func:`codegen.analysis.contraction.match`)
-PACKED = "texpr.packed_operands"
 
 
 def pack_operands(outputs):
@@ -200,30 +199,6 @@ def _same_load(a, b):
         x is y for x, y in zip(a.args, b.args))
 
 
-def _linear(e):
-    """``e`` as ``({id(var): coef}, const)`` when it is an integer sum of constant
-    multiples of variables, else None."""
-    if isinstance(e, E.Const) and isinstance(e.value, int) and not isinstance(e.value, bool):
-        return {}, e.value
-    if isinstance(e, E.Var):
-        return {id(e): 1}, 0
-    if isinstance(e, (E.Add, E.Sub)):
-        a, b = _linear(e.a), _linear(e.b)
-        if a is None or b is None:
-            return None
-        sign = 1 if isinstance(e, E.Add) else -1
-        coefs = dict(a[0])
-        for v, c in b[0].items():
-            coefs[v] = coefs.get(v, 0) + sign * c
-        return coefs, a[1] + sign * b[1]
-    if isinstance(e, E.Mul):
-        for c, o in ((e.a, e.b), (e.b, e.a)):
-            if isinstance(c, E.Const) and isinstance(c.value, int) and not isinstance(c.value, bool):
-                f = _linear(o)
-                if f is not None:
-                    return {v: k * c.value for v, k in f[0].items()}, f[1] * c.value
-        return None
-    return None
 
 
 def _residues_of_keys(x, keys):

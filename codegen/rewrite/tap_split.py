@@ -86,12 +86,13 @@ from texpr.tensor import ComputeOp, topo_order
 from texpr.visitor import free_vars, post_order, substitute
 
 from ..analysis import contraction, matches
-from .operands import PACKED, _linear
+from ..ir.marks import PACKED, TAP_SPLIT
+from ..analysis.affine import linear_coefs as _linear
 
 __all__ = ["split_taps", "SPLIT", "MIN_DENSITY", "ENABLED"]
 
 #: the attrs key that marks a stage made by the split (never split again)
-SPLIT = "texpr.tap_split"
+SPLIT = TAP_SPLIT
 #: False: no stage is split (for A/B timings, benchmarks/bench_variants.py); the symbolic cache keys lowered programs by the graph, not
 #: by this: set TEXPR_SYMBOLIC_CACHE=0 where it changes within a process
 ENABLED = True

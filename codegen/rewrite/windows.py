@@ -62,16 +62,11 @@ from texpr.tensor import ComputeOp, topo_order
 from texpr.visitor import substitute
 
 from ..analysis import contraction, matches
-from .operands import _linear
+from ..ir.marks import WINDOW, WINDOW_ORDER, WINDOWED
+from ..analysis.affine import linear_coefs as _linear
 
 __all__ = ["window_operands", "WINDOW", "WINDOWED", "MIN_READERS", "ENABLED"]
 
-#: the attrs key of a window stage: its valid region, a list of
-#: ``(tap_dim, pos_dim, a, b, c, n)``: its elements are zeros where
-#: ``0 <= a * pos + b * tap + c < n`` fails for one of them
-WINDOW = "texpr.window"
-#: the attrs key that marks a stage reading a window stage
-WINDOWED = "texpr.windowed"
 #: a window is made when at least this many stages read it
 MIN_READERS = 2
 #: False: no window stage is made (for A/B timings, benchmarks/bench_variants.py); the symbolic cache keys lowered programs by the graph, not
@@ -222,7 +217,7 @@ def _rewritten(op, orig, wanted, made):
         win = made.get(sig)
         if win is None:
             win = made[sig] = _window_stage(ld, plain, windows, axes)
-        order = win.op.attrs["texpr.window_order"]
+        order = win.op.attrs[WINDOW_ORDER]
         idx = []
         for kind, d in order:
             if kind == "plain":
@@ -272,6 +267,6 @@ def _window_stage(ld, plain, windows, axes):
         region.append((order.index(("tap", d)), order.index(("pos", d)), a, b, c0, t.shape[d]))
     body = E.select(cond, E.load(t, args), E.const(0.0, t.dtype))
     wop = ComputeOp(f"{t.name}_window", ivs, (body,), "window",
-                    {WINDOW: region, "texpr.window_order": order, "of": t.name})
+                    {WINDOW: region, WINDOW_ORDER: order, "of": t.name})
     return wop.output(0)
 

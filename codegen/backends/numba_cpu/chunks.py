@@ -43,7 +43,10 @@ import ctypes
 
 import numpy as np
 
+from .. import workers as _workers
 from . import forksafe as _forksafe
+from .compile import compile_source
+from .intrinsics import unit_address
 
 __all__ = ["run", "threads", "RUNNER"]
 
@@ -67,6 +70,9 @@ def threads():
         return int(config.NUMBA_NUM_THREADS)
 
 
+_workers.set_thread_count(threads)
+
+
 def _trampoline_source(nargs):
     """The text of the trampoline for units of ``nargs`` arguments (the buffers,
     ``part`` and ``err``): ``void trampoline(int64 address)``, run by every
@@ -78,7 +84,7 @@ def _trampoline_source(nargs):
 import numpy as np
 from numba import carray, cfunc, njit, types
 
-from texpr.codegen.backends.numba_cpu.native_call import _call_unit, _fetch_add, _load, _pointer
+from texpr.codegen.backends.numba_cpu.intrinsics import _call_unit, _fetch_add, _load, _pointer
 
 
 @njit(cache=True, nogil=True)
@@ -129,8 +135,6 @@ def _trampoline(nargs):
     from the cache, on first use)."""
     addr = _TRAMPOLINES.get(nargs)
     if addr is None:
-        from .compile import compile_source
-
         c = compile_source(_trampoline_source(nargs), [("int64", 1)],
                            f"the chunk trampoline of {nargs} arguments", entry="body")
         addr = _TRAMPOLINES[nargs] = c.fn.py_func.__globals__["trampoline"].address
@@ -143,8 +147,6 @@ class _State:
     the trampoline's, the call block's fixed words, the whole part ``[0, n)``."""
 
     def __init__(self, unit, bufs):
-        from . import native_call
-
         n = unit.chunks
         self.n, self.align = n, unit.chunk_align
         self.whole = np.array([0, n], dtype=np.int64)
@@ -153,7 +155,7 @@ class _State:
         self._parts, self._templates = {}, {}
         self.gomp = _gomp()
         if self.gomp is not None:
-            self.address = native_call._unit_overload(unit)
+            self.address = unit_address(unit)
         if self.address is not None:
             self.trampoline = _trampoline(self.nb + 1)
             fixed = np.zeros(_HEAD + 3 * self.nb, dtype=np.int64)
@@ -245,11 +247,10 @@ def run(unit, bufs, err):
         if block[4]:
             err[0], err[1] = -1, 0
         return
-    from ..numpy_host.gemm import _pool  # codegen's worker threads (the GEMMs' too)
 
     parts = st.parts(nt)
     entry = unit._entry
-    futures = [_pool().submit(entry, *bufs, p, err) for p in parts[1:]]
+    futures = [_workers.pool().submit(entry, *bufs, p, err) for p in parts[1:]]
     entry(*bufs, parts[0], err)
     for f in futures:
         f.result()

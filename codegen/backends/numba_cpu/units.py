@@ -1,32 +1,9 @@
-"""The runnable units of a kernel: what :class:`codegen.build.Kernel` calls in order.
+"""The numba unit kind (``kind`` ``"numba"``): a stage's loop nests compiled by numba.
 
-One job: turn a :class:`codegen.loopnest.lower.Program`'s unit descriptions
-(:class:`codegen.loopnest.lower.UnitSource`, picklable) into runnable units, compiling
-the numba ones in one batch (:func:`codegen.backends.numba_cpu.compile.compile_units`: memory,
-disk, worker processes).
-
-The interface every unit kind implements (the driver relies on nothing else):
-
-* ``run(arrays, err)``: compute the stage. ``arrays`` is the kernel's list of
-  flat (1-D, C-contiguous) numpy arrays in :attr:`Program.buffers` order; the
-  unit reads and writes ``arrays[i]`` for ``i`` in its ``args`` only. ``err``
-  is an ``int64[2]`` array, zero on entry; a failed run-time check sets
-  ``err[0]`` to its code (1-based, into ``errors``) and ``err[1]`` to the
-  offending value; the driver raises after the unit returns.
-* attributes: ``kind`` (str), ``stage`` (the op's name), ``args`` (tuple of
-  buffer indices), ``errors`` (list of messages, each naming the stage),
-  ``key`` (content key or None), ``path`` (module on disk or None),
-  ``compile_seconds``, ``from_disk_cache``, ``from_memory_cache``,
-  ``compiled`` (True when this build compiled it: numba ran, here or in a
-  worker). Optional: ``calls_blas`` (a numba unit whose code calls a BLAS,
-  besides the ``"blas"`` kind: the kernel then parks the BLAS's worker
-  threads after a call, :mod:`codegen.backends.numpy_host.parking`).
-
-Adding a kind (e.g. a contraction run by a library call instead of a loop
-nest): give its description in ``Program.units`` a ``kind`` of its own, write
-a class with the interface above, and register a factory
-``description -> unit`` in :data:`FACTORIES`. Numba units are batched so that
-their compilation can run concurrently; other kinds are built one by one.
+One job: run a compiled unit (:class:`NumbaUnit`: serial, ``prange`` or chunked,
+:mod:`codegen.backends.numba_cpu.chunks`) and hold numba's thread count at one
+where the machine is oversubscribed (:func:`one_thread`). The unit interface
+is :mod:`codegen.units`'s.
 """
 
 import contextlib
@@ -34,10 +11,10 @@ import operator
 
 from . import chunks as _chunks
 from . import compile as _compile
+from .. import workers as _workers
 from . import forksafe as _forksafe
-from ..numpy_host import gemm as _gemm
 
-__all__ = ["NumbaUnit", "FACTORIES", "make_units", "one_thread"]
+__all__ = ["NumbaUnit", "one_thread", "compile_descriptions"]
 
 
 class NumbaUnit:
@@ -77,7 +54,7 @@ class NumbaUnit:
             self._pick = operator.itemgetter(*self.args)
 
     def run(self, arrays, err):
-        if (self.chunks or self.parallel) and _gemm._oversubscribed():
+        if (self.chunks or self.parallel) and _workers.oversubscribed():
             with one_thread():
                 self._run(arrays, err)
             return
@@ -111,7 +88,7 @@ def one_thread():
     parallel units (prange loops and chunked units alike) run on the calling
     thread alone.
 
-    Used while the machine is oversubscribed (:func:`codegen.backends.numpy_host.gemm._oversubscribed`:
+    Used while the machine is oversubscribed (:func:`codegen.backends.workers.oversubscribed`:
     the load average above the usable CPUs plus a half). GNU OpenMP, whose
     team runs both kinds of unit, makes a thread that finishes its share wait
     at the region's end by spinning first (its default wait policy, which is
@@ -137,38 +114,8 @@ def one_thread():
         numba.set_num_threads(before)
 
 
-def _contraction_unit(desc):
-    from ...analysis.contraction import ContractionUnit
-    return ContractionUnit(desc)
-
-
-def _shift_unit(desc):
-    from ...analysis.shifts import ShiftUnit
-    return ShiftUnit(desc)
-
-
-#: kind -> factory(description) for the unit kinds not compiled by numba
-#: (``"blas"``: a contraction stage run as GEMMs, :mod:`codegen.analysis.contraction`;
-#: ``"shift"``: a window or tap-sum stage run as strided moves, :mod:`codegen.analysis.shifts`)
-FACTORIES = {"blas": _contraction_unit, "shift": _shift_unit}
-
-
-def make_units(program):
-    """The runnable units of ``program`` (a list, in order). Raises
-    :class:`codegen.CompileError` (naming the stage) when numba rejects a
-    unit; TexprError for a unit kind without a factory."""
-    from texpr.errors import TexprError
-
-    numba_descs = [u for u in program.units if u.kind == "numba"]
-    compiled = _compile.compile_units([(u.module_source, u.arg_specs, u.describe(), "unit")
-                                       for u in numba_descs])
-    by_id = {id(u): c for u, c in zip(numba_descs, compiled)}
-    out = []
-    for u in program.units:
-        if u.kind == "numba":
-            out.append(NumbaUnit(u, by_id[id(u)]))
-        elif u.kind in FACTORIES:
-            out.append(FACTORIES[u.kind](u))
-        else:
-            raise TexprError(f"stage {u.stage}: no unit kind {u.kind!r} is registered")
-    return out
+def compile_descriptions(descs):
+    """The compiled functions of the numba unit descriptions ``descs`` (in order),
+    in one batch (memory, disk, worker processes: :func:`compile.compile_units`)."""
+    return _compile.compile_units([(u.module_source, u.arg_specs, u.describe(), "unit")
+                                   for u in descs])

@@ -34,7 +34,6 @@ import glob
 import math
 import os
 import threading
-import time
 import weakref
 
 import numpy as np
@@ -43,6 +42,7 @@ from texpr import expr as E
 from texpr.errors import TexprError, in_stage
 from texpr.evaluate import int_arith_exactly
 
+from .. import workers as _workers
 from . import parking as _parking
 
 __all__ = ["ContractionPlan", "GemmPiece", "OperandView",
@@ -309,46 +309,17 @@ class ContractionPlan:
 GEMM_THREADS = 0
 #: a GEMM with fewer multiply-adds runs in one call
 GEMM_SPLIT_MIN = 1 << 20
-#: how often the load average is read again, in seconds
-LOAD_CHECK_S = 1.0
-
-_POOL = []
 _LIMITER = []
-_LOAD = [float("-inf"), False]  # (when last read, oversubscribed)
 _MODE = threading.local()
 #: per thread, per plan (weakly): the zero-padded operand buffers kept between runs
 _WORKSPACES = threading.local()
-
-
-def _threads():
-    """Worker threads for packing copies and split GEMMs: numba's thread count."""
-    try:
-        import numba
-        return max(1, numba.get_num_threads())
-    except Exception:  # noqa: BLE001 - numba is a dependency; be safe in workers
-        return 1
-
-
-def _oversubscribed():
-    """Whether the 1-minute load average exceeds this process's usable CPUs by more
-    than half a CPU (read at most every ``LOAD_CHECK_S`` seconds; False where
-    the platform has no load average)."""
-    now = time.monotonic()
-    if now - _LOAD[0] >= LOAD_CHECK_S:
-        try:
-            cpus = len(os.sched_getaffinity(0))
-            _LOAD[1] = os.getloadavg()[0] > cpus + 0.5
-        except (AttributeError, OSError):
-            _LOAD[1] = False
-        _LOAD[0] = now
-    return _LOAD[1]
 
 
 def _gemm_parts():
     """How many parts the GEMMs of one plan run are cut into (see ``GEMM_THREADS``)."""
     if GEMM_THREADS > 0:
         return GEMM_THREADS
-    return _threads()
+    return _workers.threads()
 
 
 @contextlib.contextmanager
@@ -421,17 +392,6 @@ def _blas_one_thread():
                 _ONE_THREAD[2] = None
 
 
-def _pool():
-    """The worker threads of the GEMMs and packing copies, and of chunked units'
-    parts without libgomp (:mod:`codegen.backends.numba_cpu.chunks`); created on first use."""
-    if not _POOL or _POOL[0][0] != os.getpid():
-        # a forked child inherits the pool object but not its threads: a new one
-        from concurrent.futures import ThreadPoolExecutor
-        _POOL[:] = [(os.getpid(), ThreadPoolExecutor(max_workers=max(_threads(), 2),
-                                                     thread_name_prefix="texpr-gemm"))]
-    return _POOL[0][1]
-
-
 def _quiet_matmul(a, b, out):
     # on a worker thread, which does not inherit the caller's np.errstate
     with np.errstate(over="ignore", invalid="ignore"):
@@ -463,7 +423,7 @@ def _matmul(a, b, out=None):
             parts.append((a[..., lo:hi, :], b, out[..., lo:hi, :]))
     else:
         return np.matmul(a, b, out=out)
-    futures = [_pool().submit(_quiet_matmul, pa, pb, po) for pa, pb, po in parts[1:]]
+    futures = [_workers.pool().submit(_quiet_matmul, pa, pb, po) for pa, pb, po in parts[1:]]
     np.matmul(*parts[0][:2], out=parts[0][2])
     for f in futures:
         f.result()
@@ -534,12 +494,12 @@ def _mask_array_now(masks, axes, piece_axes, shape):
 def _copy_parts(dst, src):
     """``np.copyto(dst, src)``, in parts on the worker threads when it is large
     (numpy's copy releases the GIL)."""
-    n = _threads()
+    n = _workers.threads()
     if n <= 1 or src.size < GEMM_SPLIT_MIN or src.ndim == 0 or src.shape[0] < n:
         np.copyto(dst, src)
         return
     cuts = np.linspace(0, src.shape[0], n + 1).astype(int)
-    futures = [_pool().submit(np.copyto, dst[lo:hi], src[lo:hi])
+    futures = [_workers.pool().submit(np.copyto, dst[lo:hi], src[lo:hi])
                for lo, hi in zip(cuts[1:-1], cuts[2:])]
     np.copyto(dst[:cuts[1]], src[:cuts[1]])
     for f in futures:
@@ -1086,7 +1046,7 @@ def _chunk_plan(a, a_axes, b, b_axes, prefix, rows, cols, k, a_rows_first, b_k_f
     n = heavy.shape[heavy_axes.index(q)]
     per_index = sum(c for c, ax in ((copy_a, a_axes), (copy_b, b_axes)) if q in ax) / n
     length = max(1, int(CHUNK_BYTES // max(per_index, 1)))
-    threads = GEMM_THREADS if GEMM_THREADS > 0 else _threads()
+    threads = GEMM_THREADS if GEMM_THREADS > 0 else _workers.threads()
     if threads > 1:
         length = min(length, -(-n // threads))
     if length >= n:
@@ -1174,7 +1134,7 @@ def _run_chunked(chunks, a, a_axes, b, b_axes, prefix, rows, cols, k, a_rows_fir
 
     if threads > 1 and len(starts) > 1:
         with _blas_one_thread():
-            futures = [_pool().submit(work, t) for t in range(1, min(threads, len(starts)))]
+            futures = [_workers.pool().submit(work, t) for t in range(1, min(threads, len(starts)))]
             parts = [work(0)] + [f.result() for f in futures]
     else:
         parts = [work(0)]
