@@ -166,7 +166,8 @@ def shift_plan(op, ctx):
     plan = shifts.plan_of(op, ctx.key or (lambda t: t.name))
     if plan is None:
         return None
-    return StagePlan(op.name, True, "shift", plan, None, "shift_plan")
+    return StagePlan(op.name, True, "shift", plan, "a window or tap-sum stage of the rewrites",
+                     "shift_plan")
 
 
 def gemm(op, ctx):
@@ -185,12 +186,16 @@ def gemm(op, ctx):
     if flag is None and not contraction.cost_ok(plan):
         return _loops(op, "BLAS does not pay: "
                       f"{contraction.cost_refusal(plan) or 'the cost rule'}", "gemm")
-    return StagePlan(op.name, True, "gemm", plan, None, "gemm")
+    why = "the schedule says blas(True)" if flag else "a contraction, and BLAS pays"
+    return StagePlan(op.name, True, "gemm", plan, why, "gemm")
 
 
 def loop_nest(op, ctx):
     """The last rule: a loop nest."""
-    return _loops(op, None, "loop_nest")
+    kind = _loop_kind(op)
+    why = {"scan": "a scan: its steps in order", "scatter": "a scatter-add"}.get(
+        kind, "no GEMM or shift plan applies")
+    return _loops(op, why, "loop_nest")
 
 
 #: the rules, in order: the first that returns a plan decides the stage
