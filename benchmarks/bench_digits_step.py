@@ -46,7 +46,7 @@ def texpr_step(model, params, x, y, parallel):
     grads = te.differentiate(model.loss, wts).result
     from texpr import codegen
     kernel = codegen.build([model.loss] + list(grads), [model.x, model.labels, model.mask] + wts,
-                           parallel=parallel)
+                           parallel=parallel, blas=parallel)
     mask = np.ones(model.batch, dtype=model.dtype)
     params = {n: v.copy() for n, v in params.items()}
 

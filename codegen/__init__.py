@@ -1,24 +1,34 @@
-"""texpr.codegen: schedules, isl loop nests and Numba kernels for texpr graphs.
+"""texpr.codegen: a texpr graph -> a compiled :class:`Kernel`, as a pipeline.
 
     s = codegen.create_schedule([Y])          # optional
     k = codegen.build([Y], [X, W], s)         # -> Kernel
     (y,) = k(x, w)
 
-See :mod:`texpr.codegen.ir.schedule` (primitives), :mod:`texpr.codegen.loopnest.lower`
-(buffers, and one compiled unit per materialised stage),
-:mod:`texpr.codegen.loopnest.stage` (how a stage becomes loop nests; its values are
-written by :mod:`texpr.codegen.loopnest.emit`, its checks decided by
-:mod:`texpr.codegen.analysis.bounds`), :mod:`texpr.codegen.loopnest.source` (the text: user
-names only in escaped comments, ``Kernel.source`` readable),
-:mod:`texpr.codegen.backends.numba_cpu.units` (the unit interface the kernel's driver calls),
-:mod:`texpr.codegen.analysis.contraction` (which stages are GEMMs, and their plans;
-:mod:`texpr.codegen.backends.numpy_host.gemm` runs a plan on numpy's BLAS),
-:mod:`texpr.codegen.profile` (``kernel.profile``, ``TEXPR_PROFILE=1``: the time of
-each unit) and :mod:`texpr.codegen.backends.numba_cpu.compile` (numba, the caches and their integrity checks,
-worker processes; :mod:`texpr.codegen.backends.numba_cpu.vectorize` decides, from a unit's text,
-whether LLVM's loop vectoriser runs on it);
-which stages get buffers by default is the materialisation rule of
-``docs/stages.md``, and the data flow up to here is ``docs/pipeline.md``.
+The stages, each a subpackage (docs/pipeline.md draws the flow):
+
+* :mod:`codegen.rewrite` -- graph rewrites that prepare a simplified graph for
+  its lowerings, as a pass list (:mod:`codegen.rewrite.passes`);
+* :mod:`codegen.ir` -- the schedule (:mod:`codegen.ir.schedule`: user
+  primitives), the marks rewrites leave, and the lowered program's data
+  (:mod:`codegen.ir.program`);
+* :mod:`codegen.analysis` -- what isl proves about a stage: affine offsets,
+  bounds and checks, which stages are GEMMs (:mod:`codegen.analysis.contraction`)
+  or shift plans (:mod:`codegen.analysis.shifts`);
+* :mod:`codegen.loopnest` -- the target-neutral loop-nest lowering (buffers and
+  units: :mod:`codegen.loopnest.lower`; one stage: :mod:`codegen.loopnest.stage`;
+  values: :mod:`codegen.loopnest.emit`), written through a target dialect
+  (:mod:`codegen.loopnest.dialect`);
+* :mod:`codegen.backends` -- what runs: each backend's unit kinds and dialect
+  (registered in :mod:`codegen.backends.registered`), the shared worker
+  threads and the errors units raise;
+* :mod:`codegen.units` (the unit interface the kernel's driver calls),
+  :mod:`codegen.build` (``build`` and ``Kernel``), :mod:`codegen.explain` and
+  :mod:`codegen.profile` (``kernel.explain``, ``kernel.profile``).
+
+Which stages get buffers by default is the materialisation rule of
+``docs/stages.md``. The module paths of the flat layout before this one
+(``texpr.codegen.stage``, ...) stay importable for one release
+(:mod:`codegen._aliases`).
 """
 
 import os as _os
@@ -26,10 +36,10 @@ import os as _os
 from . import _aliases
 
 if not _os.environ.get("_TEXPR_COMPILE_WORKER"):
-    # (a compile worker process, see texpr.codegen.backends.numba_cpu.compile, needs numba only: it
-    # skips the simplifier, sympy and islpy that build and lower import)
+    # (a compile worker process of the loop-nest backend needs its compiler only:
+    # it skips the simplifier, sympy and islpy that build and lower import)
     from .build import Kernel, build
-    from .backends.numba_cpu.compile import CacheWarning, CompileError, cache_dir, clear_memory_cache
+    from .backends.registered import CacheWarning, CompileError, cache_dir, clear_memory_cache
     from .profile import report as profile_report
     from .ir.schedule import Schedule, Stage, create_schedule
 

@@ -25,7 +25,7 @@ MOVED = {
     "vectorize": "backends.numba_cpu.vectorize", "compile": "backends.numba_cpu.compile",
     "runtime": "backends.numba_cpu.runtime", "native_call": "backends.numba_cpu.native_call",
     "chunks": "backends.numba_cpu.chunks", "unit_files": "backends.numba_cpu.unit_files",
-    "forksafe": "backends.numba_cpu.forksafe", "units": "backends.numba_cpu.units",
+    "forksafe": "backends.numba_cpu.forksafe",
     "gemm": "backends.numpy_host.gemm", "parking": "backends.numpy_host.parking",
     "operands": "rewrite.operands", "tap_split": "rewrite.tap_split",
     "windows": "rewrite.windows", "split_reductions": "rewrite.split_reductions",

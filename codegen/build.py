@@ -1,6 +1,6 @@
 """``build``: a graph (and optionally a schedule) -> a compiled :class:`Kernel`.
 
-A Kernel is a thin driver over its units (:mod:`codegen.backends.numba_cpu.units`, one per
+A Kernel is a thin driver over its units (:mod:`codegen.units`, one per
 materialised stage): ``__call__`` checks the arrays, allocates the outputs and
 temporaries, and runs the units in order on the flat buffers, raising after
 the first unit whose error flag is set.
@@ -17,6 +17,7 @@ from texpr.tensor import (ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, check_
 
 from .backends.numpy_host import parking as _parking
 from . import profile as _profile
+from .backends import registered as _backends  # noqa: F401 - registers the backends
 from .backends.unit_errors import unit_error
 from .explain import explain as _explain
 from .loopnest.lower import lower
@@ -25,6 +26,8 @@ from .analysis import contraction as _contraction
 from .analysis import matches as _matches
 from .units import make_units
 from .ir.schedule import Schedule, create_schedule, default_materialized
+from .rewrite.passes import rewrite
+from .loopnest import dialect as _dialect
 
 __all__ = ["build", "Kernel"]
 
@@ -51,9 +54,9 @@ class Kernel:
     Attributes: ``source`` (generated Python: a comment with each stage's plan,
     :mod:`codegen.strategy`, the units, then the driver ``kernel``), ``stages`` (names of the materialised stages, in execution
     order), ``units`` (the runnable units, one per stage, see
-    :mod:`codegen.backends.numba_cpu.units`), ``inputs``, ``outputs``, ``compile_seconds`` (wall
+    :mod:`codegen.units`), ``inputs``, ``outputs``, ``compile_seconds`` (wall
     seconds spent compiling or loading the units), ``units_compiled`` (units
-    numba compiled for this build, here or in a worker process),
+    the backend compiled for this build, here or in a worker process),
     ``units_reused`` (units taken from the memory or disk cache, including a
     stage that occurs twice in the graph; a GEMM unit, which compiles nothing,
     counts here, as reused), ``from_disk_cache`` (no unit was
@@ -396,7 +399,7 @@ def _load_kernel(program, inputs, outputs):
     return _compile_kernel(program, inputs, outputs)
 
 
-def build(outputs, inputs, schedule=None, *, parallel=True):
+def build(outputs, inputs, schedule=None, *, parallel=True, blas=True):
     """Compile the graph computing ``outputs`` from ``inputs`` into a :class:`Kernel`.
 
     Args:
@@ -406,15 +409,19 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
         schedule: a :class:`Schedule` from ``create_schedule(outputs)``; None
             for the default schedule (then :func:`texpr.simplify.simplify` runs
             first: it is idempotent on simplified graphs).
-        parallel: allow ``prange`` loops (False: every loop is sequential).
+        parallel: allow parallel loop nests (False: every loop nest is
+            sequential; GEMMs still run on the BLAS, cut into parts on the
+            worker threads).
+        blas: allow the library lowerings: GEMMs on the BLAS, shift plans, and
+            the rewrites that prepare them (False: every stage is a loop nest).
     Returns:
         A :class:`Kernel` (compiled; compilation is cached in memory and on disk,
-        see :mod:`texpr.codegen.backends.numba_cpu.compile`).
+        see the loop-nest backend's compiler (:mod:`codegen.backends`)).
     Raises:
         TexprError: a non-Tensor output, a non-placeholder input, a placeholder
         missing from ``inputs``; ScheduleError: a schedule of another graph or
         an impossible request; OutOfBoundsError: a load provably outside its
-        tensor; codegen.CompileError: numba rejected the generated code;
+        tensor; codegen.CompileError: the backend's compiler rejected the generated code;
         TexprError: index arithmetic that cannot be proven to stay in int64
         (the message names the stage and the subexpression).
     """
@@ -434,33 +441,23 @@ def build(outputs, inputs, schedule=None, *, parallel=True):
         raise TexprError(f"build: a placeholder is listed twice in inputs {names}; "
                          "each input takes one array")
     with _matches.build_scope():  # one contraction.match per stage for the whole build
-        return _build(outs, inputs, schedule, parallel)
+        return _build(outs, inputs, schedule, parallel, blas)
 
 
-def _build(outs, inputs, schedule, parallel):
+def _build(outs, inputs, schedule, parallel, blas):
     """:func:`build` after its arguments are checked."""
     simp, rule = _simplifier()
     if schedule is None:
         outs = list(simp(outs))
-        packed, parts, windows = [], [], []
-        if parallel:  # (serial builds keep every stage on loop nests)
-            from .rewrite.operands import pack_operands
-            from .rewrite.tap_split import split_taps
-            from .rewrite.windows import window_operands
-            from .rewrite.split_reductions import split_reductions
-            outs, packed = pack_operands(outs)
-            outs, split, packed = split_taps(outs, keep=packed)
-            outs, windows, packed = window_operands(outs, keep=packed + split)
-            packed = packed + windows
-            outs, parts = split_reductions(outs)
+        outs, found = rewrite(outs, gemms=blas, parallel=parallel)  # (codegen.rewrite.passes)
         schedule = create_schedule(outs)
-        for op in packed:  # a GEMM reads it: computed once, not inlined at every tap
+        for op in found.materialize:  # a GEMM reads it: computed once, not inlined at every tap
             schedule[op].compute_root()
-        for op in windows:  # a shift plan copies its source: a buffer, not inlined into it
+        for op in found.windows:  # a shift plan copies its source: a buffer, not inlined into it
             for t in op.input_tensors():
                 if isinstance(t.op, ComputeOp) and t.op in schedule.ops:
                     schedule[t].compute_root()
-        for op in parts:  # the slices in parallel, each a contiguous run of the reduction
+        for op in found.parts:  # the slices in parallel, each a contiguous run of the reduction
             st = schedule[op]
             st.reorder(*st.leaf_axes)
             st.parallel(op.axis[0])
@@ -484,18 +481,18 @@ def _build(outs, inputs, schedule, parallel):
         if id(op) in mat or op in [t.op for t in outs]:
             for t in op.outputs:
                 check_allocatable(t, "build")
-    program = _lowered(schedule, inputs, mat, inl, parallel)
+    program = _lowered(schedule, inputs, mat, inl, parallel, blas)
     return _housekeeping(_compile_kernel(program, inputs, outs))
 
 
 # ---- hooks of the on-disk caches (texpr.symcache, texpr.cache) ----------------------
 
 
-def _lowered(schedule, inputs, mat, inl, parallel):
+def _lowered(schedule, inputs, mat, inl, parallel, blas):
     """``lower(schedule, inputs, mat, inl, parallel)`` through the symbolic cache
     (:mod:`texpr.symcache`, kind ``"lower"``): the key is the scheduled graph,
     every stage's decisions, the materialised and inlined stages, the inputs
-    and ``parallel``; a hit binds the Program's buffers to these tensors."""
+    ``parallel``, ``blas`` and the active target dialect; a hit binds the Program's buffers to these tensors."""
     from texpr import symcache
 
     def extra(c):
@@ -504,7 +501,9 @@ def _lowered(schedule, inputs, mat, inl, parallel):
         return ["inputs", list(inputs), "outputs", list(schedule.outputs), "stages", stages,
                 "materialized", sorted(c.position(op) for op in schedule.ops if id(op) in mat),
                 "inlined", sorted(c.position(op) for op in schedule.ops if id(op) in inl),
-                "parallel", bool(parallel), "rules", _strategy.rules_fingerprint()]
+                "parallel", bool(parallel), "blas", bool(blas),
+                "dialect", [_dialect.current().name, type(_dialect.current()).__qualname__],
+                "rules", _strategy.rules_fingerprint()]
 
     # the key holds texpr's source: whatever lower() returns, an entry of this key
     # was written by this very lower() (a foreign or damaged entry fails its checksum)
@@ -512,7 +511,7 @@ def _lowered(schedule, inputs, mat, inl, parallel):
         memo, inlined = {}, frozenset(inl)
 
         def choose(op, key):  # the strategy: the first rule that applies (codegen.strategy)
-            ctx = _strategy.StrategyContext(schedule, inlined, parallel, key)
+            ctx = _strategy.StrategyContext(schedule, inlined, parallel, key, blas)
             return _strategy.plan_stage(op, ctx, memo)
 
         program = lower(schedule, inputs, mat, inl, parallel=parallel, strategy=choose)

@@ -36,7 +36,7 @@ def explain(kernel):
                 blas += u.macs
             else:
                 loops += u.macs
-        why = reasons.get(u.stage) if unit.kind == "numba" and u.macs is not None else None
+        why = reasons.get(u.stage) if getattr(unit, "loop_nest", False) and u.macs is not None else None
         if why:
             lines.append(f"{'':{width}s}    stays a loop nest ({u.macs:,} multiply-adds; {why})")
         plan = plans.get(id(unit))

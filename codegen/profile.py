@@ -17,7 +17,7 @@ Two ways in:
   :func:`enable` and :func:`disable` switch recording on and off in a running
   process. A recorded kernel is kept alive until the process ends. The bridges
   (``texpr.torch``, ``texpr.jax``) run a kernel from compiled code when they
-  can (:mod:`codegen.backends.numba_cpu.native_call`, no Python between the units, so nothing to
+  can (the bridges' compiled driver (:mod:`codegen.backends`), no Python between the units, so nothing to
   time there): while recording is on when a bridge first calls a kernel, it
   gets the Python driver instead, and its calls are recorded.
 
@@ -36,7 +36,7 @@ Rows. One per unit (a materialised stage), in execution order:
   convention of ``docs/conventions.md``.
 * ``lowering``: ``GEMM (MxK @ KxN)``, ``batched GEMM Bx(...)``, ``n GEMMs``
   (:mod:`codegen.analysis.contraction`), ``shift (n moves)`` (:mod:`codegen.analysis.shifts`),
-  ``loop nest, chunked parallel`` (:mod:`codegen.backends.numba_cpu.chunks`), ``loop nest,
+  ``loop nest, chunked parallel`` (the backend's chunked units (docs/stages.md)), ``loop nest,
   parallel`` (``prange``), ``loop nest, serial``; a scan's unit is a ``scan
   loop nest``.
 * ``calls``, ``total_ms``, ``percent`` (of the step: the wall time of the
@@ -427,7 +427,7 @@ def lowering(unit, op=None):
         return f"{len(dims)} {'batched ' if batched else ''}GEMMs"
     if unit.kind == "shift":
         return f"shift ({len(unit.plan.moves)} moves)"
-    if unit.kind == "numba":
+    if getattr(unit, "loop_nest", False):
         nest = "scan loop nest" if isinstance(op, ScanOp) else "loop nest"
         if getattr(unit, "chunks", 0):
             return f"{nest}, chunked parallel"

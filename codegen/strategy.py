@@ -15,7 +15,7 @@ returns a plan decides the stage (as TVM dlight's ``ScheduleRule`` list).
 The default list, in order:
 
 1. :func:`schedule_says_no_blas` -- ``schedule[t].blas(False)``: a loop nest;
-2. :func:`serial_build` -- ``build(parallel=False)`` keeps every stage a loop nest;
+2. :func:`no_blas_build` -- ``build(blas=False)`` keeps every stage a loop nest;
 3. :func:`schedule_sets_loops` -- a stage whose loops the schedule sets (split,
    reorder, parallel, vectorize) keeps them, unless it says ``blas(True)``;
 4. :func:`shift_plan` -- a window or tap-sum stage of the rewrites runs as a
@@ -49,7 +49,7 @@ from .analysis import contraction, matches
 from .analysis import shifts
 
 __all__ = ["StagePlan", "StrategyContext", "RULES", "plan_stage", "inline_plan", "from_payload",
-           "with_loops", "rules_fingerprint", "schedule_says_no_blas", "serial_build",
+           "with_loops", "rules_fingerprint", "schedule_says_no_blas", "no_blas_build",
            "schedule_sets_loops", "shift_plan", "gemm", "loop_nest"]
 
 
@@ -116,13 +116,14 @@ class StagePlan:
 class StrategyContext:
     """What the rules read besides the stage: ``schedule`` (the resolved
     :class:`codegen.ir.schedule.Schedule`), ``inlined`` (ids of the inlined
-    ops), ``parallel`` (the build's flag), ``key`` (``tensor -> buffer key``
-    for a plan's payload, or None: the tensor's name)."""
+    ops), ``parallel`` and ``blas`` (the build's flags), ``key`` (``tensor ->
+    buffer key`` for a plan's payload, or None: the tensor's name)."""
 
     schedule: object
     inlined: frozenset
     parallel: bool
     key: Optional[Callable] = None
+    blas: bool = True
 
 
 def _loop_kind(op):
@@ -144,11 +145,11 @@ def schedule_says_no_blas(op, ctx):
     return None
 
 
-def serial_build(op, ctx):
-    """``parallel=False`` (and no ``blas(True)``): a loop nest."""
-    if ctx.schedule[op].blas_flag is None and not ctx.parallel:
-        return _loops(op, "a serial build (parallel=False) keeps every stage a loop nest",
-                      "serial_build")
+def no_blas_build(op, ctx):
+    """``build(blas=False)`` (and no ``blas(True)``): a loop nest."""
+    if ctx.schedule[op].blas_flag is None and not ctx.blas:
+        return _loops(op, "the build says blas=False: every stage is a loop nest",
+                      "no_blas_build")
     return None
 
 
@@ -199,7 +200,7 @@ def loop_nest(op, ctx):
 
 
 #: the rules, in order: the first that returns a plan decides the stage
-RULES = [schedule_says_no_blas, serial_build, schedule_sets_loops, shift_plan, gemm, loop_nest]
+RULES = [schedule_says_no_blas, no_blas_build, schedule_sets_loops, shift_plan, gemm, loop_nest]
 
 
 def plan_stage(op, ctx, memo=None):

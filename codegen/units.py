@@ -1,9 +1,11 @@
 """The runnable units of a kernel: what :class:`codegen.build.Kernel` calls in order.
 
-One job: turn a :class:`codegen.loopnest.lower.Program`'s unit descriptions
-(:class:`codegen.loopnest.lower.UnitSource`, picklable) into runnable units, compiling
-the numba ones in one batch (:func:`codegen.backends.numba_cpu.compile.compile_units`: memory,
-disk, worker processes).
+One job: turn a :class:`codegen.ir.program.Program`'s unit descriptions
+(:class:`codegen.ir.program.UnitSource` and its kin, picklable) into runnable
+units, through the factory each backend registers for its unit kinds
+(:func:`register`); a kind whose units are compiled gets them compiled in one
+batch (memory, disk, worker processes), so that compilation can run
+concurrently.
 
 The interface every unit kind implements (the driver relies on nothing else):
 
@@ -17,46 +19,47 @@ The interface every unit kind implements (the driver relies on nothing else):
   buffer indices), ``errors`` (list of messages, each naming the stage),
   ``key`` (content key or None), ``path`` (module on disk or None),
   ``compile_seconds``, ``from_disk_cache``, ``from_memory_cache``,
-  ``compiled`` (True when this build compiled it: numba ran, here or in a
-  worker). Optional: ``calls_blas`` (a numba unit whose code calls a BLAS,
-  besides the ``"blas"`` kind: the kernel then parks the BLAS's worker
-  threads after a call, :mod:`codegen.backends.numpy_host.parking`).
+  ``compiled`` (True when this build compiled it, here or in a worker).
+  Optional: ``calls_blas`` (a compiled unit whose code calls a BLAS, besides
+  the ``"blas"`` kind: the kernel then parks the BLAS's worker threads after a
+  call, :mod:`codegen.backends.numpy_host.parking`).
 
 Adding a kind (e.g. a contraction run by a library call instead of a loop
 nest): give its description in ``Program.units`` a ``kind`` of its own, write
-a class with the interface above, and register a factory
-``description -> unit`` in :data:`FACTORIES`. Numba units are batched so that
-their compilation can run concurrently; other kinds are built one by one.
+a class with the interface above, and :func:`register` it (docs/extending.md,
+"How to add a backend").
 """
 
 from texpr.errors import TexprError
 
-from .backends.numba_cpu.shift_units import ShiftUnit
-from .backends.numba_cpu.units import NumbaUnit, compile_descriptions
-from .backends.numpy_host.units import ContractionUnit
+__all__ = ["FACTORIES", "register", "make_units"]
 
-__all__ = ["FACTORIES", "make_units"]
+#: kind -> ``(factory, compile_batch)``: ``factory(description)`` makes a unit, or,
+#: for a kind with ``compile_batch``, ``factory(description, compiled)`` with the
+#: description's entry of ``compile_batch(descriptions)``
+FACTORIES = {}
 
 
-#: kind -> factory(description) for the unit kinds not compiled by numba
-#: (``"blas"``: a contraction stage run as GEMMs, :mod:`codegen.analysis.contraction`;
-#: ``"shift"``: a window or tap-sum stage run as strided moves, :mod:`codegen.analysis.shifts`)
-FACTORIES = {"blas": ContractionUnit, "shift": ShiftUnit}
+def register(kind, factory, compile_batch=None):
+    """Register the unit ``kind``: its ``factory`` and, for a compiled kind, the
+    function compiling a list of its descriptions in one batch."""
+    FACTORIES[kind] = (factory, compile_batch)
 
 
 def make_units(program):
     """The runnable units of ``program`` (a list, in order). Raises
-    :class:`codegen.CompileError` (naming the stage) when numba rejects a
-    unit; TexprError for a unit kind without a factory."""
-    numba_descs = [u for u in program.units if u.kind == "numba"]
-    compiled = compile_descriptions(numba_descs)
-    by_id = {id(u): c for u, c in zip(numba_descs, compiled)}
+    :class:`codegen.CompileError` (naming the stage) when a unit does not
+    compile; TexprError for a unit kind no backend registered."""
+    for u in program.units:
+        if u.kind not in FACTORIES:
+            raise TexprError(f"stage {u.stage}: no unit kind {u.kind!r} is registered")
+    compiled = {}
+    for kind, (factory, batch) in FACTORIES.items():
+        descs = [u for u in program.units if u.kind == kind]
+        if batch is not None and descs:
+            compiled.update(zip(map(id, descs), batch(descs)))
     out = []
     for u in program.units:
-        if u.kind == "numba":
-            out.append(NumbaUnit(u, by_id[id(u)]))
-        elif u.kind in FACTORIES:
-            out.append(FACTORIES[u.kind](u))
-        else:
-            raise TexprError(f"stage {u.stage}: no unit kind {u.kind!r} is registered")
+        factory, batch = FACTORIES[u.kind]
+        out.append(factory(u, compiled[id(u)]) if batch is not None else factory(u))
     return out

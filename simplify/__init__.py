@@ -38,8 +38,11 @@ Modules, one job each:
 ``scatter``         data-dependent gathers -> scatter-add stages
 ``support``         a stage zero outside an affine region iterates over it only
 ``cleanup``         ISL/SymPy index forms; merge identical stages
-``pipeline``        the ordered list, the fixpoint, the env switches, explain
-``entry``           simplify(): the symbolic cache first, the pipeline on a miss
+``prefix_scan``     sums over triangles -> scans
+``scan_body``       a scan's body simplified as a graph of its own
+``runner``          run a pass list once; the env switches, the verifier
+``pipeline``        the ordered list and the fixpoint
+``entry``           simplify(), explain(): the symbolic cache first, the pipeline on a miss
 ``record``          SimplifyRecord: what a run did (kept on adjoint stages)
 ==================  =========================================================
 
@@ -54,8 +57,8 @@ import importlib as _importlib
 #: ``isl_bridge`` and ``loop_ast``) never imports the pass pipeline and SymPy
 _EXPORTS = {
     "simplify": "entry", "simplify_with_record": "entry", "SimplifyRecord": "record",
-    "keep_record": "record", "explain": "pipeline", "PIPELINE": "pipeline",
-    "SimplifyError": "pipeline", "run_passes": "pipeline", "verify_equal": "pipeline",
+    "keep_record": "record", "explain": "entry", "PIPELINE": "pipeline",
+    "SimplifyError": "runner", "run_passes": "pipeline", "verify_equal": "runner",
     "iteration_count": "materialize", "materialized_stages": "materialize",
     "stage_count": "materialize", "should_inline": "materialize", "is_cheap": "materialize",
     "inlined_stages": "materialize", "tree_size": "materialize", "written_out": "materialize",

@@ -1,15 +1,18 @@
-"""The simplifier's entry points: :func:`simplify` and :func:`simplify_with_record`.
+"""The simplifier's entry points: :func:`simplify`, :func:`simplify_with_record`
+and :func:`explain`.
 
 One job: look a graph up in the symbolic cache (:mod:`texpr.symcache`) and run
 the pass pipeline (:mod:`texpr.simplify.pipeline`, which imports SymPy) only
 on a miss, so that a process whose graphs are all cached never imports it.
 """
 
-from texpr.tensor import as_tensor_list
+from texpr import symcache
+from texpr.errors import TexprError
+from texpr.tensor import Tensor, as_tensor_list
 
 from .record import SimplifyRecord, record_of
 
-__all__ = ["simplify", "simplify_with_record"]
+__all__ = ["simplify", "simplify_with_record", "explain"]
 
 
 def simplify(tensors):
@@ -43,8 +46,6 @@ def simplify_with_record(tensors, cache=True):
     """
     tensors = shared_forward(as_tensor_list(tensors, "simplify", allow_single=False))
     if cache:
-        from texpr import symcache
-
         def check(r):
             ok = (isinstance(r, tuple) and len(r) == 2 and isinstance(r[1], SimplifyRecord)
                   and len(r[0]) == len(tensors))
@@ -91,3 +92,29 @@ def _run(tensors):
     from .pipeline import _simplify_with_record  # the passes (and SymPy): on a miss only
 
     return _simplify_with_record(tensors)
+
+
+def explain(tensor):
+    """The pipeline's record for one tensor: for every pass of every round, the
+    iteration count before and after it (``=`` when the pass changed nothing),
+    then the final printed definition (every stage the tensor needs).
+
+    For a tensor returned by ``te.differentiate`` (its ``result`` or its
+    ``adjoints`` values) this is the record of the simplification that built
+    it, over the whole graph of that call. Any other tensor (e.g. a raw
+    adjoint of ``differentiate(..., simplify=False)``) is simplified here on
+    its own and that run is printed.
+
+    Args:
+        tensor: a Tensor.
+    Returns:
+        str.
+    Raises:
+        TexprError: ``tensor`` is not a Tensor.
+    """
+    if not isinstance(tensor, Tensor):
+        raise TexprError(f"explain: expected a Tensor, got {type(tensor).__name__}")
+    record = record_of(tensor)
+    if record is None:
+        (tensor,), record = simplify_with_record([tensor])
+    return record.explain([tensor])

@@ -5,7 +5,8 @@ placeholders and the external inputs to the updates. The passes run on it as on
 any graph, with every external input stood in for by a placeholder (so that the
 outer graph's stages are neither rewritten nor copied in here), and without
 the passes that turn stages into scatter-adds or scans (a body holds compute
-stages only). The result must still be a valid scan body (the time index forms
+stages only): the list it runs, :data:`texpr.simplify.pipeline.BODY_PIPELINE`,
+is the pipeline's to give. The result must still be a valid scan body (the time index forms
 ``t - k``, guards); when a rewrite breaks that, the body is kept as it was:
 slower, never wrong.
 """
@@ -13,34 +14,20 @@ slower, never wrong.
 import weakref
 
 from texpr.errors import TexprError
+from texpr.expr import Load
 from texpr.scan import ScanOp
-from texpr.tensor import PlaceholderOp, topo_order
+from texpr.tensor import ComputeOp, PlaceholderOp, topo_order
+from texpr.visitor import substitute, transform
 
-from .graph import rebuild, remap_loads
-
-
-def _body_pipeline():
-    from .pipeline import PIPELINE
-    from .prefix_scan import prefix_sums_to_scans
-    from .scatter import gathers_to_scatters
-    from .support import restrict_to_support
-
-    skip = (gathers_to_scatters, restrict_to_support, simplify_scan_bodies,
-            prefix_sums_to_scans)
-    return tuple(p for p in PIPELINE if p not in skip)
+from .graph import is_elementwise, rebuild, remap_loads
+from .materialize import is_cheap
+from .runner import fingerprint, run_passes
 
 
 def _inline_cheap_externals(op, limit=8):
     """The scan ``op`` with the cheap elementwise stages it reads (the materialisation
     rule's cheap bodies: heads, indicators, re-indexings) inlined into its body, so
     that they need no buffer of their own."""
-    from texpr.expr import Load
-    from texpr.tensor import ComputeOp
-    from texpr.visitor import substitute, transform
-
-    from .graph import is_elementwise
-    from .materialize import is_cheap
-
     for _ in range(limit):
         cheap = {id(t): t for t in op.externals
                  if is_elementwise(t.op) and is_cheap(t.op.body[0])}
@@ -69,20 +56,27 @@ def _inline_cheap_externals(op, limit=8):
 _DONE = weakref.WeakKeyDictionary()
 
 
-def simplify_body(op, rounds=4):
-    """The scan ``op`` with its body simplified (``op`` itself if that fails)."""
+def simplify_body(op, passes, rounds=4):
+    """The scan ``op`` with its body simplified by ``passes`` (at most ``rounds``
+    rounds; ``op`` itself if the result is no valid scan).
+
+    Args:
+        op: a ScanOp.
+        passes: the pass list (always the pipeline's ``BODY_PIPELINE``: results
+            are remembered per scan).
+        rounds: the most rounds of ``passes``.
+    Returns:
+        a ScanOp (``body_simplified`` set).
+    """
     done = _DONE.get(op)
     if done is not None:
         return done
-    new = _simplify_body(op, rounds)
+    new = _simplify_body(op, passes, rounds)
     _DONE[op] = new
     return new
 
 
-def _simplify_body(op, rounds):
-    from texpr.tensor import ComputeOp
-    from .pipeline import _fingerprint, run_passes
-
+def _simplify_body(op, passes, rounds):
     proxies = {}
     for t in op.externals:
         proxies[id(t)] = PlaceholderOp(t.name, tuple(t.shape), t.dtype).output(0)
@@ -95,11 +89,10 @@ def _simplify_body(op, rounds):
         for old, o in zip(b.outputs, new.outputs):
             local[id(old)] = o
     updates = [local[id(u)] for u in op.update]
-    passes = _body_pipeline()
-    fp = _fingerprint(updates)
+    fp = fingerprint(updates)
     for _ in range(rounds):
         updates = run_passes(updates, passes)
-        new_fp = _fingerprint(updates)
+        new_fp = fingerprint(updates)
         if new_fp == fp:
             break
         fp = new_fp
@@ -121,9 +114,16 @@ def _simplify_body(op, rounds):
     return new
 
 
-def simplify_scan_bodies(tensors):
-    """Every scan stage's body simplified as a graph of its own (again only when the
-    cheap stages it reads, inlined, changed it)."""
+def simplify_bodies(tensors, passes):
+    """Every scan stage's body simplified by ``passes`` as a graph of its own (again
+    only when the cheap stages it reads, inlined, changed it).
+
+    Args:
+        tensors: list of Tensors.
+        passes: the pass list a body runs (the pipeline's ``BODY_PIPELINE``).
+    Returns:
+        list of Tensors, the same values.
+    """
     if not any(isinstance(op, ScanOp) for op in topo_order(tensors)):
         return list(tensors)
 
@@ -136,6 +136,6 @@ def simplify_scan_bodies(tensors):
             new = op
         if new is op and op.body_simplified:
             return None
-        return simplify_body(new).outputs
+        return simplify_body(new, passes).outputs
 
     return rebuild(tensors, fn)

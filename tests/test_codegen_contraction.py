@@ -350,7 +350,7 @@ def test_cost_rule_and_mixed_kernel():
     outs = [Z] + list(te.differentiate(Z, [X, W], head=H).result)
     k = codegen.build(outs, [X, W, H])
     assert k.source.count("# BLAS:") == 3, k.source
-    assert k.source.count("def kernel(") == 1  # Z and the adjoint of dense, between GEMMs
+    assert k.source.count("# ---- the driver") == 1  # Z and the adjoint of dense, between GEMMs
     feed = random_feed(outs, seed=4)
     for got, ref in zip(k(feed[X], feed[W], feed[H]), te.evaluate(outs, feed)):
         assert np.abs(got - ref).max() <= _tol("float32", ref)
@@ -684,7 +684,7 @@ def test_integer_data_masks_refuse_and_skip_as_the_evaluator():
         M[i, k] * 2 > 0)), name="Y")
     s = create_schedule([Y])
     s[Y].blas(True)
-    kernel = codegen.build([Y], [A, B, N, D, M], s, parallel=False)
+    kernel = codegen.build([Y], [A, B, N, D, M], s, parallel=False, blas=False)
     assert [u.kind for u in kernel.units] == ["blas"]
     base = {A: np.arange(12.0).reshape(4, 3), B: np.arange(15.0).reshape(3, 5),
             N: np.full((4, 3), 6, np.int64), D: np.full((4, 3), 2, np.int64),
@@ -739,7 +739,7 @@ def test_a_condition_that_may_raise_is_evaluated_where_the_evaluator_evaluates_i
     Y, ins, feed = _guarded_gemm(where)
     s = create_schedule([Y])
     s[Y].blas(True)
-    kernel = codegen.build([Y], ins, s, parallel=False)
+    kernel = codegen.build([Y], ins, s, parallel=False, blas=False)
     assert [u.kind for u in kernel.units] == ["blas"]
     want = te.evaluate(Y, feed)
     np.testing.assert_array_equal(kernel(*[feed[t] for t in ins])[0], want)
@@ -779,7 +779,7 @@ def test_a_condition_that_may_raise_out_of_order_keeps_the_loop_nest(where, reas
     s = create_schedule([Y])
     s[Y].blas(True)
     with pytest.raises(ScheduleError, match="not a contraction"):
-        codegen.build([Y], ins, s, parallel=False)
+        codegen.build([Y], ins, s, parallel=False, blas=False)
 
 
 @pytest.mark.parametrize("where, shape", [
@@ -806,10 +806,10 @@ def test_a_data_condition_read_outside_its_tensor_in_an_empty_domain(where, shap
     s = create_schedule([Y])
     s[Y].blas(True)
     with pytest.raises(ScheduleError, match="outside its shape"):
-        codegen.build([Y], [A, B, N], s, parallel=False)
+        codegen.build([Y], [A, B, N], s, parallel=False, blas=False)
     s = create_schedule([Y])
     with pytest.raises(te.OutOfBoundsError):
-        codegen.build([Y], [A, B, N], s, parallel=False)
+        codegen.build([Y], [A, B, N], s, parallel=False, blas=False)
 
 
 def test_a_select_condition_that_may_raise_keeps_the_loop_nest():
@@ -827,7 +827,7 @@ def test_a_select_condition_that_may_raise_keeps_the_loop_nest():
         * te.if_then_else(N[i, k] // D[i, k] > 0, B[k, j], 0.0), axis=k), name="Y")
     why = []
     assert C.match(Y.op, why=why) is None and "select condition" in why[0]
-    kernel = codegen.build([Y], [A, B, N, D], parallel=False)
+    kernel = codegen.build([Y], [A, B, N, D], parallel=False, blas=False)
     (Ys,) = simplify.simplify([Y])
     for at in ((0, 0), (3, 2)):  # A there is 0 (c1 fails), 11 (c1 holds)
         feed = [np.arange(12.0).reshape(4, 3), np.ones((3, 5)), np.full((4, 3), 6, np.int64),
@@ -896,7 +896,7 @@ def test_gemm_conditions_refuse_where_the_evaluator_does():
         s[Y].blas(True)
         names = ["A", "B", "N", "D", "M"]
         try:
-            kernel = codegen.build([Y], [t[n] for n in names], s, parallel=False)
+            kernel = codegen.build([Y], [t[n] for n in names], s, parallel=False, blas=False)
         except ScheduleError as exc:
             assert "not a contraction" in str(exc)
             continue

@@ -74,7 +74,7 @@ def test_scalar_accumulation_order_and_no_parallel(data):
     (k,) = C.op.reduce_axis
     s[C].reorder(j, i, k)
     s[D].compute_root()
-    kernel = _run(E, A, B, s, data, parallel=False)
+    kernel = _run(E, A, B, s, data, parallel=False, blas=False)
     assert "prange(" not in kernel.source and "parallel=False" in kernel.source
     assert "acc" in kernel.source and kernel.stages == ["C", "D", "E"]
 

@@ -28,7 +28,7 @@ def _graph(dtype):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_masked_reductions_match_the_evaluator_with_non_finite_values_masked_out(dtype):
     X, D, outs = _graph(dtype)
-    k = codegen.build(outs, [X, D], parallel=False)
+    k = codegen.build(outs, [X, D], parallel=False, blas=False)
     assert " if (" in k.source and " else " in k.source  # the select form
     rng = np.random.default_rng(0)
     x = rng.normal(size=(3, 40)).astype(dtype)
@@ -54,14 +54,14 @@ def test_the_if_form_is_kept_for_a_checked_value_and_by_the_switch(monkeypatch):
     J = te.placeholder((30,), name="J", dtype="int64")
     r = te.reduce_axis(30, "r")
     G = te.compute((), lambda: te.sum(X[J[r]], axis=r, where=X[r] > 0), name="G")
-    k = codegen.build([G], [X, J], parallel=False)
+    k = codegen.build([G], [X, J], parallel=False, blas=False)
     x = np.linspace(-1, 1, 30)
     j = np.where(x > 0, 3, 99)  # out of range only where the condition fails
     np.testing.assert_allclose(k(x, j)[0], te.evaluate(G, {X: x, J: j}))
     monkeypatch.setenv("TEXPR_SYMBOLIC_CACHE", "0")
     monkeypatch.setattr(stage, "SELECT_WHERE", False)
     X2, D2, outs = _graph("float64")
-    k2 = codegen.build(outs[:1], [X2, D2], parallel=False)
+    k2 = codegen.build(outs[:1], [X2, D2], parallel=False, blas=False)
     assert "if (" in k2.source and " else np.float64(0.0)" not in k2.source
 
 
@@ -74,7 +74,7 @@ def test_a_long_float32_sum_adds_in_float64():
     r, q = te.reduce_axis(n, "r"), te.reduce_axis(n, "q")
     S = te.compute((), lambda: te.sum(X[r], axis=r), name="S")
     T = te.compute((), lambda: te.sum(X[q] * M[q], axis=q, where=M[q] > 0), name="T")
-    k = codegen.build([S, T], [X, M], parallel=False)
+    k = codegen.build([S, T], [X, M], parallel=False, blas=False)
     x = np.full(n, 0.1, dtype="float32")
     m = np.where(np.arange(n) % 3 == 0, 1.0, -1.0).astype("float32")
     s, t = k(x, m)

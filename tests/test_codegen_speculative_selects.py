@@ -16,7 +16,7 @@ def test_a_relu_mask_is_a_select_and_the_untaken_arm_never_leaks():
     G = te.placeholder((n,), name="G", dtype="float64")
     Y = te.compute((n,), lambda i: te.if_then_else(
         X[i] > 0, te.if_then_else(G[i] > 0, D[i] * 0.5, 0.0) + D[i], 0.0), name="Y")
-    k = codegen.build([Y], [X, D, G], parallel=False)
+    k = codegen.build([Y], [X, D, G], parallel=False, blas=False)
     assert k.source.count("_sel(") == 2  # both selects
     rng = np.random.default_rng(0)
     x, d, g = (rng.normal(size=n) for _ in range(3))
@@ -31,7 +31,7 @@ def test_a_padding_select_keeps_its_branch_and_reads_nothing_outside():
     X = te.placeholder((6,), name="X", dtype="float64")
     Y = te.compute((6,), lambda i: te.if_then_else(i >= 1, X[i - 1] * 2.0, 0.0), name="Y")
     Z = te.compute((6,), lambda i: te.if_then_else(X[i] > 0.0, X[5 - i], X[i]), name="Z")
-    k = codegen.build([Y, Z], [X], parallel=False)
+    k = codegen.build([Y, Z], [X], parallel=False, blas=False)
     src_y = k.source[k.source.index("stage Y"):k.source.index("stage Z")]
     assert "_sel(" not in src_y
     assert "_sel(" in k.source[k.source.index("stage Z"):]
@@ -46,6 +46,6 @@ def test_the_switch(monkeypatch):
     monkeypatch.setattr(stage, "SPECULATE_SELECTS", False)
     X = te.placeholder((4,), name="X", dtype="float64")
     Y = te.compute((4,), lambda i: te.if_then_else(X[i] > 0, X[i], 0.0), name="Y")
-    k = codegen.build([Y], [X], parallel=False)
+    k = codegen.build([Y], [X], parallel=False, blas=False)
     assert "_sel(" not in k.source.split("def unit", 1)[1]
     np.testing.assert_array_equal(k(np.array([-1.0, 2.0, 0.0, 3.0]))[0], [0, 2, 0, 3])

@@ -114,7 +114,7 @@ def test_shared_stages_and_editing_one_operator(fresh, monkeypatch):
         np.testing.assert_allclose(t, t_ref, rtol=1e-12)
         np.testing.assert_allclose(u, u_ref, rtol=1e-12)
     # the readable source names this graph's stages and buffers
-    assert "# ---- stage cT: " in edited.source and "def kernel(cX_, cW_," in edited.source
+    assert "# ---- stage cT: " in edited.source and "# cX_: input cX" in edited.source
 
 
 def _gathers():

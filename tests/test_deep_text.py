@@ -138,7 +138,7 @@ def test_a_chain_of_checked_gathers_builds_and_matches(levels, ndim):
     tv = np.zeros(table.shape, dtype=np.int64)
     tv[(slice(None),) + (1,) * (ndim - 1)] = [3, 1, 4, 0, 5, 7, 2, 6]
     xv = np.arange(8.0) * 1.5
-    kernel = codegen.build([y], [table, x], parallel=False)
+    kernel = codegen.build([y], [table, x], parallel=False, blas=False)
     np.testing.assert_array_equal(kernel(tv, xv)[0], te.evaluate(y, {table: tv, x: xv}))
     for line in kernel.source.splitlines():
         assert nesting(line) < 200
@@ -168,7 +168,7 @@ def test_a_deep_branch_of_a_large_statement_is_written_in_parts(monkeypatch):
 
     y = te.compute((3, 3), body, name="Y")
     feed = {table: np.array([[1, 2, 0]] * 3), x: np.arange(9.0).reshape(3, 3) - 4}
-    kernel = codegen.build([y], [table, x], parallel=False)
+    kernel = codegen.build([y], [table, x], parallel=False, blas=False)
     assert all(nesting(line) <= TEXT_MAX_HEIGHT for line in kernel.source.splitlines())
     np.testing.assert_array_equal(kernel(feed[table], feed[x])[0], te.evaluate(y, feed))
     bad = dict(feed)

@@ -85,7 +85,7 @@ def _step_kernel(model):
     wts = [model.weights[n] for n in names]
     grads = te.differentiate(model.loss, wts).result
     return names, codegen.build([model.loss] + list(grads),
-                                [model.x, model.labels, model.mask] + wts, parallel=False)
+                                [model.x, model.labels, model.mask] + wts, parallel=False, blas=False)
 
 
 def test_two_sgd_steps_decrease_the_loss():

@@ -43,14 +43,14 @@ def test_the_evaluator_names_a_scatter_add_stage():
 
 def test_a_loop_nest_names_the_stage():
     Q, ins, feed = _int_division()
-    kernel = codegen.build([Q], ins, parallel=False)
+    kernel = codegen.build([Q], ins, parallel=False, blas=False)
     with pytest.raises(TexprError, match="^stage Q: integer division by zero"):
         kernel(*[feed[t] for t in ins])
 
 
 def test_a_compiled_scatter_add_names_the_stage():
     S, ins, feed = _scatter()
-    kernel = codegen.build([S], ins, parallel=False)
+    kernel = codegen.build([S], ins, parallel=False, blas=False)
     with pytest.raises(te.OutOfBoundsError, match="^stage S: "):
         kernel(*[feed[t] for t in ins])
 
@@ -67,7 +67,7 @@ def test_a_scan_names_the_stage():
     feed[D][2, 1] = 0
     with pytest.raises(TexprError, match="^stage [A-Za-z_.0-9]+: integer division by zero"):
         te.evaluate(out, feed)
-    kernel = codegen.build([out], [X, D], parallel=False)
+    kernel = codegen.build([out], [X, D], parallel=False, blas=False)
     with pytest.raises(TexprError, match="^stage [A-Za-z_.0-9]+: integer division by zero"):
         kernel(feed[X], feed[D])
 
@@ -106,7 +106,7 @@ def test_arrays_in_the_wrong_order_get_the_expected_order():
     W = te.placeholder((3, 5), "W", "float32")
     r = te.reduce_axis(5, "r")
     Y = te.compute((4, 3), lambda i, j: te.sum(X[i, r] * W[j, r], axis=r), name="Y")
-    kernel = codegen.build([Y], [X, W], parallel=False)
+    kernel = codegen.build([Y], [X, W], parallel=False, blas=False)
     x = np.arange(20, dtype=np.float64).reshape(4, 5)
     w = np.ones((3, 5), np.float32)
     with pytest.raises(te.FeedError) as info:
@@ -121,7 +121,7 @@ def test_arrays_in_the_wrong_order_get_the_expected_order():
     A = te.placeholder((2,), "A", "float64")
     B = te.placeholder((2,), "B", "int64")
     S = te.compute((2,), lambda i: A[i] + te.cast(B[i], "float64"), name="S")
-    k2 = codegen.build([S], [A, B], parallel=False)
+    k2 = codegen.build([S], [A, B], parallel=False, blas=False)
     a, b = np.array([0.5, 1.5]), np.array([1, 2], np.int64)
     with pytest.raises(te.FeedError, match="(?s)expects dtype float64.*in the order B, A"):
         k2(b, a)

@@ -112,7 +112,7 @@ def test_a_chain_read_once_at_a_growing_index_stays_small(make, depth):
     assert _largest_tree([out]) <= 4 * materialize.INLINE_ONCE_TREE_NODES
     x = np.arange(X.shape[0], dtype=np.float64) + 1.0
     want = te.evaluate(out, {X: x})
-    k = codegen.build([out], [X], parallel=False)
+    k = codegen.build([out], [X], parallel=False, blas=False)
     assert max(map(len, k.source.splitlines())) < 30_000
     np.testing.assert_array_equal(k(x)[0], want)
 
@@ -121,7 +121,7 @@ def test_the_compiled_chain_and_its_gradient_agree_with_the_evaluator():
     X, t, loss = _chain(5)
     dX, = te.differentiate(loss, [X]).result
     x = np.random.default_rng(0).standard_normal(5)
-    k = codegen.build([loss, dX], [X], parallel=False)
+    k = codegen.build([loss, dX], [X], parallel=False, blas=False)
     assert len(k.source) < 60_000
     got = k(x)
     want = te.evaluate([loss, dX], {X: x})
@@ -174,7 +174,7 @@ def test_the_broadcast_gradient_compiles_and_matches():
     X, loss = _broadcast_sum(12, "tanh")
     (dX,) = te.differentiate(loss, [X])
     x = np.random.default_rng(4).standard_normal((4, 12))
-    k = codegen.build([loss, dX], [X], parallel=False)
+    k = codegen.build([loss, dX], [X], parallel=False, blas=False)
     got = k(x)
     want = te.evaluate([loss, dX], {X: x})
     for g, w in zip(got, want):

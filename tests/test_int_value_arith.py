@@ -45,7 +45,7 @@ _FITS = {N: np.array([-2**40, 5, 2**40], dtype=np.int64),
 def test_the_kernel_raises_where_the_evaluator_does_and_agrees_elsewhere(name):
     fn, inputs = _CASES[name]
     out = te.compute((3,), fn, name=name)
-    kernel = codegen.build([out], inputs, parallel=False)
+    kernel = codegen.build([out], inputs, parallel=False, blas=False)
     for feed in (_WRAPS, _FITS):
         args = [feed[t] for t in inputs]
         try:
@@ -65,13 +65,13 @@ def test_the_kernel_raises_where_the_evaluator_does_and_agrees_elsewhere(name):
 def test_index_arithmetic_is_proven_not_checked_per_operation():
     I = te.placeholder((3,), "I", "int64")
     Y = te.compute((3,), lambda i: X[I[i] + 1] * 2.0, name="Y")
-    kernel = codegen.build([Y], [X, I], parallel=False)
+    kernel = codegen.build([Y], [X, I], parallel=False, blas=False)
     assert not any(f"{h}(" in kernel.source for h in ("_iadd", "_isub", "_imul"))
     xv = np.arange(6.0)
     np.testing.assert_array_equal(kernel(xv, np.array([0, 4, 2]))[0], [2.0, 10.0, 6.0])
     # a value bounded by its axis needs no check either
     Z = te.compute((3,), lambda i: i * 5 + 1, name="Z")
-    kz = codegen.build([Z], [], parallel=False)
+    kz = codegen.build([Z], [], parallel=False, blas=False)
     assert "_imul(" not in kz.source and "_iadd(" not in kz.source
     np.testing.assert_array_equal(kz()[0], [1, 6, 11])
 
@@ -117,7 +117,7 @@ def test_the_checked_helpers_fail_exactly_where_the_result_leaves_the_dtype(help
 
 def _agree(outs, inputs, feed):
     """The kernel raises "would wrap around" where te.evaluate does, else equals it."""
-    kernel = codegen.build(outs, inputs, parallel=False)
+    kernel = codegen.build(outs, inputs, parallel=False, blas=False)
     args = [feed[t] for t in inputs]
     try:
         want = te.evaluate(outs, feed)
@@ -193,7 +193,7 @@ def test_index_floor_division_by_minus_one_of_a_loaded_value_is_proven():
     # in an index, a loaded int is range-checked to +-2**31: its // -1 is proven
     I = te.placeholder((3,), "I", "int64")
     Y = te.compute((3,), lambda i: X[(I[i] // -1) % 6], name="Yd")
-    kernel = codegen.build([Y], [X, I], parallel=False)
+    kernel = codegen.build([Y], [X, I], parallel=False, blas=False)
     assert "_ifloordiv(" not in kernel.source
     np.testing.assert_array_equal(kernel(np.arange(6.0), np.array([1, -2, 7]))[0],
                                   te.evaluate(Y, {X: np.arange(6.0), I: np.array([1, -2, 7])}))
@@ -229,7 +229,7 @@ def test_a_deep_custom_combine_builds_and_agrees(monkeypatch):
         red = te.comm_reducer(_wide_combine(chain, leaves), lambda d: te.const(-2**63, d),
                               name="deep")
         out = te.compute((2,), lambda i: red(P[i, k], axis=k), name="Deep")
-        kernel = codegen.build([out], [P], parallel=False)
+        kernel = codegen.build([out], [P], parallel=False, blas=False)
         assert all(nesting(line) <= TEXT_MAX_HEIGHT for line in kernel.source.splitlines())
         assert _agree([out], [P], {P: pv})
         assert not _agree([out], [P], {P: np.array([[2**62, -2**62, -2**62], [0, 1, 2]])})
@@ -291,7 +291,7 @@ def test_an_index_form_with_a_constant_outside_int64_is_not_chosen():
     # constant 2**63: building it raised DTypeError and codegen.build refused a
     # program te.evaluate computes (an attack). The written form is kept
     y = te.compute((3,), lambda i: (te.const(2**63 - 1) - i) * -1 - 1, name="Yc")
-    kernel = codegen.build([y], [], parallel=False)
+    kernel = codegen.build([y], [], parallel=False, blas=False)
     want = te.evaluate(y, {})
     np.testing.assert_array_equal(want, [-2**63, -2**63 + 1, -2**63 + 2])
     np.testing.assert_array_equal(kernel()[0], want)

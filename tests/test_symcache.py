@@ -97,11 +97,11 @@ def test_warm_result_equals_cold_and_is_bound_to_the_caller(cache_dir):
         np.testing.assert_allclose(got, numeric_gradient(L, wrt, feed), rtol=1e-6, atol=1e-8)
     # values: a kernel built from the loaded result (its lowering is loaded too)
     before = _counts()
-    k_warm = codegen.build([L] + list(warm.result), [X, W], parallel=False)
+    k_warm = codegen.build([L] + list(warm.result), [X, W], parallel=False, blas=False)
     out = k_warm(feed[X], feed[W])
     for t, v in zip([L] + list(warm.result), out):
         np.testing.assert_allclose(v, te.evaluate(t, feed), rtol=1e-12, atol=1e-12)
-    k_cold = codegen.build([L0] + list(cold.result), [X0, W0], parallel=False)
+    k_cold = codegen.build([L0] + list(cold.result), [X0, W0], parallel=False, blas=False)
     assert k_cold.source == k_warm.source
     for a, b in zip(k_cold(feed[X], feed[W]), out):
         np.testing.assert_array_equal(a, b)
@@ -118,7 +118,7 @@ def test_lowering_is_cached_and_bound_to_the_kernel_tensors(cache_dir):
         Y = te.compute((5,), lambda i: X[i] * 3.0 + 1.0, name="Y")
         Z = te.compute((5,), lambda i: Y[4 - i] - X[i], name="Z")
         before = _counts()
-        k = codegen.build([Z, Y], [X], parallel=False)
+        k = codegen.build([Z, Y], [X], parallel=False, blas=False)
         kernels.append((k, X, Y, Z, _delta(before)))
     (k0, *_r, d0), (k1, X, Y, Z, d1) = kernels
     assert d0["hit"] == 0 and d1["hit"] == 2  # simplify and lower
@@ -139,7 +139,7 @@ def test_a_schedule_decision_is_part_of_the_lowering_key(cache_dir):
         s = codegen.create_schedule([Y])
         if factor:
             s[Y].split(Y.op.axis[0], factor)
-        return codegen.build([Y], [X], s, parallel=False), X
+        return codegen.build([Y], [X], s, parallel=False, blas=False), X
 
     plain, _ = build(0)
     before = _counts()

@@ -169,7 +169,7 @@ def test_a_warm_build_lists_the_cache_once_per_directory_state(tmp_path, monkeyp
     rng = np.random.default_rng(0)
     x = rng.standard_normal((6, 5)).astype(np.float32)
     w = rng.standard_normal((5, 3)).astype(np.float32)
-    codegen.build([L, dW], [X, W], parallel=False)
+    codegen.build([L, dW], [X, W], parallel=False, blas=False)
     pc = os.path.join(str(tmp_path / "cache"), "__pycache__")
     _age(pc)
     codegen.clear_memory_cache()
@@ -182,7 +182,7 @@ def test_a_warm_build_lists_the_cache_once_per_directory_state(tmp_path, monkeyp
         return real(path)
     monkeypatch.setattr(unit_files.os, "scandir", counting)
     before = codegen_compile.stats()["from_disk"]
-    kern = codegen.build([L, dW], [X, W], parallel=False)
+    kern = codegen.build([L, dW], [X, W], parallel=False, blas=False)
     assert codegen_compile.stats()["from_disk"] - before >= 2
     assert count[0] == 1
     got = kern(x, w)
@@ -244,7 +244,7 @@ def test_numba_cache_dir_does_not_move_a_units_files(tmp_path, monkeypatch):
     x = np.arange(12, dtype=np.float32).reshape(4, 3)
     codegen.clear_memory_cache()
     try:
-        first = codegen.build([Y], [X], parallel=False)(x)[0]
+        first = codegen.build([Y], [X], parallel=False, blas=False)(x)[0]
         pc = cache / "__pycache__"
         nbc = sorted(p for p in os.listdir(pc) if p.startswith("texpr_k_")
                      and not p.startswith("texpr_k_rt") and p.endswith(".nbc"))
@@ -258,7 +258,7 @@ def test_numba_cache_dir_does_not_move_a_units_files(tmp_path, monkeypatch):
         codegen.clear_memory_cache()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            again = codegen.build([Y], [X], parallel=False)(x)[0]
+            again = codegen.build([Y], [X], parallel=False, blas=False)(x)[0]
         assert [w for w in caught if issubclass(w.category, codegen.CacheWarning)]
         np.testing.assert_array_equal(again, first)
         np.testing.assert_array_equal(first, x[:, 0] * 7 + x[:, 2])

@@ -3,9 +3,9 @@
 Write operators as ``compute(shape, lambda i, j: ...)``, differentiate them
 with ``differentiate``, run them with ``evaluate`` (numpy reference) or
 :func:`texpr.codegen.build` (Numba kernels). The Jacobian simplifier is
-:mod:`texpr.simplify`. ``import texpr`` loads neither subpackage (nor numba,
-islpy or sympy); ``texpr.simplify`` and ``texpr.codegen`` are imported on
-first use.
+:mod:`texpr.simplify`. ``import texpr`` loads none of numba, islpy or sympy:
+the passes of ``texpr.simplify`` (whose light package face ``differentiate``
+imports) and ``texpr.codegen`` are imported on first use.
 
 Documentation (in the repository's ``docs/``): ``docs/pipeline.md`` (data
 flow, the pass pipeline, ``explain``), ``docs/stages.md`` (materialisation,
@@ -18,6 +18,8 @@ negative indices, ties, singular points, dtypes, adjoint names),
 import importlib as _importlib
 
 from . import dtypes
+# the errors of float(e), bool(e), np.exp(e), ... (installed into texpr.expr)
+from . import habits  # noqa: F401
 from .errors import (AxisError, ConcretizationError, DTypeError, FeedError,
                      NotDifferentiableError, OutOfBoundsError, ScanBodyInputError,
                      ScanDependenceError, ScanError, ScanInitError, ScanShapeError,
@@ -38,8 +40,8 @@ from .scan import ScanOp, scan  # noqa: E402
 from .differentiate import DifferentiationResult, differentiate, jvp  # noqa: E402
 # the operator library, te.nn
 from . import nn  # noqa: E402
+from .version import __version__  # noqa: E402
 
-__version__ = "0.1.0"
 
 # the framework bridges (texpr.torch, texpr.jax) import torch/jax: only on access
 _LAZY_SUBPACKAGES = ("simplify", "codegen", "torch", "jax")

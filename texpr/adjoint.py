@@ -51,11 +51,12 @@ solves the equalities; this module does not simplify.
 """
 
 from . import dtypes as dt
+from .adjoint_stages import identity_head, sum_stage, zeros
 from .errors import DTypeError, NotDifferentiableError, ShapeError, TexprError
-from .expr import all_of, const, iter_var, select
 from .jacobian import check_head, contribution
 from .scan import ScanOp, check_not_in_a_body
-from .tensor import ComputeOp, PlaceholderOp, Tensor, as_tensor_list, topo_order
+from .scan_adjoint import scan_contributions
+from .tensor import PlaceholderOp, Tensor, as_tensor_list, topo_order
 
 
 class DifferentiationResult:
@@ -121,34 +122,6 @@ class DifferentiationResult:
     def __repr__(self):
         names = ", ".join(t.name for t in self.result)
         return f"DifferentiationResult([{names}], {len(self.adjoints)} adjoints)"
-
-
-def identity_head(out):
-    """The identity head of ``out``: shape ``out.shape + out.shape``, dtype ``out.dtype``,
-    ``I[p, i] = select(all(p == i), 1, 0)`` (tag ``"identity_head"``)."""
-    p = tuple(iter_var(0, s, f"p{d}", "spatial") for d, s in enumerate(out.shape))
-    i = tuple(iter_var(0, s, f"i{d}", "spatial") for d, s in enumerate(out.shape))
-    one, zero = const(1, out.dtype), const(0, out.dtype)
-    body = select(all_of([a == b for a, b in zip(p, i)]), one, zero)
-    return ComputeOp(f"{out.name}_identity_head", p + i, (body,), tag="identity_head").output(0)
-
-
-def zeros(shape, dtype, name):
-    """A stage of zeros (tag ``"zeros"``): the adjoint of an input the output does not
-    depend on differentiably."""
-    axis = tuple(iter_var(0, s, f"j{d}", "spatial") for d, s in enumerate(shape))
-    return ComputeOp(name, axis, (const(0, dtype),), tag="zeros").output(0)
-
-
-def _sum_stage(t, parts, name):
-    shape = parts[0].shape
-    axis = tuple(iter_var(0, s, f"j{d}", "spatial") for d, s in enumerate(shape))
-    body = parts[0][axis]
-    for c in parts[1:]:
-        body = body + c[axis]
-    return ComputeOp(name, axis, (body,), tag="adjoint_sum", attrs={"of": t.name}).output(0)
-
-
 
 
 class _Manual:
@@ -304,8 +277,6 @@ def accumulate(output, inputs=None, head=None, manual=None):
 def _scan_step(op, output, adjoints, summands, depends, prefix, manual):
     """The contributions of a scan to its inputs: all its states' adjoints at once
     (the reverse-time scan of :mod:`texpr.scan_adjoint`)."""
-    from .scan_adjoint import scan_contributions
-
     for out in op.outputs:
         if out is not output:
             _finalize(out, summands, adjoints)
@@ -333,7 +304,7 @@ def _finalize(t, summands, adjoints):
     parts = list(summands.get(t, {}).values())
     if not parts:
         return
-    adjoints[t] = parts[0] if len(parts) == 1 else _sum_stage(t, parts, f"d_{t.name}")
+    adjoints[t] = parts[0] if len(parts) == 1 else sum_stage(t, parts, f"d_{t.name}")
 
 
 def _check_manual(c, out, inp, prefix, head):

@@ -1,14 +1,19 @@
 """The user-facing entry point: ``te.differentiate``.
 
-This is the only texpr IR-side module that calls the ``texpr.simplify``
-package (imported lazily, inside the function), so that module by module the import graph stays
-acyclic: IR <- simplify <- this entry point <- codegen (docs/pipeline.md).
+This is the only module under ``texpr/`` that imports the ``texpr.simplify``
+package: it hands the raw adjoints to the simplifier. Nothing in
+``texpr.simplify`` imports this module or the ``texpr`` package face, so the
+import graph stays acyclic: IR <- simplify <- this entry point, and codegen
+above both (docs/pipeline.md; ``tests/test_layering.py`` checks it). The
+``texpr.simplify`` package face is light: it imports its passes (and SymPy)
+on first use.
 """
 
-import importlib
-
+from . import simplify as simplify_pkg
+from . import symcache
 from .adjoint import DifferentiationResult, accumulate
 from .errors import TexprError
+from .forward import tangents as _tangents
 from .tensor import as_tensor_list
 
 
@@ -80,8 +85,6 @@ def differentiate(output, inputs=None, head=None, manual=None, simplify=True):
         return accumulate(output, inputs, head, manual)
     if manual is None:
         # a warm run loads the simplified result (texpr.symcache): no symbolic work again
-        from . import symcache
-
         try:
             roots = [output] + ([] if inputs is None else as_tensor_list(inputs, "differentiate"))
         except TexprError:  # accumulate names the bad argument
@@ -105,7 +108,7 @@ def _kept(res, output):
     record = res.simplify_record
     if record is not None and record.inputs:
         record.inputs[0] = output
-    importlib.import_module("texpr.simplify").keep_record(record)
+    simplify_pkg.keep_record(record)
     return res
 
 
@@ -117,7 +120,6 @@ def _simplified(res, output):
     form. A build of ``[output] + grads`` computes the forward once (the
     simplifier replaces ``output`` by ``res.value``: one program for the value
     and the gradients)."""
-    simplify_pkg = importlib.import_module("texpr.simplify")
     order, seen = [output], {id(output)}
     for t in list(res.result) + list(res.adjoints.values()):
         if id(t) not in seen:
@@ -156,12 +158,9 @@ def jvp(outputs, inputs, tangents, simplify=True):
     Forward-over-reverse Hessian-vector products: ``jvp(differentiate(L, [W]).result,
     [W], [V])`` is ``H V``.
     """
-    from .forward import tangents as _tangents
-
     single = not isinstance(outputs, (list, tuple))
     result = _tangents(outputs, inputs, tangents)
     if simplify:
-        simplify_pkg = importlib.import_module("texpr.simplify")
         simplified, record = simplify_pkg.simplify_with_record(result)
         simplify_pkg.keep_record(record)  # for texpr.simplify.explain(t)
         result = list(simplified)

@@ -39,13 +39,56 @@ import weakref
 import numpy as np
 
 from . import dtypes as dt
-from .errors import DTypeError, ShapeError, TexprError
+from .errors import ConcretizationError, DTypeError, ShapeError, TexprError
 
 #: the interning table: key -> the live node. A key holds no object, only ids and plain
 #: values (see _key_of): the node holds its children, its tensor and its combiner, so
 #: while it lives their ids are theirs; when it dies its entry goes with it
 _INTERN = weakref.WeakValueDictionary()
 _UID = itertools.count()
+
+
+# ---- what this module calls in the modules above it, installed by them ----------------
+#
+# Printing a node is texpr.printer's job, the errors of the Python protocols that
+# need a value are texpr.habits' (they print expressions and know tensors), and the
+# built-in reducers' combiners are texpr.reduction's. Those modules build on this
+# one, so it imports none of them: each installs what is needed here when it is
+# imported (texpr's package face imports all three, and importing any texpr module
+# runs the face first).
+
+
+class _Installed:
+    #: ``expr_str(e)``, the text of a node (``repr(e)``): :mod:`texpr.printer`
+    expr_str = None
+    #: the module building the errors of ``float(e)``, ``bool(e)``, ``np.exp(e)``, ...:
+    #: :mod:`texpr.habits`
+    habits = None
+
+
+#: kind (``"sum"``, ...) -> ``combiner(dtypes)``, the shared :class:`Combiner` of a
+#: built-in reducer (pickling loads the local one): filled by :mod:`texpr.reduction`
+BUILTIN_COMBINERS = {}
+
+
+def install_printer(expr_str):
+    """Make ``repr(e)`` of every node ``expr_str(e)`` (called by :mod:`texpr.printer`).
+
+    Args:
+        expr_str: function Expr -> str.
+    """
+    _Installed.expr_str = expr_str
+
+
+def install_habits(habits):
+    """Make the Python protocols that need a value raise the errors ``habits`` builds
+    (called by :mod:`texpr.habits` with itself).
+
+    Args:
+        habits: an object with ``no_float``, ``no_int``, ``no_complex``,
+            ``no_index``, ``no_bool``, ``array_ufunc`` and ``array_function``.
+    """
+    _Installed.habits = habits
 
 
 def _key_of(cls, attr, args, dtype):
@@ -71,43 +114,36 @@ def _key_of(cls, attr, args, dtype):
 class NeedsValue:
     """Python protocols that need a concrete value (``float(e)``, ``math.exp(e)``,
     ``range(e)``, ``np.exp(e)``): each raises a ConcretizationError naming the
-    texpr spelling (see :mod:`texpr.habits`). Shared by :class:`Expr` and
-    :class:`texpr.tensor.Tensor`."""
+    texpr spelling (built by :mod:`texpr.habits`, see :func:`install_habits`).
+    Shared by :class:`Expr` and :class:`texpr.tensor.Tensor`."""
 
     __slots__ = ()
 
-    def __float__(self):
-        from .habits import no_float
+    def _scalar(self):
+        """This value as a scalar expression (:func:`as_expr` of a non-Expr calls it:
+        a Tensor reads its only element)."""
+        raise NotImplementedError
 
-        raise no_float(self)
+    def __float__(self):
+        raise _Installed.habits.no_float(self)
 
     def __int__(self):
-        from .habits import no_int
-
-        raise no_int(self)
+        raise _Installed.habits.no_int(self)
 
     def __complex__(self):
-        from .habits import no_complex
-
-        raise no_complex(self)
+        raise _Installed.habits.no_complex(self)
 
     def __index__(self):
-        from .habits import no_index
-
-        raise no_index(self)
+        raise _Installed.habits.no_index(self)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        from .habits import array_ufunc
-
-        out = array_ufunc(self, ufunc, method, inputs, kwargs)
+        out = _Installed.habits.array_ufunc(self, ufunc, method, inputs, kwargs)
         if isinstance(out, Exception):
             raise out
         return out
 
     def __array_function__(self, func, types, args, kwargs):
-        from .habits import array_function
-
-        raise array_function(self, func)
+        raise _Installed.habits.array_function(self, func)
 
 
 class Expr(NeedsValue):
@@ -156,17 +192,12 @@ class Expr(NeedsValue):
 
     # ---- Python protocols that need a value (see texpr.habits) -------------------
     def __bool__(self):
-        from .habits import no_bool
-
-        raise no_bool(self)
+        raise _Installed.habits.no_bool(self)
 
     def __round__(self, ndigits=None):
         if ndigits is not None:
-            from .habits import ConcretizationError
-            from .printer import expr_str
-
             raise ConcretizationError(
-                f"round(`{expr_str(self)}`, {ndigits!r}): te.round takes no digits; write "
+                f"round(`{self!r}`, {ndigits!r}): te.round takes no digits; write "
                 f"te.round(x * 10**{ndigits}) / 10**{ndigits}")
         return call("round", self)
 
@@ -175,9 +206,7 @@ class Expr(NeedsValue):
     def __trunc__(self): return call("trunc", self)
 
     def __repr__(self):
-        from .printer import expr_str
-
-        return expr_str(self)
+        return _Installed.expr_str(self)
 
     # ---- operator overloading -------------------------------------------------
     def __add__(self, o): return add(self, o)
@@ -304,15 +333,8 @@ def as_expr(value, like=None):
     """Convert a Python scalar (weakly typed next to dtype ``like``) or Expr to an Expr."""
     if isinstance(value, Expr):
         return value
-    from .tensor import Tensor
-
-    if isinstance(value, Tensor):
-        if value.shape != ():
-            raise ShapeError(
-                f"tensor {value.name} of shape {value.shape} used as a scalar; index it, "
-                f"e.g. {value.name}[{', '.join('i' * 1 for _ in value.shape)}]"
-            )
-        return value[()]
+    if isinstance(value, NeedsValue):  # a Tensor
+        return value._scalar()
     if isinstance(value, (bool, int, float, np.number, np.bool_)):
         return const(value, dt.scalar_dtype(value, like))
     if isinstance(value, np.ndarray) and value.ndim == 0:
@@ -656,9 +678,7 @@ def _unpickle_var(cls, attr, dtype):
 
 
 def _builtin_combiner(kind, dtypes):
-    from . import reduction
-
-    return reduction.BUILTIN_REDUCERS[kind].combiner(dtypes)
+    return BUILTIN_COMBINERS[kind](dtypes)
 
 
 # ---- smart constructors (light constant folding only) ------------------------

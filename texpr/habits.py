@@ -23,9 +23,15 @@ What works: ``abs(e)`` is ``te.abs(e)``; ``round(e)``, ``math.floor(e)``,
 (``np.float32(2) * e``) are texpr arithmetic, as with Python numbers.
 """
 
+import sys
+
 import numpy as np
 
+from . import expr as E
 from .errors import ConcretizationError
+from .expr import Expr
+from .printer import expr_str
+from .tensor import Tensor
 
 #: numpy ufunc name -> the texpr spelling named in the error
 UFUNC_SPELLING = {
@@ -54,8 +60,6 @@ FUNCTION_SPELLING = {
 
 
 def _binary(name):
-    from . import expr as E
-
     ops = {
         "add": E.add, "subtract": E.sub, "multiply": E.mul, "true_divide": E.div,
         "divide": E.div, "floor_divide": E.floordiv, "remainder": E.floormod,
@@ -69,10 +73,6 @@ def _binary(name):
 
 
 def _describe(x):
-    from .expr import Expr
-    from .printer import expr_str
-    from .tensor import Tensor
-
     if isinstance(x, Expr):
         return f"the texpr expression `{expr_str(x)}`"
     if isinstance(x, Tensor):
@@ -127,9 +127,6 @@ def no_bool(x):
 def array_ufunc(x, ufunc, method, inputs, kwargs):
     """``x.__array_ufunc__``: numpy arithmetic with scalar operands is texpr
     arithmetic; anything else raises ConcretizationError naming the texpr spelling."""
-    from .expr import Expr
-    from .tensor import Tensor
-
     name = getattr(ufunc, "__name__", str(ufunc))
     # numpy hands a scalar operand over as a 0-d array at times
     inputs = tuple(a[()] if isinstance(a, np.ndarray) and a.ndim == 0 else a for a in inputs)
@@ -167,3 +164,7 @@ def array_function(x, func):
     spelling = FUNCTION_SPELLING.get(name)
     hint = f"use {spelling}" if spelling else "write it with texpr expressions (te.compute)"
     return ConcretizationError(f"numpy.{name} was applied to {_describe(x)}, {_NO_VALUE}; {hint}")
+
+
+# expressions and tensors raise the errors built here (texpr.expr.NeedsValue)
+E.install_habits(sys.modules[__name__])

@@ -7,10 +7,19 @@ outputs, producers first. With ``canonical=True`` variables are renamed in
 order of first appearance (``v0, v1, ...``; reduction axes ``r0, ...``) and
 tensors ``t0, t1, ...``, so that two structurally equal graphs print the same
 text whatever their names -- the basis of kernel caching.
+
+This module knows expression nodes only (it sits below the stages, as the nodes
+sit below everything that prints them): each kind of stage writes its own
+definition (``Operation._definition(t, names)`` in :mod:`texpr.tensor` and
+:mod:`texpr.scan`) with the helpers of :class:`_Names`, and the stage order is
+:func:`texpr.topo.topo_order`'s.
 """
 
+from . import expr as _expr
 from .expr import (Add, And, Call, Cast, CmpOp, Const, Div, EQ, FloorDiv, FloorMod, GE, GT,
                    IterVar, LE, LT, Load, Max, Min, Mul, NE, Not, Or, Reduce, Select, Sub, Var)
+from .topo import topo_order
+from .visitor import tree_sizes
 
 _INFIX = {Add: ("+", 4), Sub: ("-", 4), Mul: ("*", 5), Div: ("/", 5), FloorDiv: ("//", 5),
           FloorMod: ("%", 5), EQ: ("==", 3), NE: ("!=", 3), LT: ("<", 3), LE: ("<=", 3),
@@ -19,6 +28,9 @@ _ATOM = 9
 
 
 class _Names:
+    """The names a printing uses (canonical: numbered by first appearance), and the
+    helpers a stage's ``_definition`` writes its text with."""
+
     def __init__(self, canonical):
         self.canonical = canonical
         self.vars, self.tensors = {}, {}
@@ -43,6 +55,18 @@ class _Names:
             n = f"t{len(self.tensors)}"
             self.tensors[id(t)] = n
         return n
+
+    def exprs(self, roots):
+        """``(prefix, texts)``: expressions printed together (:func:`_let_form`)."""
+        return _let_form(list(roots), self)
+
+    def domain(self, a):
+        """A reduction or scatter axis as ``k:lo..hi``."""
+        return _domain_str(a, self)
+
+    def stage(self, t):
+        """The definition of the stage computing ``t`` (:func:`_stage_str`)."""
+        return _stage_str(t, self)
 
 
 def _const_str(c):
@@ -70,8 +94,6 @@ def _let_form(roots, names):
     binding the shared subexpressions of at least :data:`LET_MIN_NODES` tree nodes
     in post-order (children first). Expressions are interned, so the form depends
     on the structure alone: equal graphs print equal text."""
-    from .visitor import tree_sizes
-
     order, size, uses = tree_sizes(roots)
     if sum(size[id(r)] for r in roots) <= LET_TREE_NODES:
         return "", [_s(r, names) for r in roots]
@@ -154,40 +176,11 @@ def expr_str(e, canonical=False, _names=None):
 
 
 def _stage_str(t, names):
-    from .tensor import ComputeOp, PlaceholderOp, ScatterAddOp
-
-    op = t.op
-    if isinstance(op, PlaceholderOp):
-        return f"{names.tensor(t)} = placeholder({op.shape}, {t.dtype})"
-    if isinstance(op, ComputeOp):
-        # a compute's axes run over [0, extent) (ComputeOp checks it): ``i<n``
-        lhs = ", ".join(f"{names.var(a)}<{a.extent}" for a in op.axis)
-        outs = [names.tensor(o) for o in op.outputs]
-        prefix, texts = _let_form(list(op.body), names)
-        return f"{', '.join(outs)}[{lhs}] = {prefix}{' ; '.join(texts)}  # {', '.join(op.dtypes)}"
-    if isinstance(op, ScatterAddOp):
-        # a scatter's domain may start anywhere: always ``p:lo..hi``
-        dom = ", ".join(_domain_str(a, names) for a in op.axis)
-        prefix, texts = _let_form(list(op.indices) + [op.where, op.value], names)
-        idx = ", ".join(texts[:len(op.indices)])
-        init = names.tensor(op.init) if op.init is not None else "0"
-        cond = "" if (isinstance(op.where, Const) and op.where.value is True) else \
-            f" if {texts[-2]}"
-        return (f"{names.tensor(t)}{op.shape} = {init}; for [{dom}]{cond}: {prefix}"
-                f"{names.tensor(t)}[{idx}] += {texts[-1]}  # {t.dtype}")
-    from .scan import ScanOp
-
-    if isinstance(op, ScanOp):
-        # the outputs, then the body stages indented below (they run step by step)
-        outs = ", ".join(f"{names.tensor(o)}{o.shape}" for o in op.outputs)
-        parts = ", ".join(f"{names.tensor(s)} := {names.tensor(o)} from {names.tensor(i)}"
-                          for s, o, i in zip(op.state_placeholder, op.outputs, op.init))
-        ups = ", ".join(names.tensor(u) for u in op.update)
-        lines = [f"{outs} = scan({parts}; steps {op.init_extent}..{op.time_extent}: "
-                 f"{ups})  # {', '.join(op.dtypes)}"]
-        lines += ["  | " + _stage_str(b.output(0), names) for b in op.body_ops]
-        return "\n".join(lines)
-    raise TypeError(f"printer: unknown operation {type(op).__name__}")
+    """The definition of the stage computing ``t``, as its operation writes it."""
+    definition = getattr(t.op, "_definition", None)
+    if definition is None:
+        raise TypeError(f"printer: unknown operation {type(t.op).__name__}")
+    return definition(t, names)
 
 
 #: the width ``repr(tensor)`` (and ``print``) wraps a stage's definition to
@@ -331,9 +324,7 @@ def graph_str(outputs, canonical=False):
     X = placeholder((3,), float32)
     Y[i<3] = exp(X[i])  # float32
     """
-    from .tensor import Tensor, topo_order
-
-    if isinstance(outputs, Tensor):
+    if hasattr(outputs, "op"):  # one Tensor
         outputs = [outputs]
     names = _Names(canonical)
     lines = []
@@ -342,3 +333,7 @@ def graph_str(outputs, canonical=False):
     if canonical:
         lines.append("outputs: " + ", ".join(names.tensor(t) for t in outputs))
     return "\n".join(lines)
+
+
+# repr(e) of every expression node is its text
+_expr.install_printer(expr_str)

@@ -9,9 +9,10 @@ import numpy as np
 
 from . import dtypes as dt
 from .errors import AxisError, DTypeError, TexprError
+from .expr import (BUILTIN_COMBINERS, Combiner, Expr, IterVar, as_expr, const, make_reduce,
+                   maximum, minimum, var)
+from .tensor import check_name
 from .visitor import MAX_DEPTH, depth
-from .expr import (Combiner, Expr, IterVar, as_expr, const, make_reduce, maximum, minimum,
-                   var)
 
 
 def _identity_value(kind, dtype):
@@ -115,6 +116,8 @@ _MAX = _builtin("max", maximum)
 _MIN = _builtin("min", minimum)
 #: kind -> the built-in reducer (unpickled combiners are taken from here)
 BUILTIN_REDUCERS = {"sum": _SUM, "prod": _PROD, "max": _MAX, "min": _MIN}
+# a pickled built-in combiner loads as the local one (texpr.expr.Combiner.__reduce__)
+BUILTIN_COMBINERS.update((kind, r.combiner) for kind, r in BUILTIN_REDUCERS.items())
 
 
 def comm_reducer(fcombine, fidentity, name="reduce"):
@@ -143,7 +146,6 @@ def comm_reducer(fcombine, fidentity, name="reduce"):
     >>> te.evaluate(J, {X: np.array([[1, 5, 2], [7, 0, 7]], dtype="float32")})
     array([1, 0])
     """
-    from .tensor import check_name
     return CommReducer(fcombine, fidentity, check_name(name, "comm_reducer"))
 
 

@@ -36,7 +36,9 @@ optimizing compiler for deep learning", OSDI 2018, section 4 and the
 from . import dtypes as dt
 from .errors import (ScanBodyInputError, ScanDependenceError, ScanError, ScanInitError,
                      ScanShapeError)
-from .expr import (GE, GT, LE, LT, EQ, Add, And, Cast, Const, Load, Mul, Reduce, Select, Sub)
+from .expr import (GE, GT, LE, LT, EQ, Add, And, Cast, Const, Load, Mul, Reduce, Select, Sub,
+                   load)
+from .printer import expr_str
 from .tensor import ComputeOp, Operation, PlaceholderOp, Tensor, as_tensor_list, check_name, \
     topo_order
 from .visitor import transform
@@ -179,6 +181,17 @@ class ScanOp(Operation):
     def input_tensors(self):
         return list(self._inputs)
 
+    def _definition(self, t, names):
+        # the outputs, then the body stages indented below (they run step by step)
+        outs = ", ".join(f"{names.tensor(o)}{o.shape}" for o in self.outputs)
+        parts = ", ".join(f"{names.tensor(s)} := {names.tensor(o)} from {names.tensor(i)}"
+                          for s, o, i in zip(self.state_placeholder, self.outputs, self.init))
+        ups = ", ".join(names.tensor(u) for u in self.update)
+        lines = [f"{outs} = scan({parts}; steps {self.init_extent}..{self.time_extent}: "
+                 f"{ups})  # {', '.join(self.dtypes)}"]
+        lines += ["  | " + names.stage(b.output(0)) for b in self.body_ops]
+        return "\n".join(lines)
+
     @property
     def body_tensors(self):
         """Every output of every body stage."""
@@ -273,8 +286,6 @@ def _remap(e, tmap):
         if isinstance(node, Load):
             new = tmap.get(id(node.tensor))
             if new is not None and new is not node.tensor:
-                from .expr import load
-
                 return load(new, node.args)
         return None
 
@@ -284,8 +295,6 @@ def _remap(e, tmap):
 def _check_reads(name, op, root, t, L, states, body_ids):
     """Check every load of a state or body stage in ``root`` (see the module docstring);
     ``lb`` is what the path to a node proves about ``t`` (at least ``L``)."""
-    from .printer import expr_str
-
     seen = set()
 
     def visit(e, lb):

@@ -36,6 +36,7 @@ other, so the gradient of a gradient goes through the same construction.
 """
 
 from . import dtypes as dt
+from .adjoint_stages import sum_stage
 from .errors import TexprError
 from .expr import Load, Reduce, const, load, select, var, iter_var, cast
 from .jacobian import contribution
@@ -71,8 +72,6 @@ def _accumulate(ops, seeds, targets, cache):
     """Reverse accumulation over the compute stages ``ops`` (producers first) from
     ``seeds`` ({id(tensor): (tensor, head)}); returns {id(target): (target, adjoint)}
     for the tensors among ``targets`` (ids) that receive contributions."""
-    from .adjoint import _sum_stage
-
     inside = {id(o) for op in ops for o in op.outputs}
     parts = {}
     adj = {}
@@ -84,7 +83,7 @@ def _accumulate(ops, seeds, targets, cache):
             if got is None or not dt.is_float(out.dtype):
                 continue
             hs = got[1]
-            h = hs[0] if len(hs) == 1 else _sum_stage(out, hs, f"d_{out.name}")
+            h = hs[0] if len(hs) == 1 else sum_stage(out, hs, f"d_{out.name}")
             adj[id(out)] = h
             seen = set()
             for inp in op.input_tensors():
@@ -102,7 +101,7 @@ def _accumulate(ops, seeds, targets, cache):
         if got is None:
             continue
         t, cs = got
-        result[tid] = (t, cs[0] if len(cs) == 1 else _sum_stage(t, cs, f"d_{t.name}"))
+        result[tid] = (t, cs[0] if len(cs) == 1 else sum_stage(t, cs, f"d_{t.name}"))
     return result
 
 
@@ -233,9 +232,7 @@ class _ScanAdjoint:
             got = _accumulate(self.unrolled_ops, seeds, {id(t) for t in ext}, {})
             for tid, (t, c) in got.items():
                 add(t, c)
-        from .adjoint import _sum_stage
-
-        return {tid: (t, cs[0] if len(cs) == 1 else _sum_stage(t, cs, f"d_{t.name}__{op.name}"))
+        return {tid: (t, cs[0] if len(cs) == 1 else sum_stage(t, cs, f"d_{t.name}__{op.name}"))
                 for tid, (t, cs) in result.items()}
 
     def reverse_scan(self):

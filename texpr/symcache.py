@@ -59,6 +59,7 @@ import warnings
 from . import cache as _cache
 from .errors import TexprWarning
 from .pickle_order import FlatPickling, is_flat, unflat
+from .version import __version__
 
 __all__ = ["SymbolicCacheWarning", "memo", "canonical", "enabled", "stats", "FORMAT"]
 
@@ -302,8 +303,6 @@ def _source_fingerprint():
 
 
 def _key(kind, canon):
-    from . import __version__
-
     head = (f"texpr symbolic cache {FORMAT}\n{kind}\n{__version__}\n{_source_fingerprint()}\n"
             f"{settings_changed()!r}\n")
     return hashlib.sha256((head + canon.text).encode("utf-8")).hexdigest()

@@ -17,8 +17,11 @@ import numpy as np
 
 from . import dtypes as dt
 from .errors import AxisError, DTypeError, FeedError, OutOfBoundsError, ShapeError, TexprError
-from .expr import Expr, IterVar, NeedsValue, Reduce, as_expr, iter_var, load
-from .visitor import MAX_DEPTH, depth, post_order, substitute
+from .expr import (Const, Expr, IterVar, Load, NeedsValue, Reduce, Var, as_expr, const,
+                   iter_var, load)
+from .printer import REPR_WIDTH, expr_str, tensor_str
+from .topo import topo_order  # noqa: F401 - re-exported: texpr.tensor.topo_order
+from .visitor import MAX_DEPTH, depth, free_vars, post_order, substitute
 
 _NAME_COUNTER = itertools.count()
 
@@ -121,8 +124,6 @@ class Tensor(NeedsValue):
         return load(self, _no_negative_constants(self, indices))
 
     def __repr__(self):
-        from .printer import REPR_WIDTH, tensor_str
-
         # a long definition (a gradient's) wraps: one line of 900 characters was unreadable
         return tensor_str(self, width=REPR_WIDTH)
 
@@ -131,7 +132,12 @@ class Tensor(NeedsValue):
 
     # arithmetic on scalar tensors reads them: t + 1 == t[()] + 1
     def _scalar(self):
-        return as_expr(self)
+        if self.shape != ():
+            raise ShapeError(
+                f"tensor {self.name} of shape {self.shape} used as a scalar; index it, "
+                f"e.g. {self.name}[{', '.join('i' * 1 for _ in self.shape)}]"
+            )
+        return self[()]
 
     def __add__(self, o): return self._scalar() + o
     def __radd__(self, o): return o + self._scalar()
@@ -146,8 +152,6 @@ class Tensor(NeedsValue):
 
 def _no_negative_constants(tensor, indices):
     """``indices`` unchanged; a constant negative index is an error (no wrapping)."""
-    from .expr import Const
-
     for pos, ix in enumerate(indices):
         v = ix.value if isinstance(ix, Const) else ix
         if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and v < 0:
@@ -188,6 +192,11 @@ class Operation:
     def input_tensors(self):
         return []
 
+    def _definition(self, t, names):
+        """The text of this stage's definition (:func:`texpr.printer.tensor_str`),
+        ``t`` its output, ``names`` a :class:`texpr.printer._Names`."""
+        raise TypeError(f"printer: unknown operation {type(self).__name__}")
+
 
 class PlaceholderOp(Operation):
     """An input fed at run time."""
@@ -196,10 +205,11 @@ class PlaceholderOp(Operation):
         self.name, self.shape, self.dtypes = name, shape, (dtype,)
         self._outputs = (Tensor(self, 0),)
 
+    def _definition(self, t, names):
+        return f"{names.tensor(t)} = placeholder({self.shape}, {t.dtype})"
+
 
 def _collect_inputs(exprs):
-    from .expr import Load
-
     seen, out = set(), []
     for n in post_order(exprs):
         if isinstance(n, Load) and id(n.tensor) not in seen:
@@ -247,6 +257,13 @@ class ComputeOp(Operation):
     def input_tensors(self):
         return list(self._inputs)
 
+    def _definition(self, t, names):
+        # a compute's axes run over [0, extent) (checked above): ``i<n``
+        lhs = ", ".join(f"{names.var(a)}<{a.extent}" for a in self.axis)
+        outs = [names.tensor(o) for o in self.outputs]
+        prefix, texts = names.exprs(self.body)
+        return f"{', '.join(outs)}[{lhs}] = {prefix}{' ; '.join(texts)}  # {', '.join(self.dtypes)}"
+
 
 class ScatterAddOp(Operation):
     """A scatter-add stage (an update definition): ``out = init``, then for each
@@ -261,8 +278,6 @@ class ScatterAddOp(Operation):
     """
 
     def __init__(self, name, shape, dtype, axis, indices, value, where=None, init=None):
-        from .expr import const
-
         self.name = name
         self.shape = tuple(shape)
         self.dtypes = (dtype,)
@@ -284,6 +299,17 @@ class ScatterAddOp(Operation):
 
     def input_tensors(self):
         return list(self._inputs)
+
+    def _definition(self, t, names):
+        # a scatter's domain may start anywhere: always ``p:lo..hi``
+        dom = ", ".join(names.domain(a) for a in self.axis)
+        prefix, texts = names.exprs(list(self.indices) + [self.where, self.value])
+        idx = ", ".join(texts[:len(self.indices)])
+        init = names.tensor(self.init) if self.init is not None else "0"
+        cond = "" if (isinstance(self.where, Const) and self.where.value is True) else \
+            f" if {texts[-2]}"
+        return (f"{names.tensor(t)}{self.shape} = {init}; for [{dom}]{cond}: {prefix}"
+                f"{names.tensor(t)}[{idx}] += {texts[-1]}  # {t.dtype}")
 
 
 def placeholder(shape, name=None, dtype="float32"):
@@ -322,9 +348,6 @@ def _axis_names(fcompute, n):
 
 def _check_axes_usage(name, axis, body):
     """Every free variable is a spatial axis of this stage; reduce axes only inside their Reduce."""
-    from .expr import Var
-    from .printer import expr_str
-
     allowed = {id(a) for a in axis}
     seen = set()
 
@@ -389,8 +412,6 @@ def _lift_nested_reductions(name, axis, body):
     The new stage's axes are this stage's axes followed by any enclosing
     reduction axes the inner reduction depends on.
     """
-    from .visitor import free_vars
-
     counter = itertools.count()
     # nodes are interned: a shared subexpression is rewritten once (a walk of the
     # tree instead of the DAG is exponential in the depth: ``e = e * e`` n times)
@@ -629,33 +650,6 @@ def as_tensor_list(tensors, what, allow_single=True):
         if not isinstance(t, Tensor):
             raise TexprError(f"{what}: expected Tensors, got {type(t).__name__}: {t!r}")
     return out
-
-
-def topo_order(outputs):
-    """Operations reachable from ``outputs`` (Tensors), producers before consumers."""
-    if isinstance(outputs, Tensor):
-        outputs = [outputs]
-    seen, done, order = set(), set(), []
-    stack = [(t.op, False) for t in reversed(list(outputs))]
-    while stack:
-        op, expanded = stack.pop()
-        if expanded:
-            order.append(op)
-            done.add(id(op))
-            continue
-        if id(op) in seen:
-            continue
-        seen.add(id(op))
-        stack.append((op, True))
-        for t in reversed(op.input_tensors()):
-            if id(t.op) not in seen:
-                stack.append((t.op, False))
-            elif id(t.op) not in done:  # on the current path: a cycle
-                raise TexprError(
-                    f"stage {op.name} reads {t.name}, which depends on {op.name} itself: the "
-                    "graph has a cycle (was a body or an input list changed after "
-                    "te.compute built it?)")
-    return order
 
 
 def row_major_strides(shape):

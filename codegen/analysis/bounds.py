@@ -5,9 +5,9 @@ One job: decide, from the stage's iteration domain (isl), which accesses are
 proven in bounds, which are proven out of bounds (a build-time
 :class:`OutOfBoundsError`), which are checked at run time (``_ck``), and which
 loaded integers used in index arithmetic get a range check (``_rk``). The
-run-time checks are the numba helpers ``_ck``, ``_rk`` and ``_nz`` of
-:mod:`codegen.backends.numba_cpu.runtime`: they set the unit's error flag ``err`` (``[code,
-offending value]``) instead of raising, so that numba can still parallelise
+run-time checks are the runtime helpers ``_ck``, ``_rk`` and ``_nz`` of
+the backend's runtime helpers: they set the unit's error flag ``err`` (``[code,
+offending value]``) instead of raising, so that the compiler can still parallelise
 the loop.
 """
 
@@ -156,7 +156,7 @@ class _BoundsChecker:
         self.values = set()  # ids of int loads / float->int casts to range-check at run time
         self.var_ranges = {}  # id(Var) -> (lo, hi) for variables that are not axes
         #: ids of integer + - * on values (not in an index or a comparison) that
-        #: may leave their dtype: computed by a checked helper (codegen.backends.numba_cpu.runtime)
+        #: may leave their dtype: computed by a checked helper (the backend's runtime helpers)
         self.arith = set()
         self._value_ranges = {}
         self._seen = set()

@@ -808,5 +808,3 @@ def cost_refusal(plan):
     return None
 
 
-# ---- the unit kind (codegen.backends.numba_cpu.units) ----------------------------------------------------------
-

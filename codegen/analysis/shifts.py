@@ -6,12 +6,12 @@ One job: turn the two kinds of stage that :mod:`codegen.rewrite.windows` and
 stage over its taps (col2im) -- into a :class:`ShiftPlan`: plain data, one
 *move* per combination of tap values, each a copy (or an add) of a strided
 view of one buffer into a strided view of another, plus the zeros around
-it. :class:`ShiftPlan.run` hands the plan's table of moves to one numba
+it. :class:`ShiftPlan.run` hands the plan's table of moves to one compiled
 function (:data:`MOVES_SOURCE`), the same for every plan of a dtype,
 compiled and cached like a unit: once per cache directory, not once per stage.
 
-Why not the stage's own loop nest: compiled by numba, a window stage and a tap
-sum cost 0.4-0.6 s of cold build time each (conv2d_s1's two: 1.3 s of numba,
+Why not the stage's own loop nest: compiled, a window stage and a tap
+sum cost 0.4-0.6 s of cold build time each (conv2d_s1's two: 1.3 s of compilation,
 against a target of 1.1 s for its whole build). numpy's copies and adds of the
 same views cost no compile but ran 1.3 ms (window) and 2.3 ms (tap sum) on
 conv2d_s1's shapes, paying per innermost row of 27 elements. The moves ran

@@ -3,7 +3,7 @@
 One job: map a unit's error flag (code, offending value) to the TexprError that
 names the stage and the expression (the kernel's Python driver,
 :mod:`codegen.build`, and the bridges' compiled one,
-:mod:`codegen.backends.numba_cpu.native_call`, raise it).
+the bridges' compiled driver (:mod:`codegen.backends`), raise it).
 """
 
 from texpr.errors import OutOfBoundsError, TexprError

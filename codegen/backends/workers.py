@@ -24,7 +24,7 @@ _LOAD = [float("-inf"), False]  # (when last read, oversubscribed)
 
 def set_thread_count(fn):
     """Register ``fn() -> int``, the number of threads parallel work uses (the
-    loop-nest backend's: numba's thread count in this thread)."""
+    loop-nest backend's: the loop-nest backend's thread count in this thread)."""
     _COUNT[0] = fn
 
 
@@ -53,7 +53,7 @@ def oversubscribed():
 
 def pool():
     """The worker threads of the GEMMs and packing copies, and of chunked units'
-    parts without libgomp (:mod:`codegen.backends.numba_cpu.chunks`); created on first use."""
+    parts without libgomp (the backend's chunked units (docs/stages.md)); created on first use."""
     if not _POOL or _POOL[0][0] != os.getpid():
         # a forked child inherits the pool object but not its threads: a new one
         _POOL[:] = [(os.getpid(), ThreadPoolExecutor(max_workers=max(threads(), 2),

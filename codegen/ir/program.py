@@ -57,8 +57,8 @@ def alias_info(info, tensor):
 class UnitSource:
     """One materialised stage, lowered: what a compiled unit is made from.
 
-    ``kind`` (``"numba"``: ``module_source`` is compiled by
-    :func:`codegen.backends.numba_cpu.compile.compile_units`); ``stage`` (the op's name);
+    ``kind`` (the dialect's unit kind, :attr:`codegen.loopnest.dialect.Dialect.unit_kind`:
+    ``module_source`` is compiled by that backend); ``stage`` (the op's name);
     ``definition`` (``te.tensor_str`` of its output, for messages);
     ``module_source`` (canonical text defining ``unit(b0, .., err)``, see the
     module docstring); ``args`` (indices into :attr:`Program.buffers`, in
@@ -70,12 +70,11 @@ class UnitSource:
     defines ``unit(b0, .., part, err)``, serial, which runs the points whose
     value of that axis is in ``part[0] <= v < part[1]``, and the parts
     ``[0, n)`` is cut into run at the same time, each starting at a multiple of
-    ``chunk_align``, :mod:`codegen.backends.numba_cpu.chunks`). Picklable."""
-
-    kind = "numba"
+    ``chunk_align``, the backend's chunked units (docs/stages.md)). Picklable."""
 
     def __init__(self, stage, definition, module_source, args, arg_specs, errors, parallel,
-                 source, chunks=0, chunk_align=1):
+                 source, chunks=0, chunk_align=1, kind=None):
+        self.kind = kind
         self.stage, self.definition, self.module_source = stage, definition, module_source
         self.args, self.arg_specs, self.errors = tuple(args), list(arg_specs), list(errors)
         self.parallel, self.source, self.chunks = parallel, source, chunks
@@ -109,8 +108,8 @@ class Program:
 
 
 class ContractionUnitSource:
-    """The description of a stage run as GEMMs, beside the numba units of a
-    program (:mod:`codegen.backends.numba_cpu.units`): ``kind`` ``"blas"``, ``stage``,
+    """The description of a stage run as GEMMs, beside the loop-nest units of a
+    program (:mod:`codegen.units`): ``kind`` ``"blas"``, ``stage``,
     ``definition``, ``plan`` (its keys are buffer positions), ``args`` (the
     buffers it reads and writes), ``errors`` (none: a plan checks nothing at run
     time, isl proved its loads in bounds), ``parallel`` (False: the BLAS has
@@ -132,8 +131,8 @@ class ContractionUnitSource:
 
 
 class ShiftUnitSource(ContractionUnitSource):
-    """The description of a stage run as a :class:`ShiftPlan`, beside the numba units
-    of a program (:mod:`codegen.backends.numba_cpu.units`), as a GEMM stage's: ``kind`` ``"shift"``.
+    """The description of a stage run as a :class:`ShiftPlan`, beside the loop-nest units
+    of a program (:mod:`codegen.units`), as a GEMM stage's: ``kind`` ``"shift"``.
     Picklable."""
 
     kind = "shift"

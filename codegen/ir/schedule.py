@@ -107,7 +107,7 @@ class Stage:
         return self
 
     def parallel(self, axis):
-        """Run the loop over ``axis`` (a spatial leaf axis) in parallel (numba ``prange``).
+        """Run the loop over ``axis`` (a spatial leaf axis) in parallel (the dialect's parallel range).
 
         A scatter-add stage cannot, except a support stage
         (:func:`texpr.simplify.is_support_stage`), whose points write distinct elements."""

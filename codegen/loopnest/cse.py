@@ -5,7 +5,7 @@ subexpression repeated within one statement's right-hand side is assigned to
 a temporary just before the statement and read from it. Inlining cheap
 stages into their consumers (the gates of an RNN cell into their
 derivatives, ``sigmoid(z)`` used three times) writes the same subexpression
-several times into one line; numba types and lowers every copy, and its
+several times into one line; the compiler types and lowers every copy, and its
 compile time grows with them (a GRU cell's gradient had two units of 11 KB
 lines at about 6 s each).
 

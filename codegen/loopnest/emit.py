@@ -1,4 +1,4 @@
-"""Expression emission: IR expressions -> Python text inside a numba unit.
+"""Expression emission: IR expressions -> Python text inside a compiled unit.
 
 One job: the text of values (:class:`ExprEmitter`, :func:`const_str`), of buffer
 elements (:func:`element`: flat buffers, row-major offsets with static extents)
@@ -35,7 +35,7 @@ _UNARY_NP = {"exp": "np.exp", "log": "np.log", "sqrt": "np.sqrt", "tanh": "np.ta
 
 
 def const_str(value, dtype):
-    """A Python literal of ``value`` typed as ``dtype`` inside numba code."""
+    """A Python literal of ``value`` typed as ``dtype`` inside compiled code."""
     if dtype == "bool":
         return "True" if value else "False"
     if dt.is_int(dtype):
@@ -53,7 +53,7 @@ def const_str(value, dtype):
 
 def fill_value(value, dtype):
     """:func:`const_str` of ``value`` for the value argument of ``_fill_<dtype>``:
-    never a numba literal (see :func:`helper_int`), so the helper has one
+    never a compile-time literal (see :func:`helper_int`), so the helper has one
     signature."""
     text = const_str(value, dtype)
     if dtype == "int64":
@@ -62,8 +62,8 @@ def fill_value(value, dtype):
 
 
 def helper_int(text):
-    """``text``, an integer expression passed to a helper of :mod:`codegen.backends.numba_cpu.runtime`,
-    as an int64 that is never a numba literal: numba types a constant, or a
+    """``text``, an integer expression passed to a helper of the backend's runtime helpers,
+    as an int64 that is never a compile-time literal: the compiler types a constant, or a
     variable holding one (``i0_0 = 0``), as its value (``Literal[int](4)``) and
     compiles the helper once per value it is called with (52 versions of
     ``_ck`` for 16 fuzzed programs)."""
@@ -71,7 +71,7 @@ def helper_int(text):
 
 
 class ExprEmitter:
-    """Python source of IR expressions inside a numba kernel.
+    """Python source of IR expressions inside a compiled kernel.
 
     ``names``: id(Var) -> source name; ``buffers``: id(Tensor) -> BufferInfo;
     ``checks``: ids of loads needing a bounds check; ``flat``: loads addressed
@@ -152,7 +152,7 @@ class ExprEmitter:
         Only a statement whose tree (each use of a shared node counted again) has
         more than :data:`LET_TREE_NODES` nodes: a chain of selects each reading the
         level below several times is a DAG of O(d) nodes and a text of O(3^d) (an
-        attack's chain of depth 5 gave 89 KB units that numba compiled in 300 s;
+        attack's chain of depth 5 gave 89 KB units that the backend compiled in 300 s;
         smaller statements keep their text, :mod:`codegen.loopnest.cse` shares their
         repeats). A node used twice or more, of at least :data:`LET_MIN_NODES`
         tree nodes, is bound when
@@ -378,7 +378,7 @@ class ExprEmitter:
             return f"np.power({self.cast(e.args[0], d)}, {self.cast(e.args[1], d)})"
         x = self.cast(e.args[0], d)
         one = const_str(1.0, d)
-        if name == "exp" and d == "float32":  # no libm call: it vectorises (codegen.backends.numba_cpu.runtime)
+        if name == "exp" and d == "float32":  # no libm call: it vectorises (the backend's runtime helpers)
             return f"_exp_float32({x})"
         if name in _UNARY_NP:
             return f"{_UNARY_NP[name]}({x})"
@@ -388,7 +388,7 @@ class ExprEmitter:
             e = f"_exp_float32(-{x})" if d == "float32" else f"np.exp(-{x})"
             return f"({one} / ({one} + {e}))"
         if name == "erf":
-            if d == "float32":  # no libm call: a loop of it vectorises (codegen.backends.numba_cpu.runtime)
+            if d == "float32":  # no libm call: a loop of it vectorises (the backend's runtime helpers)
                 return f"_erf_float32({x})"
             return f"{_NP[d]}(math.erf({x}))"
         raise TexprError(f"codegen: intrinsic {name} has no code generator")
@@ -464,7 +464,7 @@ def _cheap_and_safe(e):
 def element(buf, idx):
     """``buf[idx]`` for a buffer passed flat (1-D): the row-major offset with the
     (static) extents as constants, as an unsigned index (in bounds by construction
-    or by check), so that numba emits no negative-index wrap-around and LLVM sees
+    or by check), so that the compiler emits no negative-index wrap-around and LLVM sees
     unit strides."""
     if not idx:
         return f"{buf.name}[0]"

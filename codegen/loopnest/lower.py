@@ -14,7 +14,7 @@ or writes, named by position of first use in the text, then ``err``
 same local identifiers (``i0_0``, ``acc0_0``, ...) and comments without user
 text, so the text is a function of the stage's structure alone (shapes and
 constants included, names and position in the graph excluded): the compiled
-code is keyed on it (:mod:`codegen.backends.numba_cpu.compile`), so a layer repeated with the
+code is keyed on it (the loop-nest backend's compiler (:mod:`codegen.backends`)), so a layer repeated with the
 same shapes compiles once, editing one operator recompiles only its stages,
 and two graphs that share a stage share its machine code.
 
@@ -22,16 +22,16 @@ A stage big enough to gain from a second thread (``PARALLEL_MIN_POINTS`` points
 and ``PARALLEL_MIN_WORK`` work, :mod:`codegen.loopnest.stage`; or one the schedule marks
 parallel) is a *chunked* unit where its loop nests allow it: serial text
 ``unit(b0, .., part, err)`` whose parallel loop runs one part of a spatial
-axis, the parts run at the same time (:mod:`codegen.backends.numba_cpu.chunks`), so it compiles
-without numba's parfor pass (about 0.5-1 s a unit). Otherwise (a scan, a
+axis, the parts run at the same time (the backend's chunked units (docs/stages.md)), so it compiles
+without the backend's parallel-loop pass (about 0.5-1 s a unit). Otherwise (a scan, a
 scatter, a split or second parallel axis) the unit gets ``parallel=True`` and
 ``prange`` loops.
 
 :attr:`Program.source` (``Kernel.source``) is the readable text of the whole
 program: the units with buffers named after their tensors and each stage's
-definition in a comment, then ``kernel(...)``, the driver (what
-:class:`codegen.build.Kernel` runs: the units in order, stopping at the first
-error).
+definition in a comment, then the driver as comments: the list of unit calls
+that :class:`codegen.build.Kernel` runs in order, stopping at the first error
+(the bridges' compiled driver runs the same list).
 
 Re-exported for importers of this module: ``default_order``,
 ``lift_zero_guards``, the tuning constants (``PARALLEL_MIN_POINTS``, ``UNROLL``,
@@ -54,7 +54,7 @@ from ..ir.program import (BufferInfo, ContractionUnitSource, Program, ShiftUnitS
 from .memo import TextMemo
 from .scan_lower import lower_stage
 from .emit import ExprEmitter, _Writer, const_str, element  # noqa: F401
-from ..backends.numba_cpu.runtime import GEMM_GUARD, IMPORT_LINE
+from . import dialect as _dialect
 from . import stage as _stage
 from . import cse as _cse
 from .source import buffer_identifiers, remove_dead_assignments, rename
@@ -92,11 +92,6 @@ sys.modules[__name__].__class__ = _ForwardingModule
 __all__ = ["lower", "Program", "BufferInfo", "UnitSource", "default_order", "ExprEmitter",
            "const_str", "element", "lift_zero_guards"]
 
-#: the numba helpers every unit module imports (NaN-propagating min/max, the checks:
-#: one module for all units, :mod:`codegen.backends.numba_cpu.runtime`)
-HELPERS = IMPORT_LINE + "\n\n" + GEMM_GUARD.strip() + "\n"
-
-_PRELUDE = "import math\n\nimport numpy as np\nfrom numba import njit, prange\n"
 
 
 class _UnitBuffers(dict):
@@ -186,21 +181,17 @@ def _lower_unit(op, stage, buffers, order, idents, inlined, parallel):
         how = _chunked(sl)
         if how:
             chunks, align = sl.chunk_axis.extent, sl.chunk_align
-        elif how is False:  # prange loops, numba's parfor pass (see the module docstring)
+        elif how is False:  # parallel loops (see the module docstring)
             sl, ub, w = _lower_stage(op, stage, buffers, inlined, parallel, False)
-    if sl.uses_prange and sl.split_guard:
-        # a value bound in one flag block of a where= and read in a later one is, to
-        # numba's parfor pass, possibly carried from another iteration: it gave wrong
-        # sums (long run seed 7017100416 on 2b0e500, the same on 509b385; the serial
-        # text was right). Such a stage runs as a serial loop nest
+    target = _dialect.current()
+    if target.serial_instead(sl):  # the target miscompiles it in parallel
         sl, ub, w = _lower_stage(op, stage, buffers, inlined, False, False)
     errors = sl.errors
     w(1, "return 0")
     params = [f"b{j}" for j in range(len(ub.used))] + (["part"] if chunks else []) + ["err"]
-    deco = (f"@njit(parallel={sl.uses_prange}, fastmath=False, cache=True, "
-            "error_model='numpy', nogil=True)")
+    deco = target.decorator(sl.uses_prange)
     body = f"{deco}\ndef unit({', '.join(params)}):\n" + "\n".join(w.lines) + "\n"
-    src = _PRELUDE + "\n\n" + HELPERS + "\n\n" + body
+    src = target.prelude() + "\n\n" + body
     src = _tidy(src)
     pos = {id(b): j for j, b in enumerate(order)}
     args = [pos[id(b)] for b in ub.used]
@@ -213,7 +204,7 @@ def _lower_unit(op, stage, buffers, order, idents, inlined, parallel):
         if ln.strip() in w.comments else ln for ln in readable.splitlines(keepends=True))
     specs = [(b.dtype, 1) for b in ub.used] + [("int64", 1)] * (2 if chunks else 1)
     unit = UnitSource(op.name, tensor_str(op.output(0)), src, args, specs, errors,
-                      sl.uses_prange, readable, chunks, align)
+                      sl.uses_prange, readable, chunks, align, kind=target.unit_kind)
     return unit, sl, "chunked" if chunks else "prange" if sl.uses_prange else "serial"
 
 
@@ -335,33 +326,30 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
     head.comment(0, "strategy", "strategy (codegen.strategy), one line per stage:")
     for k, p in enumerate(plans + inline_plans):
         head.comment(0, f"plan {k}", f"  {p.stage}: {p.line()}")
-    parts = [_PRELUDE + "\n\n" + HELPERS.rstrip("\n"),
+    parts = [_dialect.current().prelude().rstrip("\n"),
              "\n".join(head.comments[ln] for ln in head.lines)]
-    driver = [f"def kernel({', '.join(idents + ['err'])}):",
-              "    # the driver: each unit is compiled as a module of its own; the first "
-              "error stops the run"]
+    calls = ["# ---- the driver: what codegen.build.Kernel runs (and the bridges' compiled",
+             "# driver, the same list): each unit in order on the buffers above, each",
+             "# compiled as a module of its own; the first unit whose error flag is set stops",
+             "# the run and raises"]
     for k, u in enumerate(units):
+        args = ", ".join([idents[a] for a in u.args])
         if u.kind == "blas":
             parts.append(u.source.rstrip("\n"))
-            driver.append(f"    # unit{k}: {u.stage} runs as GEMMs (numpy's BLAS; see its comment)")
+            calls.append(f"# unit{k}: {u.stage}: GEMMs on numpy's BLAS over {args} (its comment)")
             continue
         if u.kind == "shift":
             parts.append(u.source.rstrip("\n"))
-            driver.append(f"    # unit{k}: {u.stage} runs as a shift plan: strided copies and adds "
-                          "(codegen.analysis.shifts; see its comment)")
+            calls.append(f"# unit{k}: {u.stage}: a shift plan (strided copies and adds) over "
+                         f"{args} (its comment)")
             continue
         parts.append(u.source.replace("\ndef unit(", f"\ndef unit{k}(", 1).rstrip("\n"))
         if u.chunks:
-            driver.append(f"    # unit{k}: the parts [lo, hi) of 0..{u.chunks} at the same time, "
-                          "one per thread (codegen.backends.numba_cpu.chunks)")
-            driver.append(f"    unit{k}({', '.join([idents[a] for a in u.args])}, "
-                          f"np.array([0, {u.chunks}]), err)  # (here: one part, all of it)")
+            calls.append(f"# unit{k}({args}, part, err) for the parts [lo, hi) of "
+                         f"0..{u.chunks}, one per thread at the same time")
         else:
-            driver.append(f"    unit{k}({', '.join([idents[a] for a in u.args] + ['err'])})")
-        driver.append("    if err[0]:")
-        driver.append("        return 0")
-    driver.append("    return 0")
-    parts.append("\n".join(driver))
+            calls.append(f"# unit{k}({args}, err)")
+    parts.append("\n".join(calls))
     source = "\n\n\n".join(parts) + "\n"
     return Program(source, order, units, [op.name for op in mat_ops],
                    any(u.parallel for u in units), mat_ops, plans, inline_plans)

@@ -14,7 +14,7 @@ of the two axes and the other's extent as the row stride (a C-contiguous
 ``(M, K)`` or ``(K, M)`` block, so a reshape of a slice, no copy). It emits
 
     if [condition on t] and _gemm_ok(A_t, B_t, K, float max):
-        np.dot(A_t, B_t.T, S_t)                 # numba: BLAS through SciPy
+        np.dot(A_t, B_t.T, S_t)                 # in the unit: BLAS through SciPy
     else:
         <the step's loop nest>                   # exact IEEE terms (and the
                                                  # empty sum where t fails), as before

@@ -23,13 +23,16 @@ every reader and the text encodes as UTF-8.
 import ast
 import io
 import re
+import threading
 import tokenize
 
 from .memo import TextMemo
-from ..backends.numba_cpu.runtime import NAMES
+from . import dialect as _dialect
 
 __all__ = ["comment_text", "buffer_identifiers", "rename", "remove_dead_assignments",
-           "parse_module"]
+           "parse_module", "set_parse_lock"]
+
+_PARSE_LOCK = [threading.RLock()]
 
 def parse_module(source):
     """``ast.parse(source)``, one thread at a time: CPython before 3.11.8/3.12.1
@@ -37,14 +40,19 @@ def parse_module(source):
     two threads parsing or compiling at once fail with ``SystemError: AST
     constructor recursion depth mismatch`` (CPython gh-106905). Kernels are
     built from several threads when a framework op is first called (or first
-    differentiated) from several threads at once. The lock is numba's compiler
-    lock (re-entrant), the one :func:`codegen.backends.numba_cpu.compile._load` compiles a unit's
-    text under: a lock of our own let a parse here run beside a compile there
-    (CI, tests/test_codegen_cache.py, 4 threads building: the same SystemError)."""
-    from numba.core.compiler_lock import global_compiler_lock
-
-    with global_compiler_lock:
+    differentiated) from several threads at once. The lock is the backend's
+    compiler lock (re-entrant, registered with :func:`set_parse_lock`), the one
+    it compiles a unit's text under: a lock of our own let a parse here run
+    beside a compile there (CI, tests/test_codegen_cache.py, 4 threads
+    building: the same SystemError)."""
+    with _PARSE_LOCK[0]:
         return ast.parse(source)
+
+
+def set_parse_lock(lock):
+    """Parse under ``lock`` (a re-entrant lock): the one the backend compiles
+    generated text under (see :func:`parse_module`)."""
+    _PARSE_LOCK[0] = lock
 
 
 def comment_text(text):
@@ -132,8 +140,8 @@ def rename(source, mapping):
 
 #: calls without side effects (anything else, e.g. the ``_ck``/``_nz`` checks that
 #: set the error flag, keeps its statement)
-_PURE_NAMES = {"min", "max", "abs", "int", "float", "bool"} | {
-    n for n in NAMES if n.startswith(("_fmax_", "_fmin_"))}
+#: (and the target's pure runtime helpers, :attr:`codegen.loopnest.dialect.Dialect.helper_names`)
+_PURE_NAMES = {"min", "max", "abs", "int", "float", "bool"}
 _PURE_MODULES = {"np", "math"}
 
 
@@ -141,7 +149,8 @@ def _pure(node):
     for n in ast.walk(node):
         if isinstance(n, ast.Call):
             f = n.func
-            if isinstance(f, ast.Name) and f.id in _PURE_NAMES:
+            if isinstance(f, ast.Name) and (f.id in _PURE_NAMES
+                                            or f.id in _dialect.current().helper_names):
                 continue
             if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) \
                     and f.value.id in _PURE_MODULES:

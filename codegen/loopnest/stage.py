@@ -24,7 +24,7 @@ materialised stage becomes:
    strides, and solves equalities away;
 4. the residual (data-dependent) part of ``where`` stays as an ``if``; loads
    whose indices isl cannot prove in bounds get a run-time check that sets an
-   error flag (a ``raise`` would stop numba from parallelising the loop); loads
+   error flag (a ``raise`` would stop the compiler from parallelising the loop); loads
    proven out of bounds are reported at build time (:class:`OutOfBoundsError`).
 
 Default schedule of a stage the user did not order: loops in definition order,
@@ -72,6 +72,7 @@ sum's order of terms, which the evaluator does not fix either):
   every iteration.
 """
 
+import functools
 import math
 import re
 
@@ -93,15 +94,14 @@ from .emit import (LET_MAX_DAG_NODES, LET_MIN_NODES, LET_TREE_NODES, TEXT_MAX_HE
                    ExprEmitter, const_str,
                    element, fill_value, helper_int)
 from ..ir.schedule import inline_expand
-from ..backends.numba_cpu.runtime import CHECK_NAMES
-from ..backends.numba_cpu.vectorize import unit_stride_loop
+from . import dialect as _dialect
 
 __all__ = ["default_order", "lift_zero_guards", "PARALLEL_MIN_POINTS", "UNROLL", "JAM",
            "MAX_LANES", "SPLIT_LANES"]
 
 #: a second loop nest of a stage (the rest of an unrolled or blocked nest: borders,
 #: partial groups) with fewer than this fraction of the stage's points runs
-#: sequentially: numba compiles every parallel loop nest as a function of its own
+#: sequentially: the compiler compiles every parallel loop nest as a function of its own
 #: (depthwise conv's border nests: about 1 s of compile time each, for about 5% of
 #: the stage's run time)
 REST_PARALLEL_FRACTION = 0.125
@@ -150,8 +150,8 @@ PARALLEL_MIN_POINTS = 1 << 16
 #: ... and, below ``PARALLEL_POINTS`` points, whose *work* (its points times the
 #: expression nodes of its body; a reduction's summand and condition) is below
 #: ``PARALLEL_MIN_WORK``. Waking the second thread costs about 0.1 ms here
-#: (numba's prange and a chunked unit's launch alike, OpenMP waiting passively:
-#: codegen.backends.numba_cpu.compile), so a stage of few cheap points runs faster serially.
+#: (a parallel loop and a chunked unit's launch alike, OpenMP waiting passively:
+#: the loop-nest backend's compiler), so a stage of few cheap points runs faster serially.
 #: Calibrated on the suite's stages (2 cores, bench_variants, docs/stages.md):
 #: upsample2's and pixel_shuffle2's copies and selects (0.4 M points, work 3-9
 #: M) and layernorm's stages (0.13 M points) lose in parallel; max_pool2d's
@@ -160,8 +160,8 @@ PARALLEL_MIN_POINTS = 1 << 16
 PARALLEL_POINTS = 1 << 19
 PARALLEL_MIN_WORK = 16_000_000
 #: a parallel stage is a *chunked* serial unit whose parts of its outermost
-#: spatial axis run at the same time (:mod:`codegen.backends.numba_cpu.chunks`), where its loop nests
-#: allow it, instead of prange loops (numba's parfor pass: about 0.5-1 s of
+#: spatial axis run at the same time (the backend's chunked units (docs/stages.md)), where its loop nests
+#: allow it, instead of prange loops (the backend's parallel-loop pass: about 0.5-1 s of
 #: compile time per unit)
 CHUNKS = True
 #: reductions whose iteration box has fewer points are neither unrolled nor
@@ -173,7 +173,7 @@ UNROLL = 8
 JAM = 4
 #: partial sums per blocked point of a register-blocked sum (JAM points x this many
 #: accumulators; UNROLL's 8 there made flatten_dense's dense unit 32 accumulators
-#: and 7.7 s of numba compile time)
+#: and 7.7 s of compile time)
 JAM_UNROLL = 4
 #: the blocked axis may be a spatial axis other than the innermost (moved innermost)
 JAM_MOVE = True
@@ -198,7 +198,12 @@ REASSOCIATE_MIN_TRIPS = 128
 #: a statement that branches, and the run-time checks (calls that may set the
 #: error flag), which keep a sum's loop unrolled by copies
 _BRANCH = re.compile(r"\s*(if|elif|else|while|for)\b")
-_CHECK_CALL = re.compile(r"\b(" + "|".join(CHECK_NAMES) + r")\(")
+
+
+@functools.lru_cache(maxsize=None)
+def _check_call(names):
+    """A regex finding a call of one of the check helpers ``names``."""
+    return re.compile(r"\b(" + "|".join(names) + r")\(")
 #: larger summands are not unrolled (compile time grows with the copies)
 UNROLL_MAX_NODES = 64
 #: repeated subexpressions of a statement are computed once, and large selects
@@ -208,7 +213,7 @@ CSE = True
 #: unit-stride one, and the output's store is invariant in a reduction loop
 #: (layernorm's variance: ``mean[i]`` and the store no longer pull ``i``
 #: innermost, which read X at stride 512 and unrolled 16 lanes; value and
-#: gradient numba time 3.8 -> 3.0 s); first, though, the innermost loop walks
+#: gradient compile time 3.8 -> 3.0 s); first, though, the innermost loop walks
 #: the fewest tensors at a far stride (:func:`_far_strided`). False: the
 #: earlier scores alone
 INVARIANT_FREE = True
@@ -611,9 +616,9 @@ class _StageLowering:
         self.names = {}
         self.uses_prange = False
         # a where= written as a chain of flag blocks binding values one block reads
-        # from another (_guard): numba's parfor pass miscompiles such a body
+        # from another (_guard): the backend's parallel-loop pass miscompiles such a body
         self.split_guard = False
-        # chunked lowering (codegen.backends.numba_cpu.chunks): the parallel loop over ``chunk_axis``
+        # chunked lowering (the backend's chunked units): the parallel loop over ``chunk_axis``
         # runs the part ``part[0] <= value < part[1]`` of its range only
         self.chunking = False  # lower parallel loops as chunks (set by the unit)
         self.chunk_axis = None  # the one spatial axis every chunked loop runs over
@@ -735,7 +740,7 @@ class _StageLowering:
                       and comb.dtypes[0] == "float32" else None)
             # a small stage runs in microseconds either way: unrolled and blocked
             # copies would only cost compile time (the main job's 64-term loss sum
-            # with its checked gather: 1.8 s of numba unrolled)
+            # with its checked gather: 1.8 s of compilation unrolled)
             sum_ok = sum_ok and self._box_points(full) >= UNROLL_MIN_POINTS
             if sum_ok and rd_order and rd_order[-1].extent >= 2 * u_n:
                 self.unroll = (combine, acc[0], acc_dt or comb.dtypes[0], u_n,
@@ -1070,7 +1075,7 @@ class _StageLowering:
         index, its load checked, read only where the index is in range):
         :meth:`ExprEmitter.bind_shared` binds only what the statement always
         evaluates, so the chain and its derivative stayed trees of O(3^d) text (a
-        fuzzed gradient scatter, seed 7007400007: 430 KB of source, numba out of
+        fuzzed gradient scatter, seed 7007400007: 430 KB of source, the compiler out of
         memory at 23 GB). Checks run in the value's order (each in a statement of
         its own, in order), so the one that fails first stays the one reported.
         A value whose text would nest deeper than ``TEXT_MAX_HEIGHT`` parentheses is
@@ -1351,8 +1356,8 @@ class _StageLowering:
         statement, the same spatial axis of the op (the one every other nest of
         the unit chunks too): instances at different values of it then write
         different output elements, so the chunks of its range are independent
-        of each other in every statement, not only within one loop (numba's
-        prange synchronises between two parallel loops; chunks do not)."""
+        of each other in every statement, not only within one loop (a
+        parallel range synchronises between two parallel loops; chunks do not)."""
         if not self._chunk_ok_path or len(par_dims) != 1:
             self.chunk_broken = True
             return
@@ -1448,10 +1453,10 @@ class _StageLowering:
             if id(node.var) in par_vars:
                 self.uses_prange = True
                 if node.stride == 1:
-                    w(depth, f"for {v} in prange({lo}, {hi}):")
+                    w(depth, f"for {v} in {_dialect.current().parallel_range}({lo}, {hi}):")
                 else:
                     s = node.stride
-                    w(depth, f"for {v}_t in prange(({hi} - {lo} + {s - 1}) // {s}):")
+                    w(depth, f"for {v}_t in {_dialect.current().parallel_range}(({hi} - {lo} + {s - 1}) // {s}):")
                     w(depth + 1, f"{v} = {lo} + {v}_t * {s}")
             elif (self.unroll is not None and node.stride == 1 and self._long(node) and (
                     (isinstance(node.body, LA.Stmt) and node.body.name.startswith("U"))
@@ -1477,7 +1482,7 @@ class _StageLowering:
         """Whether the loop ``node`` may run ``2 * u_n`` times or more (its trip count
         ``hi - lo`` is not a smaller constant): unrolling a loop that always runs
         fewer times than it has copies (upsample2's dX: 2 of a 28-value axis per
-        output) only adds code for numba to compile."""
+        output) only adds code for the compiler to compile."""
         from texpr.simplify.sympy_bridge import constant_difference  # (SymPy: a build's
         # lowering only, never a warm run's, which loads the lowered program)
         trips = constant_difference(node.hi, node.lo)
@@ -1580,16 +1585,16 @@ class _StageLowering:
     def _emit_reassociated_sum(self, node, v, lo, hi, depth, stmt_vars):
         """The innermost loop of a float sum written once, each accumulator (one per
         lane of a register-blocked axis) updated by ``_radd`` (an add LLVM may
-        reassociate, :data:`codegen.backends.numba_cpu.runtime.REASSOC_HELPER`): LLVM's loop
+        reassociate, the backend's ``_radd``): LLVM's loop
         vectoriser keeps the partial sums in vector registers, so the copies of
         :meth:`_emit_unrolled_sum` are not needed. Written, and True, only where
         the vectoriser will take the loop and gain: at least
         :data:`REASSOCIATE_MIN_TRIPS` trips (the constant trip count, else the
         reduction axis's extent), every subscript moves by -1, 0 or +1
-        per iteration (:func:`codegen.backends.numba_cpu.vectorize.unit_stride_loop`, the rule that
+        per iteration (:meth:`codegen.loopnest.dialect.Dialect.unit_stride_loop`, the rule that
         turns the vectoriser on for the unit) and the body has no branch and no
         run-time check (a call that may set the error flag,
-        :data:`codegen.backends.numba_cpu.runtime.CHECK_NAMES`). Otherwise nothing is written and
+        :attr:`codegen.loopnest.dialect.Dialect.check_names`). Otherwise nothing is written and
         the caller unrolls. Measured (benchmarks/bench_variants.py, 2026-12-04,
         ``L.REASSOCIATE = False`` against the default in one process): layernorm's
         value and gradient 0.23 -> 0.10 ms, the other suite cases within noise."""
@@ -1607,8 +1612,8 @@ class _StageLowering:
         body.done()
         written = w.lines[start:]
         text = "\n".join(line[4 * depth:] for line in written)
-        if (any(_BRANCH.match(line) for line in written[1:]) or _CHECK_CALL.search(text)
-                or not unit_stride_loop(text)):
+        if (any(_BRANCH.match(line) for line in written[1:]) or _check_call(_dialect.current().check_names).search(text)
+                or not _dialect.current().unit_stride_loop(text)):
             del w.lines[start:]
             return False
         return True

@@ -11,7 +11,7 @@ convolution of ``relu(conv0 + b)`` reads
 (the relu's select lifted into the ``where``), and its weight gradient
 multiplies the head by the next relu's and pool's masks the same way. That is
 no product of two loads, so the stage ran as a loop nest that recomputes the
-operand at every tap (9 times for a 3x3 kernel), and took numba 5-8 s to
+operand at every tap (9 times for a 3x3 kernel), and took the compiler 5-8 s to
 compile.
 
 The rewrite groups the summand's factors and the ``where``'s data-dependent

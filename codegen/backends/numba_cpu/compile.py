@@ -93,8 +93,12 @@ from texpr import cache as _cache
 from texpr.envvars import env_number
 from texpr.errors import TexprError, TexprWarning
 
+from ...loopnest.source import set_parse_lock
 from . import runtime as _runtime
 from . import unit_files as _files
+
+# a unit's text is parsed (codegen.loopnest.source) under the lock numba compiles it under
+set_parse_lock(numba.core.compiler_lock.global_compiler_lock)
 
 __all__ = ["CompileError", "CacheWarning", "cache_dir", "compile_source", "compile_units",
            "clear_memory_cache", "stats", "estimate_seconds", "split_units"]

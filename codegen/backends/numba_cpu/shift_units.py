@@ -10,6 +10,7 @@ import numpy as np
 
 from texpr.errors import TexprError
 
+from ... import units as _units
 from ..numpy_host.units import ContractionUnit
 from ...analysis.shifts import _WORDS, RANK
 from .compile import compile_source
@@ -135,3 +136,6 @@ class ShiftUnit(ContractionUnit):
 
     def run(self, arrays, err):
         run_moves(self.plan, arrays)
+
+
+_units.register("shift", ShiftUnit)

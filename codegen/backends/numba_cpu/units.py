@@ -11,6 +11,7 @@ import operator
 
 from . import chunks as _chunks
 from . import compile as _compile
+from ... import units as _units
 from .. import workers as _workers
 from . import forksafe as _forksafe
 
@@ -23,6 +24,7 @@ class NumbaUnit:
     ``err``. See the module docstring for the attributes."""
 
     kind = "numba"
+    loop_nest = True  # (a compiled loop nest: codegen.profile and explain say so)
 
     def __init__(self, desc, compiled):
         self.stage, self.args, self.errors = desc.stage, tuple(desc.args), desc.errors
@@ -119,3 +121,6 @@ def compile_descriptions(descs):
     in one batch (memory, disk, worker processes: :func:`compile.compile_units`)."""
     return _compile.compile_units([(u.module_source, u.arg_specs, u.describe(), "unit")
                                    for u in descs])
+
+
+_units.register("numba", NumbaUnit, compile_batch=compile_descriptions)

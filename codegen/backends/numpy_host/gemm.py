@@ -298,7 +298,7 @@ class ContractionPlan:
 #: How a GEMM uses the cores. A positive value: cut each GEMM into this many parts
 #: (along a batch axis or the rows), run on worker threads, each a one-thread
 #: BLAS call (1: one call on the BLAS's own threads). 0 (the default): one part per
-#: numba thread. In a model OpenBLAS's own workers spin after each GEMM and starve
+#: backend thread. In a model OpenBLAS's own workers spin after each GEMM and starve
 #: the parallel loop nests that follow it: on an idle 2-core machine the mini-GPT's
 #: step took 83 ms with them, 53 ms cut into parts (the ResNet's 667 vs 503 ms;
 #: kernel.profile, 2026-12-07, load 1.3-2). Alone, OpenBLAS's threads are the faster on an idle

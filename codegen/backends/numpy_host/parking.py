@@ -9,7 +9,7 @@ job for ``2**28`` cycles (``THREAD_TIMEOUT``, about 0.1 s; on x86-64 the wait
 is a loop of ``nop``, not ``sched_yield``) after every multi-threaded call.
 On a 2-core machine that is a core taken from whatever runs next: a PyTorch
 step right after a texpr call ran 2.6x slower than right after another PyTorch
-step (issue 48: a GRU step, 99.6 ms against 37.8 ms), and numba's own parallel
+step (issue 48: a GRU step, 99.6 ms against 37.8 ms), and the loop-nest backend's own parallel
 loops share the cores with it too. A 100 ms sleep after a 512x512 SGEMM cost
 the process 41-50 ms of CPU with the workers left to spin, 0.04 ms parked
 (measured 2026-12-07, this machine).

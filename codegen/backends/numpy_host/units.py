@@ -5,11 +5,13 @@ GEMMs by :func:`codegen.analysis.contraction.match`; the plan itself runs in
 :mod:`codegen.backends.numpy_host.gemm`.
 """
 
+from ... import units as _units
+
 __all__ = ["ContractionUnit"]
 
 
 class ContractionUnit:
-    """A runnable unit (:mod:`codegen.backends.numba_cpu.units` interface): ``run(arrays, err)`` runs
+    """A runnable unit (:mod:`codegen.units` interface): ``run(arrays, err)`` runs
     the plan on the kernel's flat buffers. Nothing is compiled."""
 
     kind = "blas"
@@ -27,3 +29,6 @@ class ContractionUnit:
 
     def __repr__(self):
         return f"{type(self).__name__}({self.stage!r}, {self.plan.describe()})"
+
+
+_units.register("blas", ContractionUnit)
