@@ -26,6 +26,7 @@ reduction, a scatter or an output, an axis of another stage, parallelising a
 reduction axis or a scatter, a non-positive split factor, ...).
 """
 
+from texpr.simplify.graph import stage_exprs
 from texpr.simplify.support import is_support_stage
 from texpr.errors import ScheduleError
 from texpr.expr import IterVar, Load, Reduce, iter_var
@@ -280,15 +281,6 @@ def inline_expand(e, inlined):
     return transform(e, fn)
 
 
-def op_exprs(op):
-    """The expressions an operation evaluates (its body, or a scatter's parts)."""
-    if isinstance(op, ComputeOp):
-        return list(op.body)
-    if isinstance(op, ScatterAddOp):
-        return list(op.indices) + [op.value, op.where]
-    return []
-
-
 def default_materialized(schedule, rule=None):
     """Ids of the ops to materialise: user decisions first, then ``rule`` (the
     simplifier's, when given: a function ``(outputs) -> set of ops``), else: every
@@ -331,7 +323,7 @@ def default_materialized(schedule, rule=None):
         for cons in schedule.ops:
             if id(cons) not in mat:
                 continue
-            for e in op_exprs(cons):
+            for e in stage_exprs(cons):
                 for n in post_order(inline_expand(e, inlined)):
                     if isinstance(n, Load) and n.tensor.op is op:
                         seen.add(tuple(id(a) for a in n.args))
