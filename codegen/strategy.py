@@ -64,7 +64,9 @@ class StagePlan:
     contraction left a loop nest, why it is no GEMM); ``rule`` (the name of the
     rule that decided); and what the loop-nest lowering chose, None until it
     ran: ``loop_order`` (axis names, outermost first), ``parallel_axes``,
-    ``unroll`` (partial sums of the innermost reduction loop), ``lanes``
+    ``unroll`` (how the innermost loop of a float sum was written: ``"unroll N"``,
+    N partial sums, or ``"reassociated"``, once with adds the compiler may
+    reassociate; None: neither), ``lanes``
     (``(axis name, count)`` of a register-blocked loop), ``execution``
     (``"chunked"``, ``"prange"`` or ``"serial"``).
     """
@@ -77,7 +79,7 @@ class StagePlan:
     rule: Optional[str] = None
     loop_order: Optional[tuple] = None
     parallel_axes: Optional[tuple] = None
-    unroll: Optional[int] = None
+    unroll: Optional[str] = None
     lanes: Optional[tuple] = None
     execution: Optional[str] = None
 
@@ -102,7 +104,7 @@ class StagePlan:
             if self.parallel_axes:
                 loops.append("parallel " + ", ".join(self.parallel_axes))
             if self.unroll:
-                loops.append(f"unroll {self.unroll}")
+                loops.append(f"sum loop {self.unroll}")
             if self.lanes:
                 loops.append(f"lanes {self.lanes[1]} over {self.lanes[0]}")
             if loops:
@@ -261,7 +263,7 @@ def with_loops(plan, lowering, execution):
     order = getattr(lowering, "chosen_order", None)
     par = getattr(lowering, "chosen_parallel", None)
     lanes = getattr(lowering, "chosen_lanes", None)
-    unroll = lowering.unroll[3] if getattr(lowering, "unroll", None) else None
+    unroll = getattr(lowering, "chosen_sum", None)
     return dataclasses.replace(
         plan,
         loop_order=None if order is None else tuple(names.get(id(a), a.name) for a in order),

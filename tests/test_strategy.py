@@ -153,3 +153,28 @@ def test_blas_true_on_a_stage_that_does_not_match_names_the_stage():
     sched[S].blas(True)
     with pytest.raises(te.ScheduleError, match="stage S: blas\\(True\\), but it is not"):
         codegen.build([S], [X], sched)
+
+
+def test_a_loop_nest_plan_records_what_the_lowering_wrote():
+    Z = te.placeholder((4096, 40), name="Z")
+    k = te.reduce_axis(40, "k")
+    T = te.compute((4096,), lambda i: te.sum(te.exp(Z[i, k]), axis=k), name="T")
+    Q = te.placeholder((4096, 64, 6), name="Q")
+    k3 = te.reduce_axis(6, "k3")
+    U = te.compute((4096, 64), lambda i, j: te.sum(te.exp(Q[i, j, k3]), axis=k3), name="U")
+    kern = codegen.build([T, U], [Z, Q])
+    plans = {p.stage: p for p in kern._program.plans}
+    units = {u.stage: u for u in kern._program.units}
+    t, u = plans["T"], plans["U"]
+    assert t.kind == u.kind == "loopnest" and t.rule == u.rule == "gemm"
+    assert t.reason.startswith("not a GEMM: the summand is not a product of two loads")
+    assert t.loop_order == ("i", "k") and u.loop_order == ("i", "j", "k3")
+    # T's 40-term sums: written as N partial sums (acc0_0_p0 .. acc0_0_p<N-1>)
+    n = int(t.unroll.split()[1])
+    assert t.unroll == f"unroll {n}" and n > 1
+    assert f"acc0_0_p{n - 1} = " in units["T"].module_source
+    assert f"acc0_0_p{n} = " not in units["T"].module_source
+    # U: its rows run in parallel, in chunks of i (codegen.backends.numba_cpu.chunks)
+    assert u.execution == ("chunked" if units["U"].chunks else "prange")
+    assert u.parallel_axes == ("i",) and units["U"].parallel == (u.execution == "prange")
+    _check_values(kern, [T, U], [Z, Q])

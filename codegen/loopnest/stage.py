@@ -637,6 +637,7 @@ class _StageLowering:
         # what the lowering chose, for the stage's plan (codegen.strategy.with_loops):
         # the loop order (IterVars), the parallel axes, (axis name, count) of lanes
         self.chosen_order = self.chosen_parallel = self.chosen_lanes = None
+        self.chosen_sum = None  # how the innermost sum loop was written: "unroll N", ...
         self.residues = []  # [(e, m)]: split the domains on the residues of e % m
         self.stage_points = None  # points of a reduction stage's domain
 
@@ -1556,6 +1557,7 @@ class _StageLowering:
         w = self.w
         _combine, acc, dtype, u_n, _extent = self.unroll
         lanes, body = self._sum_lanes(node, stmt_vars)
+        self.chosen_sum = f"unroll {u_n}"  # (the stage's plan records it)
         w(depth, f"{v}_lo = {lo}")
         w(depth, f"{v}_hi = {hi}")
         w(depth, f"{v}_m = {v}_lo + max({v}_hi - {v}_lo, 0) // {u_n} * {u_n}")
@@ -1616,6 +1618,7 @@ class _StageLowering:
                 or not _dialect.current().unit_stride_loop(text)):
             del w.lines[start:]
             return False
+        self.chosen_sum = "reassociated"  # (the stage's plan records it)
         return True
 
     def _scatter(self, depth):
