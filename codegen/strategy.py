@@ -93,7 +93,8 @@ class StagePlan:
             d = self.payload.describe()
             text = f"gemm: {d[len('BLAS: '):] if d.startswith('BLAS: ') else d}"
         elif self.kind == "shift":
-            text = f"shift plan: {self.payload.describe()}"
+            d = self.payload.describe()
+            text = d if d.startswith("shift plan") else f"shift plan: {d}"
         else:
             text = self.kind.replace("loopnest", "loop nest")
             if self.execution:
