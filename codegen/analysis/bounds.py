@@ -15,6 +15,7 @@ from texpr import expr as E
 from texpr.errors import OutOfBoundsError, TexprError
 from texpr.printer import expr_str
 from texpr.simplify.isl_bridge import isl, to_pwaff, to_set
+from texpr.visitor import post_order
 
 __all__ = ["DATA_INDEX_LIMIT", "may_refuse", "int_arith_on_data"]
 
@@ -70,7 +71,6 @@ def may_refuse(e):
     Returns:
         bool.
     """
-    from texpr.visitor import post_order
     ck = _BoundsChecker("", None, None)
     for n in post_order(e if isinstance(e, list) else [e]):
         if _INT_RANGE.get(n.dtype) is None:
@@ -96,7 +96,6 @@ def int_arith_on_data(e):
     Returns:
         bool.
     """
-    from texpr.visitor import post_order
     data = set()  # ids of the nodes with a loaded or converted value under them
     for n in post_order(e if isinstance(e, list) else [e]):
         if isinstance(n, E.Load) or (isinstance(n, E.Cast) and n.value.dtype != "bool"
@@ -247,7 +246,6 @@ class _BoundsChecker:
 
     def condition(self, c, path):
         """Prove the integer operands of the comparisons in condition ``c`` exact."""
-        from texpr.visitor import post_order
         for n in post_order(c):
             if type(n) in _COMPARISONS:
                 for x in n.args:
@@ -338,7 +336,6 @@ class _BoundsChecker:
         """Range the integer value arithmetic of ``exprs`` (values whose operands may
         be anything their dtypes hold: a custom reducer's combine) and return
         ``arith``: the ids of the ``+ - * //`` to check at run time."""
-        from texpr.visitor import post_order
         for n in post_order(list(exprs)):
             if type(n) in _VALUE_ARITH and _INT_RANGE.get(n.dtype) is not None:
                 self.value_range(n)

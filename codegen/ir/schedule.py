@@ -32,8 +32,8 @@ from texpr.errors import ScheduleError
 from texpr.expr import IterVar, Load, Reduce, iter_var
 from texpr.printer import expr_str
 from texpr.scan import ScanOp
-from texpr.tensor import ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, topo_order
-from texpr.visitor import post_order, substitute
+from texpr.tensor import ComputeOp, Operation, PlaceholderOp, ScatterAddOp, Tensor, topo_order
+from texpr.visitor import post_order, substitute, transform
 
 __all__ = ["Schedule", "Stage", "create_schedule"]
 
@@ -228,7 +228,6 @@ class Schedule:
         (``stage.attached`` is False) whose decisions have no effect.
 
         Raises ScheduleError when ``tensor`` is not a Tensor."""
-        from texpr.tensor import Operation
         if isinstance(tensor, Operation):
             op = tensor
         elif isinstance(tensor, Tensor):
@@ -277,7 +276,6 @@ def inline_expand(e, inlined):
             return memo[key]
         return None
 
-    from texpr.visitor import transform
     return transform(e, fn)
 
 

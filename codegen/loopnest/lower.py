@@ -46,6 +46,9 @@ import types
 from texpr.simplify.isl_bridge import isl
 from texpr.errors import TexprError
 from texpr.printer import tensor_str
+from texpr.scan import ScanOp
+from texpr.simplify.graph import accesses
+from texpr.simplify.materialize import scan_view
 from texpr.tensor import PlaceholderOp
 
 from ..analysis.shifts import ShiftPlan
@@ -223,13 +226,8 @@ def _scan_views(schedule, mat_ops):
     """``{id(stage): (scan op, perm)}``: the materialised stages that only re-index
     a materialised scan's state (:func:`texpr.simplify.materialize.scan_view`);
     the scan writes their buffers directly and they get no unit."""
-    from texpr.scan import ScanOp
-
     if not any(isinstance(op, ScanOp) for op in mat_ops):
         return {}
-    from texpr.simplify.graph import accesses
-    from texpr.simplify.materialize import scan_view
-
     accs = accesses(schedule.outputs)
     output_ids = {id(t) for t in schedule.outputs}
     mat_ids = {id(op) for op in mat_ops}

@@ -56,7 +56,7 @@ from texpr.simplify.graph import rebuild
 from texpr.simplify.isl_bridge import VarSpace, box_set, isl, to_pwaff, to_set
 from texpr.simplify.materialize import is_cheap
 from texpr.tensor import ComputeOp, topo_order
-from texpr.visitor import free_vars, post_order, substitute
+from texpr.visitor import free_vars, post_order, substitute, transform
 
 from ..analysis import contraction, matches
 from ..analysis.bounds import int_arith_on_data, may_refuse
@@ -225,7 +225,6 @@ def _residues_of_keys(x, keys):
                 return E.floormod(a, node.b)
         return None
 
-    from texpr.visitor import transform
     return transform(x, fn)
 
 
