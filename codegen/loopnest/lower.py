@@ -173,10 +173,11 @@ def _chunked(sl):
     return not sl._stmt_outside_chunk
 
 
-def _lower_unit(op, stage, buffers, order, idents, inlined, parallel):
-    """``(unit, lowering, execution)``: the :class:`UnitSource` of the materialised
-    ``op`` (see the module docstring), the :class:`_StageLowering` that wrote it
-    and how it runs (``"chunked"``, ``"prange"`` or ``"serial"``)."""
+def _lower_unit(op, stage, buffers, order, idents, inlined, parallel, chose=None):
+    """The :class:`UnitSource` of the materialised ``op`` (see the module
+    docstring). ``chose``: None, or a list that gets ``(lowering, execution)``:
+    the :class:`_StageLowering` that wrote the unit and how it runs
+    (``"chunked"``, ``"prange"`` or ``"serial"``), for the stage's plan."""
     chunks = align = 0
     use_chunks = parallel and _stage.CHUNKS
     sl, ub, w = _lower_stage(op, stage, buffers, inlined, parallel, use_chunks)
@@ -208,7 +209,9 @@ def _lower_unit(op, stage, buffers, order, idents, inlined, parallel):
     specs = [(b.dtype, 1) for b in ub.used] + [("int64", 1)] * (2 if chunks else 1)
     unit = UnitSource(op.name, tensor_str(op.output(0)), src, args, specs, errors,
                       sl.uses_prange, readable, chunks, align, kind=target.unit_kind)
-    return unit, sl, "chunked" if chunks else "prange" if sl.uses_prange else "serial"
+    if chose is not None:
+        chose.append((sl, "chunked" if chunks else "prange" if sl.uses_prange else "serial"))
+    return unit
 
 
 def _blas_unit(op, plan):
@@ -307,10 +310,10 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
         if plan.kind in ("gemm", "shift"):
             units.append(_blas_unit(op, plan.payload))
         else:
-            unit, sl, how = _lower_unit(op, schedule[op], buffers, order, idents, inlined,
-                                        parallel)
-            units.append(unit)
-            plan = _strategy.with_loops(plan, sl, how)
+            chose = []
+            units.append(_lower_unit(op, schedule[op], buffers, order, idents, inlined,
+                                     parallel, chose))
+            plan = _strategy.with_loops(plan, *chose[0])
         plans.append(plan)
     inline_plans = [_strategy.inline_plan(op) for op in schedule.ops if id(op) in inlined
                     and not isinstance(op, PlaceholderOp)]
