@@ -4,16 +4,18 @@ One job: remember, for the length of one ``codegen.build``, what the GEMM
 matcher said of each stage, so that the graph rewrites
 (:mod:`codegen.rewrite.operands`, :mod:`codegen.rewrite.tap_split`,
 :mod:`codegen.rewrite.windows`, :mod:`codegen.rewrite.split_reductions`) and the
-strategy (:mod:`codegen.strategy`) share one analysis. Before, a dense gradient
-of two contraction stages ran the matcher 10 times (issue 49, finding 3).
+strategy (:mod:`codegen.strategy`) share one analysis. Before, the gradient of
+a dense layer (three sum stages) ran the matcher 10 times, and a convolution's 18
+times (issue 49, finding 3); now 3 and 7 (tests/test_strategy.py).
 
 The memo is keyed by what the matcher reads of a stage: its name, axes,
 attributes and body, with every tensor it loads replaced by a slot (the
 tensor's name, shape, dtype and, for a window stage of
 :mod:`codegen.rewrite.windows`, its region). A rewrite that only re-points a
 stage at a rewritten producer of the same shape (``rebuild`` makes a new
-operation: the dense layer after :func:`window_operands` gave its input a
-window) therefore shares the analysis, keyed anew for the new tensors, while a
+operation: the loss reading a convolution's output, after
+:func:`window_operands` gave the convolution a window of its input) shares the
+analysis, keyed anew for the new tensors, while a
 stage whose body changed is analysed anew, never given a stale result. A
 stage whose body reaches an inlined stage (the strategy's view, after the
 schedule is made) is keyed by the operation object and the inlined stages it
