@@ -518,7 +518,7 @@ def _lowered(schedule, inputs, mat, inl, parallel, blas):
         # per sum-reduction stage left a loop nest, why (Kernel.explain reads it)
         program.loop_reasons = {
             plan.stage: plan.reason for plan, op in zip(program.plans, program.ops)
-            if not plan.runs_on_blas and plan.reason and _contraction.float_sum(op) is not None}
+            if plan.is_loop_nest and plan.reason and _contraction.float_sum(op) is not None}
         return program
 
     return symcache.memo("lower", list(schedule.outputs) + list(inputs), extra, run)

@@ -66,8 +66,8 @@ class StagePlan:
     ran: ``loop_order`` (axis names, outermost first), ``parallel_axes``,
     ``unroll`` (how the innermost loop of a float sum was written: ``"unroll N"``,
     N partial sums, or ``"reassociated"``, once with adds the compiler may
-    reassociate; None: neither), ``lanes``
-    (``(axis name, count)`` of a register-blocked loop), ``execution``
+    reassociate; None: neither), ``lanes`` (``(axis name, count)``: the
+    reduction loop written as that many unrolled lanes), ``execution``
     (``"chunked"``, ``"prange"`` or ``"serial"``).
     """
 
@@ -84,8 +84,10 @@ class StagePlan:
     execution: Optional[str] = None
 
     @property
-    def runs_on_blas(self):
-        return self.kind in ("gemm", "shift")
+    def is_loop_nest(self):
+        """Whether the stage is a unit of the loop-nest backend (not a GEMM or a
+        shift plan, not inlined)."""
+        return self.kind in ("loopnest", "scan", "scatter")
 
     def line(self):
         """One line: the kind, then why, then the loop decisions."""
