@@ -224,6 +224,7 @@ def test_a_tap_sum_whose_valid_points_are_no_progression_keeps_its_loop_nest():
     # out[i] = sum_k T[k, i] where (i + k) % 3 != 0: for a fixed tap the valid i are
     # two residues of three, no strided move holds them
     from texpr.codegen.analysis import shifts
+    from texpr.codegen.backends.numba_cpu.shift_units import run_moves
     from texpr.codegen.rewrite.tap_split import SPLIT
     from texpr.tensor import ComputeOp
     T = te.placeholder((4, 9), "T", "float64")
@@ -248,7 +249,7 @@ def test_a_tap_sum_whose_valid_points_are_no_progression_keeps_its_loop_nest():
     assert shifts.plan_of(empty, id) is None
     t = np.random.default_rng(1).standard_normal((4, 9))
     out = np.full(9, np.nan)
-    plan.run({id(T): t.reshape(-1), id(op.output(0)): out})
+    run_moves(plan, {id(T): t.reshape(-1), id(op.output(0)): out})
     want = [sum(t[kk, ii] for kk in range(4) if (ii + kk) % 3 == 0) for ii in range(9)]
     np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
 
