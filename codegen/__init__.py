@@ -12,8 +12,12 @@ The stages, each a subpackage (docs/pipeline.md draws the flow):
   primitives), the marks rewrites leave, and the lowered program's data
   (:mod:`codegen.ir.program`);
 * :mod:`codegen.analysis` -- what isl proves about a stage: affine offsets,
-  bounds and checks, which stages are GEMMs (:mod:`codegen.analysis.contraction`)
-  or shift plans (:mod:`codegen.analysis.shifts`);
+  bounds and checks, which stages are GEMMs (:mod:`codegen.analysis.contraction`,
+  matched once per stage and build: :mod:`codegen.analysis.matches`) or shift
+  plans (:mod:`codegen.analysis.shifts`);
+* :mod:`codegen.strategy` -- how each stage is lowered, decided once as data: a
+  ``StagePlan`` per stage from an ordered list of rules, the first that applies
+  winning; the lowering follows it, and ``kernel.explain()`` prints it;
 * :mod:`codegen.loopnest` -- the target-neutral loop-nest lowering (buffers and
   units: :mod:`codegen.loopnest.lower`; one stage: :mod:`codegen.loopnest.stage`;
   values: :mod:`codegen.loopnest.emit`), written through a target dialect

@@ -22,6 +22,9 @@ from .backends import registered as _backends  # noqa: F401 - registers the back
 from .backends.unit_errors import unit_error
 from .explain import explain as _explain
 from .loopnest.lower import lower
+from . import strategy as _strategy
+from .analysis import contraction as _contraction
+from .analysis import matches as _matches
 from .units import make_units
 from .ir.schedule import Schedule, create_schedule, default_materialized
 from .rewrite.passes import rewrite
@@ -49,8 +52,8 @@ class Kernel:
     A Kernel pickles: the loader takes the compiled code from the cache
     (memory, then disk) or recompiles the source.
 
-    Attributes: ``source`` (generated Python: the units, then the driver
-    ``kernel``), ``stages`` (names of the materialised stages, in execution
+    Attributes: ``source`` (generated Python: a comment with each stage's plan,
+    :mod:`codegen.strategy`, the units, then the driver ``kernel``), ``stages`` (names of the materialised stages, in execution
     order), ``units`` (the runnable units, one per stage, see
     :mod:`codegen.units`), ``inputs``, ``outputs``, ``compile_seconds`` (wall
     seconds spent compiling or loading the units), ``units_compiled`` (units
@@ -166,8 +169,11 @@ class Kernel:
         stage, in execution order) with what it computes, its lowering (GEMM,
         batched GEMM, shift plan, loop nest parallel, chunked or serial) and, for
         a sum-reduction left a loop nest, why it is no GEMM (the matcher's or
-        the cost rule's reason, :mod:`codegen.analysis.contraction`), then how many
-        multiply-adds run on BLAS and how many in loop nests.
+        the cost rule's reason, :mod:`codegen.analysis.contraction`), and its plan
+        (:class:`codegen.strategy.StagePlan`: the rule that decided, the lowering
+        kind and why, a loop nest's order, parallel axes, unroll and lanes), then
+        the inlined stages and how many multiply-adds run on BLAS and how many in
+        loop nests.
 
         Args:
             print_table: also print the text.
@@ -395,51 +401,6 @@ def _check_out(outputs, out, args):
     return out
 
 
-def _chooser(schedule, inlined, blas, reasons=None):
-    """``(op, key) -> plan or None``: which stages run as GEMMs (:mod:`codegen.analysis.contraction`),
-    and which window and tap-sum stages as shift plans (:mod:`codegen.analysis.shifts`).
-
-    A stage the user marked ``blas(True)`` must match (else ScheduleError);
-    ``blas(False)`` never runs on BLAS; by default a stage without loop decisions
-    (split, reorder, parallel, vectorize) in a build with ``blas=True`` runs on BLAS when it
-    matches and :func:`contraction.cost_ok` says it pays. ``reasons`` (a dict,
-    when given) gets, per sum-reduction stage name left a loop nest, why
-    (:meth:`Kernel.explain`)."""
-    from .analysis import contraction
-
-    def choose(op, key):
-        plan, why = _choice(op, key)
-        if reasons is not None and plan is None and contraction.float_sum(op) is not None:
-            reasons[op.name] = why
-        return plan
-
-    def _choice(op, key):
-        st = schedule[op]
-        flag = st.blas_flag
-        if flag is False:
-            return None, "the schedule says blas(False)"
-        if flag is None and not blas:
-            return None, "the build says blas=False: every stage is a loop nest"
-        if flag is None and (st.ordered or st.parallel_set or st.vectorize_axes):
-            return None, "the schedule sets its loops (split, reorder, parallel or vectorize)"
-        from .analysis.shifts import plan_of
-        shift = plan_of(op, key)  # a window or tap-sum stage (codegen.analysis.shifts)
-        if shift is not None:
-            return shift, None
-        why = []
-        plan = contraction.match(op, inlined, key=key, why=why)
-        if plan is None:
-            if flag:
-                raise ScheduleError(f"stage {op.name}: blas(True), but it is not a contraction "
-                                    f"the GEMM path runs ({why[0] if why else 'no match'}; "
-                                    "see texpr.codegen.analysis.contraction)")
-            return None, f"not a GEMM: {why[0] if why else 'no match'}"
-        if flag is None and not contraction.cost_ok(plan):
-            return None, f"BLAS does not pay: {contraction.cost_refusal(plan) or 'the cost rule'}"
-        return plan, None
-    return choose
-
-
 def _compile_kernel(program, inputs, outputs, options=None):
     t0 = time.perf_counter()
     units = make_units(program)
@@ -488,6 +449,7 @@ def build(outputs, inputs, schedule=None, *, parallel=True, blas=True, options=N
 
 
 def _build(outputs, inputs, schedule, parallel, blas, opts):
+    """:func:`build` under its Options: the arguments checked."""
     single = isinstance(outputs, Tensor)
     outs = [outputs] if single else list(outputs)
     if isinstance(inputs, Tensor):
@@ -503,6 +465,12 @@ def _build(outputs, inputs, schedule, parallel, blas, opts):
         names = [t.name for t in inputs]
         raise TexprError(f"build: a placeholder is listed twice in inputs {names}; "
                          "each input takes one array")
+    with _matches.build_scope():  # one contraction.match per stage for the whole build
+        return _build_checked(outs, inputs, schedule, parallel, blas, opts)
+
+
+def _build_checked(outs, inputs, schedule, parallel, blas, opts):
+    """:func:`build` after its arguments are checked."""
     simp, rule = _simplifier()
     if schedule is None:
         outs = list(simp(outs))
@@ -563,15 +531,23 @@ def _lowered(schedule, inputs, mat, inl, parallel, blas, opts):
                 "inlined", sorted(c.position(op) for op in schedule.ops if id(op) in inl),
                 "parallel", bool(parallel), "blas", bool(blas),
                 "dialect", [_dialect.current().name, type(_dialect.current()).__qualname__],
-                "options", opts.fingerprint(lowering_only=True)]
+                "options", opts.fingerprint(lowering_only=True),
+                "rules", _strategy.rules_fingerprint()]
 
     # the key holds texpr's source: whatever lower() returns, an entry of this key
     # was written by this very lower() (a foreign or damaged entry fails its checksum)
     def run():
-        reasons = {}
-        program = lower(schedule, inputs, mat, inl, parallel=parallel,
-                        contraction=_chooser(schedule, inl, blas, reasons))
-        program.loop_reasons = reasons  # cached with it: Kernel.explain reads it
+        memo, inlined = {}, frozenset(inl)
+
+        def choose(op, key):  # the strategy: the first rule that applies (codegen.strategy)
+            ctx = _strategy.StrategyContext(schedule, inlined, parallel, key, blas)
+            return _strategy.plan_stage(op, ctx, memo)
+
+        program = lower(schedule, inputs, mat, inl, parallel=parallel, strategy=choose)
+        # per sum-reduction stage left a loop nest, why (Kernel.explain reads it)
+        program.loop_reasons = {
+            plan.stage: plan.reason for plan, op in zip(program.plans, program.ops)
+            if plan.is_loop_nest and plan.reason and _contraction.float_sum(op) is not None}
         return program
 
     return symcache.memo("lower", list(schedule.outputs) + list(inputs), extra, run)

@@ -89,7 +89,7 @@ from ..ir.marks import WINDOW
 from ..ir.schedule import inline_expand
 from ..options import current as _opts
 
-__all__ = ["match", "ContractionPlan", "GemmPiece", "OperandView", "cost_ok",
+__all__ = ["match", "rekey", "ContractionPlan", "GemmPiece", "OperandView", "cost_ok",
            "float_sum", "mask_passes"]
 
 # options.blas_min_flop (default 1 << 17): below this many floating-point operations (all
@@ -691,6 +691,34 @@ def match(op, inlined=(), key=None, why=None):
     out = op.output(0)
     return ContractionPlan(op.name, key(out), out.shape, dtype, scale, pieces,
                            not _partition(pieces, out.shape))
+
+
+def rekey(plan, key):
+    """A copy of ``plan`` whose buffer keys are ``key(k)`` of its keys (the plan
+    itself is left as it is: a memoised plan, :mod:`codegen.analysis.matches`, is
+    keyed anew for every reader).
+
+    Args:
+        plan: a :class:`ContractionPlan`.
+        key: ``old key -> new key`` (a tensor -> its buffer's position).
+    Returns:
+        A :class:`ContractionPlan` sharing nothing mutable with ``plan``.
+    """
+    def view(v):
+        return OperandView(key(v.key), v.shape, v.pad, v.axes, v.offset, v.strides, v.masks,
+                           [_keyed(t, key) for t in v.data_masks], v.exact_masks)
+
+    pieces = []
+    for p in plan.pieces:
+        a, b = view(p.a), view(p.b)
+        q = GemmPiece(p.axes, p.out_offset, p.out_strides, a, b, p.out_masks, p.points)
+        for old, new in ((p.a, a), (p.b, b), (p, q)):
+            for name, value in vars(old).items():  # (flags set after construction)
+                if name not in vars(new) and not name.startswith("_"):
+                    setattr(new, name, value)
+        pieces.append(q)
+    return ContractionPlan(plan.stage, key(plan.out_key), plan.shape, plan.dtype, plan.scale,
+                           pieces, plan.fill)
 
 
 def _check_padding(pieces, out):

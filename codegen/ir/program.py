@@ -95,12 +95,16 @@ class Program:
     ``kernel``), ``stages`` (names of the materialised stages), ``parallel``
     (whether some unit uses prange), ``ops`` (the materialised operations, one
     per unit, in unit order: what each unit computes, for
-    :mod:`codegen.profile`)."""
+    :mod:`codegen.profile`), ``plans`` (the :class:`codegen.strategy.StagePlan`
+    of each unit, in unit order, with what the loop-nest lowering chose),
+    ``inline_plans`` (those of the inlined stages)."""
 
-    def __init__(self, source, buffers, units, stages, parallel, ops=()):
+    def __init__(self, source, buffers, units, stages, parallel, ops=(), plans=(),
+                 inline_plans=()):
         self.source, self.buffers, self.units = source, buffers, units
         self.stages, self.parallel = stages, parallel
         self.ops = list(ops)
+        self.plans, self.inline_plans = list(plans), list(inline_plans)
 
 
 class ContractionUnitSource:

@@ -59,6 +59,7 @@ from . import cse as _cse
 from .source import buffer_identifiers, remove_dead_assignments, rename
 from .stage import _StageLowering, default_order, lift_zero_guards
 from ..options import current as _opts
+from .. import strategy as _strategy
 
 __all__ = ["lower", "Program", "BufferInfo", "UnitSource", "default_order", "ExprEmitter",
            "const_str", "element", "lift_zero_guards"]
@@ -142,8 +143,11 @@ def _chunked(sl):
     return not sl._stmt_outside_chunk
 
 
-def _lower_unit(op, stage, buffers, order, idents, inlined, parallel):
-    """The :class:`UnitSource` of the materialised ``op`` (see the module docstring)."""
+def _lower_unit(op, stage, buffers, order, idents, inlined, parallel, chose=None):
+    """The :class:`UnitSource` of the materialised ``op`` (see the module
+    docstring). ``chose``: None, or a list that gets ``(lowering, execution)``:
+    the :class:`_StageLowering` that wrote the unit and how it runs
+    (``"chunked"``, ``"prange"`` or ``"serial"``), for the stage's plan."""
     chunks = align = 0
     use_chunks = parallel and _opts().chunks
     sl, ub, w = _lower_stage(op, stage, buffers, inlined, parallel, use_chunks)
@@ -173,8 +177,11 @@ def _lower_unit(op, stage, buffers, order, idents, inlined, parallel):
         ln[:len(ln) - len(ln.lstrip())] + w.comments[ln.strip()] + "\n"
         if ln.strip() in w.comments else ln for ln in readable.splitlines(keepends=True))
     specs = [(b.dtype, 1) for b in ub.used] + [("int64", 1)] * (2 if chunks else 1)
-    return UnitSource(op.name, tensor_str(op.output(0)), src, args, specs, errors,
+    unit = UnitSource(op.name, tensor_str(op.output(0)), src, args, specs, errors,
                       sl.uses_prange, readable, chunks, align, kind=target.unit_kind)
+    if chose is not None:
+        chose.append((sl, "chunked" if chunks else "prange" if sl.uses_prange else "serial"))
+    return unit
 
 
 def _blas_unit(op, plan):
@@ -205,7 +212,8 @@ def _scan_views(schedule, mat_ops):
     return views
 
 
-def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=None):
+def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=None,
+          strategy=None):
     """Lower a resolved schedule to a :class:`Program` (one unit per materialised stage).
 
     ``materialized``/``inlined``: sets of op ids (from
@@ -214,7 +222,11 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
     None, or a function ``(op, key) -> ContractionPlan or None`` choosing the
     stages that run as GEMMs (:mod:`codegen.analysis.contraction`; ``key`` maps a tensor
     to its buffer's position): such a stage is a unit of kind ``"blas"``
-    (:class:`codegen.analysis.contraction.ContractionUnitSource`) instead of a loop nest.
+    (:class:`codegen.analysis.contraction.ContractionUnitSource`) instead of a loop nest;
+    ``strategy``: None, or a function ``(op, key) -> StagePlan``
+    (:mod:`codegen.strategy`) that decides every materialised stage (it takes
+    the place of ``contraction``). The lowering follows the plan and does not
+    decide again.
 
     Raises TexprError (a placeholder read but not listed in ``inputs``; index
     arithmetic not provably exact in int64; an isl failure),
@@ -258,13 +270,23 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
                 order.append(b)
     idents = buffer_identifiers([b.tensor.name for b in order])
     position = {id(b.tensor): k for k, b in enumerate(order)}
-    units = []
+    units, plans = [], []
     for op in mat_ops:
-        plan = None if contraction is None else contraction(op, lambda t: position[id(t)])
-        if plan is not None:
-            units.append(_blas_unit(op, plan))
+        key = lambda t: position[id(t)]  # noqa: E731
+        if strategy is not None:
+            plan = strategy(op, key)
         else:
-            units.append(_lower_unit(op, schedule[op], buffers, order, idents, inlined, parallel))
+            plan = _strategy.from_payload(op, None if contraction is None else contraction(op, key))
+        if plan.kind in ("gemm", "shift"):
+            units.append(_blas_unit(op, plan.payload))
+        else:
+            chose = []
+            units.append(_lower_unit(op, schedule[op], buffers, order, idents, inlined,
+                                     parallel, chose))
+            plan = _strategy.with_loops(plan, *chose[0])
+        plans.append(plan)
+    inline_plans = [_strategy.inline_plan(op) for op in schedule.ops if id(op) in inlined
+                    and not isinstance(op, PlaceholderOp)]
     head = _Writer()
     for k, (b, ident) in enumerate(zip(order, idents)):
         head.comment(0, f"argument {k}",
@@ -272,6 +294,9 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
                      f"{b.dtype}")
     head.comment(0, "argument err", "err: the error flag ([code, value]; code 0, or the "
                  "first failed check of the unit that stopped)")
+    head.comment(0, "strategy", "strategy (codegen.strategy), one line per stage:")
+    for k, p in enumerate(plans + inline_plans):
+        head.comment(0, f"plan {k}", f"  {p.stage}: {p.line()}")
     parts = [_dialect.current().prelude().rstrip("\n"),
              "\n".join(head.comments[ln] for ln in head.lines)]
     calls = ["# ---- the driver: what codegen.build.Kernel runs (and the bridges' compiled",
@@ -298,4 +323,4 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
     parts.append("\n".join(calls))
     source = "\n\n\n".join(parts) + "\n"
     return Program(source, order, units, [op.name for op in mat_ops],
-                   any(u.parallel for u in units), mat_ops)
+                   any(u.parallel for u in units), mat_ops, plans, inline_plans)

@@ -621,6 +621,10 @@ class _StageLowering:
         self.unroll = None
         self.jam_dim = None
         self.lanes = None  # (loop dimension, count) of an unrolled reduction loop
+        # what the lowering chose, for the stage's plan (codegen.strategy.with_loops):
+        # the loop order (IterVars), the parallel axes, (axis name, count) of lanes
+        self.chosen_order = self.chosen_parallel = self.chosen_lanes = None
+        self.chosen_sum = None  # how the innermost sum loop was written: "unroll N", ...
         self.residues = []  # [(e, m)]: split the domains on the residues of e % m
         self.stage_points = None  # points of a reduction stage's domain
 
@@ -647,12 +651,13 @@ class _StageLowering:
         for d, a in enumerate(reduce_):
             self.names[id(a)] = f"r{self.k}_{d}"
         order, par = self._order(body, spatial, reduce_)
+        self.chosen_order, self.chosen_parallel = order, par  # (the stage's plan records them)
         outs = [self.buffers[id(t)] for t in op.outputs]
         sp_space = VarSpace(spatial)
         sp_box = box_set(sp_space)
         if red is None:
             if not self.stage.parallel_set and not _worth_parallel(int(np.prod(op.shape)), body):
-                par = []
+                par = self.chosen_parallel = []
             em = self._emitter()
             ck = _BoundsChecker(op.name, sp_space, sp_box)
             for b in body:
@@ -697,7 +702,7 @@ class _StageLowering:
         self.stage_points = _points(dom) if par else None
         if not self.stage.parallel_set and par and not _worth_parallel(
                 self.stage_points, list(red.source) + [red.where]):
-            par = []
+            par = self.chosen_parallel = []
         em = self._emitter()
         ck = _BoundsChecker(op.name, space, box)
         ck.walk(red.where, box, False)
@@ -737,6 +742,7 @@ class _StageLowering:
                 jam = _jam_axis(sp_order, red, par if move else sp_order[:-1])
                 if jam is not None and jam is not sp_order[-1]:
                     sp_order = [a for a in sp_order if a is not jam] + [jam]
+                    self.chosen_order = sp_order + rd_order
                 if jam is not None and self.unroll is not None:
                     u_j = _opts().jam_unroll
                     u_j = u_j if comb.dtypes[0] == "float32" else max(1, u_j // 2)
@@ -844,6 +850,7 @@ class _StageLowering:
             sched = [r // f if a is r else self._val(a) for a in order] + [r % f]
             pos = {id(a): p for p, a in enumerate(order)}
             self.lanes = (len(order), f)
+            self.chosen_lanes = (r.name, f)
             self._emit_nest(depth, [LA.Statement(f"U{self.k}", full, main, sched)],
                             len(order) + 1, lane_stmts, {pos[id(a)] for a in par})
             self.lanes = None
@@ -859,6 +866,7 @@ class _StageLowering:
             lane_order = [a for a in order if a is not lane_axis] + [lane_axis]
             pos = {id(a): p for p, a in enumerate(lane_order)}
             self.lanes = (len(order) - 1, lane_axis.extent)
+            self.chosen_lanes = (lane_axis.name, lane_axis.extent)
             self._emit_nest(depth, [LA.Statement(f"U{self.k}", full, main,
                                                  [self._val(a) for a in lane_order])],
                             len(order), lane_stmts, {pos[id(a)] for a in par})
@@ -1539,6 +1547,7 @@ class _StageLowering:
         w = self.w
         _combine, acc, dtype, u_n, _extent = self.unroll
         lanes, body = self._sum_lanes(node, stmt_vars)
+        self.chosen_sum = f"unroll {u_n}"  # (the stage's plan records it)
         w(depth, f"{v}_lo = {lo}")
         w(depth, f"{v}_hi = {hi}")
         w(depth, f"{v}_m = {v}_lo + max({v}_hi - {v}_lo, 0) // {u_n} * {u_n}")
@@ -1599,6 +1608,7 @@ class _StageLowering:
                 or not _dialect.current().unit_stride_loop(text)):
             del w.lines[start:]
             return False
+        self.chosen_sum = "reassociated"  # (the stage's plan records it)
         return True
 
     def _scatter(self, depth):

@@ -58,7 +58,7 @@ from texpr.simplify.materialize import is_cheap
 from texpr.tensor import ComputeOp, topo_order
 from texpr.visitor import free_vars, post_order, substitute, transform
 
-from ..analysis import contraction
+from ..analysis import contraction, matches
 from ..analysis.bounds import int_arith_on_data, may_refuse
 from ..analysis.affine import linear_coefs as _linear
 from ..ir.marks import PACKED
@@ -115,7 +115,7 @@ def _packed(op, shared):
     if not data and all(isinstance(f, Load) for f in items):
         return None  # nothing computed: the GEMM path decides on the stage as it is
     try:
-        if contraction.match(op) is not None:
+        if matches.match(op) is not None:
             return None
     except Exception:  # noqa: BLE001 - the matcher's own errors: leave the stage alone
         return None
@@ -175,7 +175,7 @@ def _packed(op, shared):
     new = ComputeOp(op.name, op.axis, (red.with_args((source, where)),), op.tag,
                     dict(op.attrs, **{PACKED: True}))
     try:
-        plan = contraction.match(new)
+        plan = matches.match(new)
         if plan is None or not contraction.cost_ok(plan):
             return None
     except Exception:  # noqa: BLE001

@@ -32,7 +32,7 @@ from texpr.simplify.graph import rebuild
 from texpr.tensor import ComputeOp
 from texpr.visitor import substitute
 
-from ..analysis import contraction
+from ..analysis import contraction, matches
 from ..options import current as _opts
 
 __all__ = ["split_reductions", "SPLIT"]
@@ -91,7 +91,7 @@ def _split(op):
     long_axes = [a for a in red.axes if a.dom[1] - a.dom[0] >= 2 * _opts().split_reduction_parts]
     if not long_axes:
         return None
-    if contraction.float_sum(op) is not None and contraction.match(op) is not None:
+    if contraction.float_sum(op) is not None and matches.match(op) is not None:
         return None  # a GEMM (a dot product) runs it
     r = long_axes[0]
     lo, hi = r.dom

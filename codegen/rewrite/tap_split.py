@@ -85,7 +85,7 @@ from texpr.simplify.isl_bridge import VarSpace, box_set, card_within, isl, to_se
 from texpr.tensor import ComputeOp, topo_order
 from texpr.visitor import free_vars, post_order, substitute
 
-from ..analysis import contraction
+from ..analysis import contraction, matches
 from ..ir.marks import PACKED, TAP_SPLIT
 from ..analysis.affine import linear_coefs as _linear
 from ..options import current as _opts
@@ -155,7 +155,7 @@ def _split(op):
     if not op.attrs.get(PACKED) and any(isinstance(n, Load) for c in conj for n in post_order(c)):
         return None  # (a packed stage's data conjuncts are its packed operand's)
     try:
-        plan = contraction.match(op)
+        plan = matches.match(op)
     except Exception:  # noqa: BLE001 - the matcher's own errors: leave the stage alone
         return None
     if plan is None or not contraction.cost_ok(plan):
@@ -351,7 +351,7 @@ def _pays(im2col, t, t_op, op, nest_taps, cond, nest):
     if points < _opts().tap_split_min_density * total and not _moves_only_valid(nest):
         return False
     try:
-        plan = contraction.match(t_op)
+        plan = matches.match(t_op)
     except Exception:  # noqa: BLE001
         return False
     if plan is None or not contraction.cost_ok(plan):

@@ -61,7 +61,7 @@ from texpr.simplify.isl_bridge import isl
 from texpr.tensor import ComputeOp, topo_order
 from texpr.visitor import substitute
 
-from ..analysis import contraction
+from ..analysis import contraction, matches
 from ..ir.marks import WINDOW, WINDOW_ORDER, WINDOWED
 from ..analysis.affine import linear_coefs as _linear
 from ..options import current as _opts
@@ -138,7 +138,7 @@ def _window_loads(op):
         return []
     red, loads = cand
     try:
-        plan = contraction.match(op)
+        plan = matches.match(op)
     except Exception:  # noqa: BLE001 - the matcher's own errors: leave the stage alone
         return []
     if plan is None or not contraction.cost_ok(plan):
