@@ -5,19 +5,13 @@ import numpy as np
 import pytest
 
 import texpr as te
+from dense_testutil import dense_grad
 from texpr import codegen
 from texpr.codegen.loopnest import dialect
 
 
 def _dense_grad(n=64, k=96, m=48):
-    X = te.placeholder((n, k), name="X", dtype="float64")
-    W = te.placeholder((m, k), name="W", dtype="float64")
-    Y = te.nn.dense(X, W, name="Y")
-    r = te.reduce_axis(m, "r")
-    i = te.reduce_axis(n, "i")
-    L = te.compute((), lambda: te.sum(Y[i, r] * Y[i, r], axis=[i, r]), name="L")
-    dW, = te.differentiate(L, [W])
-    return X, W, L, dW
+    return dense_grad(n, k, m, "float64")
 
 
 def _values(kernel):

@@ -3,18 +3,11 @@
 import numpy as np
 
 import texpr as te
+from dense_testutil import dense_grad
 from texpr import codegen
 
 
-def _dense_grad(n=64, k=96, m=48):
-    X = te.placeholder((n, k), name="X")
-    W = te.placeholder((m, k), name="W")
-    Y = te.nn.dense(X, W, name="Y")
-    r = te.reduce_axis(m, "r")
-    i = te.reduce_axis(n, "i")
-    L = te.compute((), lambda: te.sum(Y[i, r] * Y[i, r], axis=[i, r]), name="L")
-    dW, = te.differentiate(L, [W])
-    return X, W, L, dW
+_dense_grad = dense_grad
 
 
 def test_explain_names_each_unit_its_lowering_and_the_blas_work():

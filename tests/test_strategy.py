@@ -7,19 +7,14 @@ import numpy as np
 import pytest
 
 import texpr as te
+from dense_testutil import dense_grad
 from texpr import codegen
 from texpr.codegen import strategy
 from texpr.codegen.analysis import contraction, matches
 
 
 def _dense_grad(n=64, k=96, m=48):
-    X = te.placeholder((n, k), name="X")
-    W = te.placeholder((m, k), name="W")
-    Y = te.nn.dense(X, W, name="Y")
-    r = te.reduce_axis(m, "r")
-    i = te.reduce_axis(n, "i")
-    L = te.compute((), lambda: te.sum(Y[i, r] * Y[i, r], axis=[i, r]), name="L")
-    dW, = te.differentiate(L, [W])
+    X, W, L, dW = dense_grad(n, k, m)
     return [L, dW], [X, W]
 
 
