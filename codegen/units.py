@@ -27,7 +27,7 @@ The interface every unit kind implements (the driver relies on nothing else):
 Adding a kind (e.g. a contraction run by a library call instead of a loop
 nest): give its description in ``Program.units`` a ``kind`` of its own, write
 a class with the interface above, and :func:`register` it (docs/extending.md,
-"How to add a backend").
+"A backend").
 """
 
 from texpr.errors import TexprError

@@ -8,7 +8,7 @@ One job: the registration of each backend's pieces, in one place:
 * ``numpy_host``: the unit kind ``"blas"`` (contraction plans on numpy's BLAS).
 
 A new backend is a new folder under ``codegen/backends/`` plus a line here
-(docs/extending.md, "How to add a backend").
+(docs/extending.md, "A backend").
 """
 
 from .numba_cpu import dialect as _numba_cpu_dialect  # noqa: F401 - registers

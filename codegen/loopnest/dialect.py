@@ -18,7 +18,7 @@ asks the active :class:`Dialect` for
 
 A backend defines a subclass and registers its instance with :func:`register`;
 the build activates one with :func:`using` (the default is the first
-registered). docs/extending.md, "How to add a backend", walks through one.
+registered). docs/extending.md, "A backend", walks through one.
 """
 
 import contextlib

@@ -320,8 +320,11 @@ def train(args, out=sys.stdout):
     wts = [model.weights[n] for n in names]
     grads = te.differentiate(model.loss, wts).result
     inputs = [model.x, model.labels, model.mask] + wts
-    step = codegen.build([model.loss] + list(grads), inputs, parallel=args.parallel)
-    predict = codegen.build([model.logits], [model.x] + wts, parallel=args.parallel)
+    # --serial: every stage a loop nest, sequential (blas=False as well: parallel=False
+    # alone keeps the GEMMs on the BLAS)
+    mode = dict(parallel=args.parallel, blas=args.parallel)
+    step = codegen.build([model.loss] + list(grads), inputs, **mode)
+    predict = codegen.build([model.logits], [model.x] + wts, **mode)
     params = model.init_weights(rng)
     velocity = {n: np.zeros_like(v) for n, v in params.items()}
     t_built = time.perf_counter()
