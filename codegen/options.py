@@ -38,6 +38,7 @@ import contextlib
 import contextvars
 import dataclasses
 import hashlib
+import math
 import numbers
 import os
 
@@ -212,7 +213,19 @@ class Options:
                                  f"got {value!r}")
             if number is not None and type(value) is not want:
                 # np.int64(8) and 8, 1 and 1.0: equal Options, so one fingerprint
-                object.__setattr__(self, f.name, want(value))
+                try:
+                    object.__setattr__(self, f.name, want(value))
+                except OverflowError:  # (an int beyond a float's range)
+                    raise TexprError(f"codegen Options: {f.name} must be a finite "
+                                     f"{want.__name__}, got {value!r}") from None
+        for name, (lo, hi, what) in _RANGES.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, float) and not math.isfinite(value) or not lo <= value <= hi:
+                raise TexprError(f"codegen Options: {name} must be {what}, got {value!r}")
+        if self.unroll & (self.unroll - 1):
+            raise TexprError(f"codegen Options: unroll must be a power of two, got {self.unroll}")
         if self.chunk_runner not in ("openmp", "threads"):
             raise TexprError(f"codegen Options: chunk_runner must be 'openmp' or 'threads', "
                              f"got {self.chunk_runner!r}")
@@ -260,6 +273,20 @@ class Options:
 
 _NAMES = frozenset(f.name for f in dataclasses.fields(Options))
 _TYPES = {f.name: f.type for f in dataclasses.fields(Options)}
+
+_INF = math.inf
+#: the values a number field may take (a field not named: any int >= 0);
+#: a count that divides or multiplies (parts, unroll, lanes, tiles) is >= 1
+_RANGES = {f.name: (0, _INF, "an int >= 0") for f in dataclasses.fields(Options)
+           if f.type is int}
+_RANGES.update({name: (1, _INF, "an int >= 1") for name in (
+    "window_min_readers", "split_reduction_parts", "blas_max_pieces", "blas_max_classes",
+    "blas_pad_max_ratio", "shift_max_moves", "buffer_tile", "max_residue_splits", "unroll",
+    "jam", "jam_unroll", "split_lanes", "text_max_height", "gemm_chunk_bytes")})
+_RANGES.update({name: (0.0, 1.0, "a finite float in [0, 1]") for name in (
+    "tap_split_min_density", "rest_parallel_fraction")})
+_RANGES.update({name: (0.0, _INF, "a finite float >= 0") for name in (
+    "blas_min_efficiency", "blas_tap_efficiency", "gemm_load_check_s", "gemm_run_cost")})
 
 #: the fields that decide how a built kernel runs (read from ``Kernel.options``);
 #: every other field decides the lowering

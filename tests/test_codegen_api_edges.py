@@ -30,7 +30,7 @@ def _dense():
     ("jam_unroll", -1), ("split_lanes", 0), ("buffer_tile", 0), ("text_max_height", 0),
     ("blas_max_pieces", -1), ("gemm_threads", -1), ("gemm_chunk_bytes", 0),
     ("gemm_chunk_min_bytes", -5), ("tap_split_min_density", math.nan),
-    ("blas_min_efficiency", 0.0), ("blas_min_efficiency", math.inf),
+    ("blas_min_efficiency", -0.5), ("blas_min_efficiency", math.inf),
     ("gemm_load_check_s", -1.0), ("rest_parallel_fraction", 2.0)])
 def test_options_out_of_range_are_clear_errors(field, value):
     with pytest.raises(TexprError, match=field):
