@@ -34,12 +34,13 @@ Every tuning knob is a field of :class:`codegen.options.Options`
 docs/options.md). Which stages get buffers by default is the materialisation rule of
 ``docs/stages.md``. The module paths of the flat layout before this one
 (``texpr.codegen.stage``, ...) stay importable for one release
-(:mod:`codegen._aliases`).
+(:mod:`codegen._aliases`); the module constants the knobs were refuse
+assignment with the field to use (:mod:`codegen._retired`).
 """
 
 import os as _os
 
-from . import _aliases
+from . import _aliases, _retired
 from .options import Options, current as current_options, options, using
 
 if not _os.environ.get("_TEXPR_COMPILE_WORKER"):
@@ -55,6 +56,8 @@ __all__ = ["build", "Kernel", "create_schedule", "Schedule", "Stage", "CompileEr
            "Options", "options", "using", "current_options"]
 
 _aliases.install(__name__)
+if not _os.environ.get("_TEXPR_COMPILE_WORKER"):
+    _retired.install(__name__)  # (stage.UNROLL = 1 would change nothing: an error)
 
 
 def __getattr__(name):
