@@ -165,3 +165,18 @@ def test_builds_in_threads_keep_their_own_options():
     assert [u.kind for u in kl.units] == ["numba"] and [u.kind for u in kb.units] == ["blas"]
     np.testing.assert_allclose(yl, x @ w.T, rtol=1e-10)
     np.testing.assert_allclose(yb, x @ w.T, rtol=1e-10)
+
+
+def test_an_unpickled_options_is_checked_like_a_new_one():
+    # a pickle from another version (a field that is gone, a value out of range
+    # now) was restored as it was, past the checks of Options.__init__
+    o = Options(unroll=4, gemm_threads=2)
+    assert pickle.loads(pickle.dumps(o)) == o
+    old = Options(unroll=4)
+    object.__setattr__(old, "a_field_that_is_gone", 1)
+    with pytest.raises(TexprError, match="no field a_field_that_is_gone"):
+        pickle.loads(pickle.dumps(old))
+    bad = Options()
+    object.__setattr__(bad, "split_reduction_parts", 0)
+    with pytest.raises(TexprError, match="split_reduction_parts"):
+        pickle.loads(pickle.dumps(bad))
