@@ -230,6 +230,11 @@ class Options:
             raise TexprError(f"codegen Options: chunk_runner must be 'openmp' or 'threads', "
                              f"got {self.chunk_runner!r}")
 
+    def __reduce__(self):
+        # every field by name, restored through the checks of a new Options (a
+        # pickle's state would be set past them)
+        return (_restore, (dict(vars(self)),))
+
     def replace(self, **fields):
         """Another Options with these fields replaced.
 
@@ -287,6 +292,12 @@ _RANGES.update({name: (0.0, 1.0, "a finite float in [0, 1]") for name in (
     "tap_split_min_density", "rest_parallel_fraction")})
 _RANGES.update({name: (0.0, _INF, "a finite float >= 0") for name in (
     "blas_min_efficiency", "blas_tap_efficiency", "gemm_load_check_s", "gemm_run_cost")})
+
+def _restore(fields):
+    """The Options of a pickle (:meth:`Options.__reduce__`); a field that is gone
+    or a value now out of range is a TexprError."""
+    return Options().replace(**fields)
+
 
 #: the fields that decide how a built kernel runs (read from ``Kernel.options``);
 #: every other field decides the lowering
