@@ -40,7 +40,7 @@ assignment with the field to use (:mod:`codegen._retired`).
 
 import os as _os
 
-from . import _aliases, _retired
+from . import _aliases
 from .options import Options, current as current_options, options, using
 
 if not _os.environ.get("_TEXPR_COMPILE_WORKER"):
@@ -50,14 +50,14 @@ if not _os.environ.get("_TEXPR_COMPILE_WORKER"):
     from .backends.registered import CacheWarning, CompileError, cache_dir, clear_memory_cache
     from .profile import report as profile_report
     from .ir.schedule import Schedule, Stage, create_schedule
+    from . import _retired
+    _retired.install()  # (stage.UNROLL = 1 would change nothing: an error)
 
 __all__ = ["build", "Kernel", "create_schedule", "Schedule", "Stage", "CompileError",
            "CacheWarning", "cache_dir", "clear_memory_cache", "profile_report",
            "Options", "options", "using", "current_options"]
 
 _aliases.install(__name__)
-if not _os.environ.get("_TEXPR_COMPILE_WORKER"):
-    _retired.install(__name__)  # (stage.UNROLL = 1 would change nothing: an error)
 
 
 def __getattr__(name):

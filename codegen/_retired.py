@@ -8,12 +8,16 @@ with the field to use instead (reading one is an AttributeError saying the
 same); every other attribute is set as usual.
 """
 
-import importlib
 import types
 
 from texpr.errors import TexprError
 
+from .analysis import contraction, shifts
+from .backends.numba_cpu import chunks
+from .backends.numpy_host import gemm, parking
+from .loopnest import cse, emit, scan_gemm, stage
 from .options import Options
+from .rewrite import split_reductions, tap_split, windows
 
 __all__ = ["RETIRED", "install"]
 
@@ -52,6 +56,12 @@ RETIRED = {
     "rewrite.windows": {"MIN_READERS": "window_min_readers", "ENABLED": "windows"},
 }
 
+_MODULES = {"analysis.contraction": contraction, "analysis.shifts": shifts,
+            "backends.numba_cpu.chunks": chunks, "backends.numpy_host.gemm": gemm,
+            "backends.numpy_host.parking": parking, "loopnest.cse": cse, "loopnest.emit": emit,
+            "loopnest.scan_gemm": scan_gemm, "loopnest.stage": stage,
+            "rewrite.split_reductions": split_reductions, "rewrite.tap_split": tap_split,
+            "rewrite.windows": windows}
 _BY_MODULE = {}
 
 
@@ -77,11 +87,11 @@ class _Module(types.ModuleType):
         raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
 
 
-def install(package):
-    """Guard the retired constants of the modules under ``package`` ("texpr.codegen")."""
+def install():
+    """Guard the retired constants of the modules of :data:`RETIRED`."""
+    fields = Options.__dataclass_fields__
     for path, names in RETIRED.items():
-        module = importlib.import_module(f"{package}.{path}")
-        fields = Options.__dataclass_fields__
+        module = _MODULES[path]
         assert all(f in fields for f in names.values()), path
         _BY_MODULE[module.__name__] = names
         if type(module) is types.ModuleType:
