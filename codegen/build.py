@@ -459,7 +459,7 @@ def build(outputs, inputs, schedule=None, *, parallel=True, blas=True, options=N
         tensor; codegen.CompileError: the backend's compiler rejected the generated code;
         TexprError: index arithmetic that cannot be proven to stay in int64
         (the message names the stage and the subexpression); an ``options``
-        field that does not exist or has a value of the wrong type.
+        field that does not exist or has a value of the wrong type or out of range.
     """
     opts = _resolve_options(options)
     with _using(opts):

@@ -243,7 +243,8 @@ class Options:
         Returns:
             Options.
         Raises:
-            TexprError: a field that does not exist or a value of the wrong type.
+            TexprError: a field that does not exist or a value of the wrong type or
+            out of range.
         """
         unknown = sorted(set(fields) - _NAMES)
         if unknown:
@@ -328,7 +329,8 @@ def resolve(opts):
     Returns:
         Options.
     Raises:
-        TexprError: anything else, an unknown field or a value of the wrong type.
+        TexprError: anything else, an unknown field or a value of the wrong type
+        or out of range.
     """
     if opts is None:
         return current()
@@ -368,6 +370,6 @@ def options(**fields):
     Returns:
         The context manager; it yields the Options now active.
     Raises:
-        TexprError: an unknown field or a value of the wrong type.
+        TexprError: an unknown field or a value of the wrong type or out of range.
     """
     return using(current().replace(**fields))
