@@ -34,7 +34,8 @@ Every tuning knob is a field of :class:`codegen.options.Options`
 docs/options.md). Which stages get buffers by default is the materialisation rule of
 ``docs/stages.md``. The module paths of the flat layout before this one
 (``texpr.codegen.stage``, ...) stay importable for one release
-(:mod:`codegen._aliases`).
+(:mod:`codegen._aliases`); the module constants the knobs were refuse
+assignment with the field to use (:mod:`codegen._retired`).
 """
 
 import os as _os
@@ -49,6 +50,8 @@ if not _os.environ.get("_TEXPR_COMPILE_WORKER"):
     from .backends.registered import CacheWarning, CompileError, cache_dir, clear_memory_cache
     from .profile import report as profile_report
     from .ir.schedule import Schedule, Stage, create_schedule
+    from . import _retired
+    _retired.install()  # (stage.UNROLL = 1 would change nothing: an error)
 
 __all__ = ["build", "Kernel", "create_schedule", "Schedule", "Stage", "CompileError",
            "CacheWarning", "cache_dir", "clear_memory_cache", "profile_report",

@@ -16,7 +16,7 @@ from texpr.tensor import (ComputeOp, PlaceholderOp, ScatterAddOp, Tensor, check_
                           check_input_array)
 
 from .backends.numpy_host import parking as _parking
-from .options import _CURRENT as _ACTIVE_OPTIONS, resolve as _resolve_options, using as _using
+from .options import Options, _CURRENT as _ACTIVE_OPTIONS, resolve as _resolve_options, using as _using
 from . import profile as _profile
 from .backends import registered as _backends  # noqa: F401 - registers the backends
 from .backends.unit_errors import unit_error
@@ -70,7 +70,8 @@ class Kernel:
     :class:`codegen.options.Options` it was built with; every call runs under
     its run-time fields, :data:`codegen.options.RUN_TIME`, whatever Options
     the caller has active: assign ``kernel.options =
-    kernel.options.replace(gemm_threads=2)`` to run it otherwise).
+    kernel.options.replace(gemm_threads=2)`` or a dict of fields, ``kernel.options =
+    {"gemm_threads": 2}``, to run it otherwise; anything else is a TexprError).
     ``kernel.profile(*arrays)`` times each unit (:mod:`codegen.profile`).
 
     Raises (on call): FeedError (wrong number/shape/dtype of arrays, an unknown,
@@ -83,7 +84,7 @@ class Kernel:
 
     def __init__(self, program, units, inputs, outputs, seconds, options=None):
         self._program = program
-        self.options = _resolve_options(options)
+        self._options = _resolve_options(options)
         self.units = list(units)
         self.source = program.source
         self.stages = list(program.stages)
@@ -106,6 +107,23 @@ class Kernel:
         self._calls_blas = any(getattr(u, "calls_blas", False) for u in self.units)
         # per thread: the temporaries of the last call, reused by the next one
         self._spare = threading.local()
+
+    @property
+    def options(self):
+        """The :class:`codegen.options.Options` the kernel was built with; its
+        calls run under its run-time fields."""
+        return self._options
+
+    @options.setter
+    def options(self, opts):
+        # an Options as it is, a dict: fields replaced in the kernel's own (not
+        # in the caller's active Options); anything else is a TexprError
+        if isinstance(opts, dict):
+            opts = self._options.replace(**opts)
+        if not isinstance(opts, Options):
+            raise TexprError(f"Kernel.options must be a codegen Options or a dict of its "
+                             f"fields, got {type(opts).__name__}")
+        self._options = opts
 
     def __call__(self, *arrays, out=None, **named):
         if named:
@@ -441,7 +459,7 @@ def build(outputs, inputs, schedule=None, *, parallel=True, blas=True, options=N
         tensor; codegen.CompileError: the backend's compiler rejected the generated code;
         TexprError: index arithmetic that cannot be proven to stay in int64
         (the message names the stage and the subexpression); an ``options``
-        field that does not exist or has a value of the wrong type.
+        field that does not exist or has a value of the wrong type or out of range.
     """
     opts = _resolve_options(options)
     with _using(opts):

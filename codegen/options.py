@@ -38,6 +38,7 @@ import contextlib
 import contextvars
 import dataclasses
 import hashlib
+import math
 import numbers
 import os
 
@@ -212,10 +213,27 @@ class Options:
                                  f"got {value!r}")
             if number is not None and type(value) is not want:
                 # np.int64(8) and 8, 1 and 1.0: equal Options, so one fingerprint
-                object.__setattr__(self, f.name, want(value))
+                try:
+                    object.__setattr__(self, f.name, want(value))
+                except OverflowError:  # (an int beyond a float's range)
+                    raise TexprError(f"codegen Options: {f.name} must be a finite "
+                                     f"{want.__name__}, got {value!r}") from None
+        for name, (lo, hi, what) in _RANGES.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, float) and not math.isfinite(value) or not lo <= value <= hi:
+                raise TexprError(f"codegen Options: {name} must be {what}, got {value!r}")
+        if self.unroll & (self.unroll - 1):
+            raise TexprError(f"codegen Options: unroll must be a power of two, got {self.unroll}")
         if self.chunk_runner not in ("openmp", "threads"):
             raise TexprError(f"codegen Options: chunk_runner must be 'openmp' or 'threads', "
                              f"got {self.chunk_runner!r}")
+
+    def __reduce__(self):
+        # every field by name, restored through the checks of a new Options (a
+        # pickle's state would be set past them)
+        return (_restore, (dict(vars(self)),))
 
     def replace(self, **fields):
         """Another Options with these fields replaced.
@@ -225,7 +243,8 @@ class Options:
         Returns:
             Options.
         Raises:
-            TexprError: a field that does not exist or a value of the wrong type.
+            TexprError: a field that does not exist or a value of the wrong type or
+            out of range.
         """
         unknown = sorted(set(fields) - _NAMES)
         if unknown:
@@ -261,6 +280,26 @@ class Options:
 _NAMES = frozenset(f.name for f in dataclasses.fields(Options))
 _TYPES = {f.name: f.type for f in dataclasses.fields(Options)}
 
+_INF = math.inf
+#: the values a number field may take (a field not named: any int >= 0);
+#: a count that divides or multiplies (parts, unroll, lanes, tiles) is >= 1
+_RANGES = {f.name: (0, _INF, "an int >= 0") for f in dataclasses.fields(Options)
+           if f.type is int}
+_RANGES.update({name: (1, _INF, "an int >= 1") for name in (
+    "window_min_readers", "split_reduction_parts", "blas_max_pieces", "blas_max_classes",
+    "blas_pad_max_ratio", "shift_max_moves", "buffer_tile", "max_residue_splits", "unroll",
+    "jam", "jam_unroll", "split_lanes", "text_max_height", "gemm_chunk_bytes")})
+_RANGES.update({name: (0.0, 1.0, "a finite float in [0, 1]") for name in (
+    "tap_split_min_density", "rest_parallel_fraction")})
+_RANGES.update({name: (0.0, _INF, "a finite float >= 0") for name in (
+    "blas_min_efficiency", "blas_tap_efficiency", "gemm_load_check_s", "gemm_run_cost")})
+
+def _restore(fields):
+    """The Options of a pickle (:meth:`Options.__reduce__`); a field that is gone
+    or a value now out of range is a TexprError."""
+    return Options().replace(**fields)
+
+
 #: the fields that decide how a built kernel runs (read from ``Kernel.options``);
 #: every other field decides the lowering
 RUN_TIME = frozenset({"gemm_threads", "gemm_split_min", "gemm_load_check_s", "gemm_run_cost",
@@ -290,7 +329,8 @@ def resolve(opts):
     Returns:
         Options.
     Raises:
-        TexprError: anything else, an unknown field or a value of the wrong type.
+        TexprError: anything else, an unknown field or a value of the wrong type
+        or out of range.
     """
     if opts is None:
         return current()
@@ -330,6 +370,6 @@ def options(**fields):
     Returns:
         The context manager; it yields the Options now active.
     Raises:
-        TexprError: an unknown field or a value of the wrong type.
+        TexprError: an unknown field or a value of the wrong type or out of range.
     """
     return using(current().replace(**fields))

@@ -41,7 +41,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from texpr.errors import ScheduleError
+from texpr.errors import ScheduleError, TexprError
 from texpr.scan import ScanOp
 from texpr.tensor import ScatterAddOp
 
@@ -228,16 +228,47 @@ def plan_stage(op, ctx, memo=None):
             return held[1]
     plan = None
     for rule in list(RULES):
-        plan = rule(op, ctx)
+        name = getattr(rule, "__name__", repr(rule))
+        try:
+            plan = rule(op, ctx)
+        except TexprError:
+            raise
+        except Exception as exc:  # a rule of one's own: named, not a raw traceback
+            raise ScheduleError(f"stage {op.name}: the lowering rule {name} raised "
+                                f"{type(exc).__name__}: {exc}") from exc
         if plan is not None:
+            _check_plan(op, plan, name)
             if plan.rule is None:  # (the rule's name, printed with the plan)
-                plan = dataclasses.replace(plan, rule=getattr(rule, "__name__", repr(rule)))
+                plan = dataclasses.replace(plan, rule=name)
             break
     if plan is None:  # (a list without loop_nest at its end)
         plan = loop_nest(op, ctx)
     if memo is not None:
         memo[id(op)] = (op, plan)
     return plan
+
+
+_PAYLOADS = {"gemm": contraction.ContractionPlan, "shift": shifts.ShiftPlan}
+
+
+def _check_plan(op, plan, name):
+    """ScheduleError unless ``plan``, the answer of the rule ``name`` for the
+    materialised ``op``, is a StagePlan of that stage the lowering can follow."""
+    where = f"stage {op.name}: the lowering rule {name}"
+    if not isinstance(plan, StagePlan):
+        raise ScheduleError(f"{where} returned {type(plan).__name__} {plan!r}; "
+                            "a rule returns a strategy.StagePlan or None")
+    if plan.stage != op.name:
+        raise ScheduleError(f"{where} returned the plan of stage {plan.stage!r}")
+    kinds = ("gemm", "shift", _loop_kind(op))
+    if not plan.materialize or plan.kind not in kinds:
+        raise ScheduleError(f"{where} returned kind {plan.kind!r} (materialize="
+                            f"{plan.materialize}); a materialised stage's kind is one of "
+                            f"{', '.join(map(repr, kinds))}")
+    want = _PAYLOADS.get(plan.kind)
+    if want is not None and not isinstance(plan.payload, want):
+        raise ScheduleError(f"{where} returned kind {plan.kind!r} without its payload "
+                            f"(a {want.__name__}), got {type(plan.payload).__name__}")
 
 
 def from_payload(op, payload):

@@ -71,10 +71,10 @@ def test_the_fingerprint_is_the_same_in_another_process():
 def _another(value):
     if isinstance(value, bool):
         return not value
-    if isinstance(value, int):
-        return value + 1
-    if isinstance(value, float):
-        return value * 2 + 1
+    if isinstance(value, int):  # (in range: unroll stays a power of two)
+        return value * 2 if value else 1
+    if isinstance(value, float):  # (in range: a fraction stays at most 1)
+        return value / 2
     if isinstance(value, str):
         return "threads" if value == "openmp" else "openmp"
     return 7  # gemm_chunk_min_bytes: None (half the last-level cache)

@@ -69,7 +69,13 @@ _ACTIVE = contextvars.ContextVar("texpr_codegen_dialect", default=None)
 
 def register(name, dialect):
     """Register ``dialect`` (a :class:`Dialect`) under ``name``; the first one
-    registered is the default."""
+    registered is the default.
+
+    Raises:
+        TexprError: a name that is no non-empty str, an object that is no
+        Dialect, or a name another dialect is registered under."""
+    if not isinstance(name, str) or not name:
+        raise TexprError(f"codegen: a dialect's name must be a non-empty str, got {name!r}")
     if not isinstance(dialect, Dialect):
         raise TexprError(f"codegen: dialect {name!r} must be a codegen.loopnest.dialect.Dialect, "
                          f"got {type(dialect).__name__}")
@@ -103,6 +109,9 @@ def using(dialect):
             raise TexprError(f"codegen: no backend {dialect!r} is registered "
                              f"(registered: {', '.join(_REGISTERED) or 'none'})")
         dialect = _REGISTERED[dialect]
+    elif not isinstance(dialect, Dialect):
+        raise TexprError(f"codegen: using() takes a codegen.loopnest.dialect.Dialect or a "
+                         f"registered name, got {type(dialect).__name__}")
     token = _ACTIVE.set(dialect)
     try:
         yield dialect
