@@ -656,32 +656,8 @@ class _StageLowering:
         sp_space = VarSpace(spatial)
         sp_box = box_set(sp_space)
         if red is None:
-            if not self.stage.parallel_set and not _worth_parallel(int(np.prod(op.shape)), body):
-                par = self.chosen_parallel = []
-            em = self._emitter()
-            ck = _BoundsChecker(op.name, sp_space, sp_box)
-            for b in body:
-                ck.walk(b, sp_box, False)
-            em.checks, em.value_checks, em.arith_checks = ck.need, ck.values, ck.arith
-            em.speculative = speculative_selects(op.name, body, sp_space, sp_box, em)
-            if _opts().affine_offsets:
-                em.flat = affine_offsets(body, spatial, sp_space, sp_box, ck.need)
-
-            def write_all(d):
-                # every output of the stage: a tuple reduction whose domain the
-                # simplifier collapsed (one point, equalities solved) is an
-                # elementwise stage with several outputs (BUGS.md C14)
-                bound = self._bind_shared(em, d, body)
-                for o, b in zip(outs, body):
-                    bound += self._bind_branches(em, d, b)
-                    w(d, f"{self._store(o)} = {em.cast(b, o.dtype)}")
-                em.unbind(bound)
-
-            stmts = {"S": write_all}
-            st = [LA.Statement(f"S{self.k}", spatial, sp_box, [self._val(a) for a in order])]
-            loop_pos = {id(a): p for p, a in enumerate(order)}
-            return self._emit_nest(depth, st, len(order), stmts,
-                                   {loop_pos[id(a)] for a in par})
+            return self._run_pointwise(depth, op, w, spatial, body, order, par, outs, sp_space,
+                                       sp_box)
         # reduction
         full = spatial + reduce_
         space = VarSpace(full)
@@ -718,85 +694,128 @@ class _StageLowering:
         scalar_mode = all(a.kind == "spatial" for a in order[:n_sp])
         combine = self._combine_lines(comb, red, em, resid)
         if scalar_mode:
-            sp_order, rd_order = order[:n_sp], order[n_sp:]
-            from texpr.visitor import post_order
-            small = len(post_order(red.source[0])) <= _opts().unroll_max_nodes
-            sum_ok = comb.kind == "sum" and ncomp == 1 and dt.is_float(comb.dtypes[0]) and small
-            u_n = _opts().unroll if comb.dtypes[0] == "float32" else _opts().unroll // 2
-            # a float32 sum accumulates in float64, rounded once when it is stored
-            acc_dt = ("float64" if _opts().sum_float64 and comb.kind == "sum" and ncomp == 1
-                      and comb.dtypes[0] == "float32" else None)
-            # a small stage runs in microseconds either way: unrolled and blocked
-            # copies would only cost compile time (the main job's 64-term loss sum
-            # with its checked gather: 1.8 s of compilation unrolled)
-            sum_ok = sum_ok and self._box_points(full) >= _opts().unroll_min_points
-            if sum_ok and rd_order and rd_order[-1].extent >= 2 * u_n:
-                self.unroll = (combine, acc[0], acc_dt or comb.dtypes[0], u_n,
-                               rd_order[-1].extent)
-            jam = None
-            if sum_ok and not self.stage.ordered and rd_order:
-                # moving another spatial axis innermost pays where the reduction
-                # loop is short (strided conv dW: 8.4 -> 4.7 ms), not where it is
-                # unrolled (conv dW stride 1: 7.8 -> 14.5 ms)
-                move = _opts().jam_move and not self.stage.vectorize_axes and self.unroll is None
-                jam = _jam_axis(sp_order, red, par if move else sp_order[:-1])
-                if jam is not None and jam is not sp_order[-1]:
-                    sp_order = [a for a in sp_order if a is not jam] + [jam]
-                    self.chosen_order = sp_order + rd_order
-                if jam is not None and self.unroll is not None:
-                    u_j = _opts().jam_unroll
-                    u_j = u_j if comb.dtypes[0] == "float32" else max(1, u_j // 2)
-                    if u_j < self.unroll[3]:
-                        self.unroll = self.unroll[:3] + (u_j,) + self.unroll[4:]
+            return self._run_scalar_reduction(depth, w, spatial, red, order, par, outs, sp_space,
+                                              sp_box, full, space, dom, comb, ncomp, acc, n_sp,
+                                              combine)
+        return self._run_buffer_reduction(depth, op, w, red, order, par, outs, full, space, box,
+                                          resid, dom, sensitive, comb, ncomp, combine)
 
-            def init(d, lane=None):
-                for a, c in zip(acc, comb.identity):
-                    w(d, f"{_lane(a, lane)} = {const_str(c.value, acc_dt or c.dtype)}")
+    def _run_pointwise(self, depth, op, w, spatial, body, order, par, outs, sp_space, sp_box):
+        """An elementwise stage's loop nest (every output written at each point)."""
+        if not self.stage.parallel_set and not _worth_parallel(int(np.prod(op.shape)), body):
+            par = self.chosen_parallel = []
+        em = self._emitter()
+        ck = _BoundsChecker(op.name, sp_space, sp_box)
+        for b in body:
+            ck.walk(b, sp_box, False)
+        em.checks, em.value_checks, em.arith_checks = ck.need, ck.values, ck.arith
+        em.speculative = speculative_selects(op.name, body, sp_space, sp_box, em)
+        if _opts().affine_offsets:
+            em.flat = affine_offsets(body, spatial, sp_space, sp_box, ck.need)
 
-            def fin(d, lane=None):
-                for o, a in zip(outs, acc):
-                    v = _lane(a, lane)
-                    w(d, f"{self._store(o)} = {f'np.float32({v})' if acc_dt else v}")
+        def write_all(d):
+            # every output of the stage: a tuple reduction whose domain the
+            # simplifier collapsed (one point, equalities solved) is an
+            # elementwise stage with several outputs (BUGS.md C14)
+            bound = self._bind_shared(em, d, body)
+            for o, b in zip(outs, body):
+                bound += self._bind_branches(em, d, b)
+                w(d, f"{self._store(o)} = {em.cast(b, o.dtype)}")
+            em.unbind(bound)
 
-            stmts = {"I": init, "U": lambda d, lane=None: combine(d, [_lane(acc[0], lane)]
-                                                                  + acc[1:]), "F": fin}
-            pos = {id(a): p for p, a in enumerate(sp_order)}
-            pos.update({id(a): n_sp + 1 + p for p, a in enumerate(rd_order)})
-            par_dims = {pos[id(a)] for a in par}
-            zeros_r = [0] * len(rd_order)
-            rest_sp, rest_dom = sp_box, dom
-            if jam is not None:
-                # register blocking: options.jam consecutive points of the innermost spatial
-                # axis share the reduction loops (one accumulator each), over the
-                # full tiles; the last partial tile runs unblocked below
-                n_full = jam.extent // _opts().jam * _opts().jam
-                in_sp = to_set(jam < n_full, sp_space)[0]
-                in_full = to_set(jam < n_full, space)[0]
+        stmts = {"S": write_all}
+        st = [LA.Statement(f"S{self.k}", spatial, sp_box, [self._val(a) for a in order])]
+        loop_pos = {id(a): p for p, a in enumerate(order)}
+        return self._emit_nest(depth, st, len(order), stmts,
+                               {loop_pos[id(a)] for a in par})
 
-                def sv(a):
-                    return jam // _opts().jam if a is jam else self._val(a)
+    def _run_scalar_reduction(self, depth, w, spatial, red, order, par, outs, sp_space, sp_box,
+                              full, space, dom, comb, ncomp, acc, n_sp, combine):
+        """A reduction whose spatial loops are outermost: per output point, accumulators
+        initialised, updated over the reduction loops (unrolled, jammed) and stored."""
+        sp_order, rd_order = order[:n_sp], order[n_sp:]
+        from texpr.visitor import post_order
+        small = len(post_order(red.source[0])) <= _opts().unroll_max_nodes
+        sum_ok = comb.kind == "sum" and ncomp == 1 and dt.is_float(comb.dtypes[0]) and small
+        u_n = _opts().unroll if comb.dtypes[0] == "float32" else _opts().unroll // 2
+        # a float32 sum accumulates in float64, rounded once when it is stored
+        acc_dt = ("float64" if _opts().sum_float64 and comb.kind == "sum" and ncomp == 1
+                  and comb.dtypes[0] == "float32" else None)
+        # a small stage runs in microseconds either way: unrolled and blocked
+        # copies would only cost compile time (the main job's 64-term loss sum
+        # with its checked gather: 1.8 s of compilation unrolled)
+        sum_ok = sum_ok and self._box_points(full) >= _opts().unroll_min_points
+        if sum_ok and rd_order and rd_order[-1].extent >= 2 * u_n:
+            self.unroll = (combine, acc[0], acc_dt or comb.dtypes[0], u_n,
+                           rd_order[-1].extent)
+        jam = None
+        if sum_ok and not self.stage.ordered and rd_order:
+            # moving another spatial axis innermost pays where the reduction
+            # loop is short (strided conv dW: 8.4 -> 4.7 ms), not where it is
+            # unrolled (conv dW stride 1: 7.8 -> 14.5 ms)
+            move = _opts().jam_move and not self.stage.vectorize_axes and self.unroll is None
+            jam = _jam_axis(sp_order, red, par if move else sp_order[:-1])
+            if jam is not None and jam is not sp_order[-1]:
+                sp_order = [a for a in sp_order if a is not jam] + [jam]
+                self.chosen_order = sp_order + rd_order
+            if jam is not None and self.unroll is not None:
+                u_j = _opts().jam_unroll
+                u_j = u_j if comb.dtypes[0] == "float32" else max(1, u_j // 2)
+                if u_j < self.unroll[3]:
+                    self.unroll = self.unroll[:3] + (u_j,) + self.unroll[4:]
 
-                lane = [jam % _opts().jam]
-                sts = [LA.Statement(f"I{self.k}", spatial, sp_box.intersect(in_sp),
-                                    [sv(a) for a in sp_order] + [0] + zeros_r + lane),
-                       LA.Statement(f"U{self.k}", full, dom.intersect(in_full),
-                                    [sv(a) for a in sp_order] + [1]
-                                    + [self._val(a) for a in rd_order] + lane),
-                       LA.Statement(f"F{self.k}", spatial, sp_box.intersect(in_sp),
-                                    [sv(a) for a in sp_order] + [2] + zeros_r + lane)]
-                self.jam_dim = len(order) + 1
-                self._emit_nest(depth, sts, len(order) + 2, stmts, par_dims)
-                self.jam_dim = None
-                rest_sp = sp_box.intersect(in_sp.complement())
-                rest_dom = dom.intersect(in_full.complement())
-            sched_i = [self._val(a) for a in sp_order] + [0] + zeros_r
-            sched_u = [self._val(a) for a in sp_order] + [1] + [self._val(a) for a in rd_order]
-            sched_f = [self._val(a) for a in sp_order] + [2] + zeros_r
-            sts = [LA.Statement(f"I{self.k}", spatial, rest_sp, sched_i),
-                   LA.Statement(f"U{self.k}", full, rest_dom, sched_u),
-                   LA.Statement(f"F{self.k}", spatial, rest_sp, sched_f)]
-            return self._emit_nest(depth, sts, len(order) + 1, stmts, par_dims)
-        # buffer mode
+        def init(d, lane=None):
+            for a, c in zip(acc, comb.identity):
+                w(d, f"{_lane(a, lane)} = {const_str(c.value, acc_dt or c.dtype)}")
+
+        def fin(d, lane=None):
+            for o, a in zip(outs, acc):
+                v = _lane(a, lane)
+                w(d, f"{self._store(o)} = {f'np.float32({v})' if acc_dt else v}")
+
+        stmts = {"I": init, "U": lambda d, lane=None: combine(d, [_lane(acc[0], lane)]
+                                                              + acc[1:]), "F": fin}
+        pos = {id(a): p for p, a in enumerate(sp_order)}
+        pos.update({id(a): n_sp + 1 + p for p, a in enumerate(rd_order)})
+        par_dims = {pos[id(a)] for a in par}
+        zeros_r = [0] * len(rd_order)
+        rest_sp, rest_dom = sp_box, dom
+        if jam is not None:
+            # register blocking: options.jam consecutive points of the innermost spatial
+            # axis share the reduction loops (one accumulator each), over the
+            # full tiles; the last partial tile runs unblocked below
+            n_full = jam.extent // _opts().jam * _opts().jam
+            in_sp = to_set(jam < n_full, sp_space)[0]
+            in_full = to_set(jam < n_full, space)[0]
+
+            def sv(a):
+                return jam // _opts().jam if a is jam else self._val(a)
+
+            lane = [jam % _opts().jam]
+            sts = [LA.Statement(f"I{self.k}", spatial, sp_box.intersect(in_sp),
+                                [sv(a) for a in sp_order] + [0] + zeros_r + lane),
+                   LA.Statement(f"U{self.k}", full, dom.intersect(in_full),
+                                [sv(a) for a in sp_order] + [1]
+                                + [self._val(a) for a in rd_order] + lane),
+                   LA.Statement(f"F{self.k}", spatial, sp_box.intersect(in_sp),
+                                [sv(a) for a in sp_order] + [2] + zeros_r + lane)]
+            self.jam_dim = len(order) + 1
+            self._emit_nest(depth, sts, len(order) + 2, stmts, par_dims)
+            self.jam_dim = None
+            rest_sp = sp_box.intersect(in_sp.complement())
+            rest_dom = dom.intersect(in_full.complement())
+        sched_i = [self._val(a) for a in sp_order] + [0] + zeros_r
+        sched_u = [self._val(a) for a in sp_order] + [1] + [self._val(a) for a in rd_order]
+        sched_f = [self._val(a) for a in sp_order] + [2] + zeros_r
+        sts = [LA.Statement(f"I{self.k}", spatial, rest_sp, sched_i),
+               LA.Statement(f"U{self.k}", full, rest_dom, sched_u),
+               LA.Statement(f"F{self.k}", spatial, rest_sp, sched_f)]
+        return self._emit_nest(depth, sts, len(order) + 1, stmts, par_dims)
+
+    def _run_buffer_reduction(self, depth, op, w, red, order, par, outs, full, space, box, resid,
+                              dom, sensitive, comb, ncomp, combine):
+        """A reduction with a reduction loop outside a spatial one: the outputs are
+        filled with the identity and updated in place (lanes, split groups)."""
         # (a view's layout is another tensor's: no rows of its own to slice)
         sliced = (self.chunking and par and par[0] is op.axis[0]
                   and not any(hasattr(o, "perm") for o in outs))
@@ -1446,7 +1465,8 @@ class _StageLowering:
                     w(depth, f"for {v} in {_dialect.current().parallel_range}({lo}, {hi}):")
                 else:
                     s = node.stride
-                    w(depth, f"for {v}_t in {_dialect.current().parallel_range}(({hi} - {lo} + {s - 1}) // {s}):")
+                    prange = _dialect.current().parallel_range
+                    w(depth, f"for {v}_t in {prange}(({hi} - {lo} + {s - 1}) // {s}):")
                     w(depth + 1, f"{v} = {lo} + {v}_t * {s}")
             elif (self.unroll is not None and node.stride == 1 and self._long(node) and (
                     (isinstance(node.body, LA.Stmt) and node.body.name.startswith("U"))
@@ -1604,7 +1624,8 @@ class _StageLowering:
         body.done()
         written = w.lines[start:]
         text = "\n".join(line[4 * depth:] for line in written)
-        if (any(_BRANCH.match(line) for line in written[1:]) or _check_call(_dialect.current().check_names).search(text)
+        checks = _check_call(_dialect.current().check_names)
+        if (any(_BRANCH.match(line) for line in written[1:]) or checks.search(text)
                 or not _dialect.current().unit_stride_loop(text)):
             del w.lines[start:]
             return False
