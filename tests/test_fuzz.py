@@ -461,3 +461,32 @@ def test_the_threads_check_finds_temporaries_shared_with_a_nested_call():
     kernel(x)
     fuzz._check_concurrent(prog, kernel, [x], (got,), findings)
     assert any(f.kind == "kernel-reentrant" or f.kind == "kernel-threads" for f in findings)
+
+
+#: the hoist profile: texpr.simplify.hoist at tiny thresholds, so that drawn programs'
+#: stage bodies (tens of nodes, far below the 2,000 of a real oversized body) get their
+#: shared invariant subexpressions stored in stages of their own; raw vs simplified
+#: gradients, finite differences and kernels are checked as in the CI profile (issue 51)
+HOIST_SEED = 20262700
+HOIST_PROGRAMS = 40
+
+
+def test_fuzz_hoist_profile(monkeypatch):
+    from texpr.simplify import hoist
+
+    stored = [0]
+    real = hoist.hoisted_body
+
+    def counted(op):
+        body = real(op)
+        if body is not op.body[0]:
+            stored[0] += 1
+        return body
+
+    monkeypatch.setattr(hoist, "hoisted_body", counted)
+    monkeypatch.setattr(hoist, "HOIST_TREE_NODES", 12)
+    monkeypatch.setattr(hoist, "HOIST_MIN_NODES", 3)
+    seeds = range(HOIST_SEED, HOIST_SEED + HOIST_PROGRAMS)
+    findings = fuzz.check_programs(seeds, compile_every=5, modes=("default", "cse"))
+    assert not findings, _report(findings)
+    assert stored[0] >= 5  # the pass fired on many of the drawn programs
