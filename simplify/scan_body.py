@@ -8,7 +8,9 @@ the passes that turn stages into scatter-adds or scans (a body holds compute
 stages only): the list it runs, :data:`texpr.simplify.pipeline.BODY_PIPELINE`,
 is the pipeline's to give. The result must still be a valid scan body (the time index forms
 ``t - k``, guards); when a rewrite breaks that, the body is kept as it was:
-slower, never wrong.
+slower, never wrong. After each round, the tests of the step alone that every
+evaluated step ``L <= t < T`` passes or fails are folded to constants
+(:mod:`texpr.simplify.step_tests`).
 """
 
 import weakref
@@ -22,6 +24,7 @@ from texpr.visitor import substitute, transform
 from .graph import is_elementwise, rebuild, remap_loads
 from .materialize import is_cheap
 from .runner import fingerprint, run_passes
+from .step_tests import fold_body_step_tests
 
 
 def _inline_cheap_externals(op, limit=8):
@@ -89,9 +92,13 @@ def _simplify_body(op, passes, rounds):
         for old, o in zip(b.outputs, new.outputs):
             local[id(old)] = o
     updates = [local[id(u)] for u in op.update]
+    # the steps L <= t < T are the only ones the body is evaluated at: a test of the
+    # step alone that every one of them passes is a constant (texpr.simplify.step_tests)
+    L, T = op.init_extent, op.time_extent
+    updates = fold_body_step_tests(updates, L, T)
     fp = fingerprint(updates)
     for _ in range(rounds):
-        updates = run_passes(updates, passes)
+        updates = fold_body_step_tests(run_passes(updates, passes), L, T)
         new_fp = fingerprint(updates)
         if new_fp == fp:
             break

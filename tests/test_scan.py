@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import texpr as te
-from texpr import simplify
+from texpr import codegen, simplify
 from texpr.testing import numeric_gradient
 from gradcheck import weighted_sum
 
@@ -729,3 +729,32 @@ def test_scan_gradients_through_step_reductions_and_state_gathers(label, body, i
     for simp in (False, True):
         (dx,) = te.differentiate(L, [X], simplify=simp).result
         np.testing.assert_allclose(te.evaluate(dx, feed), num, rtol=1e-5, atol=1e-7)
+
+
+def test_one_update_for_two_states():
+    # the same update tensor for two states (as the simplifier's merging of identical
+    # stages makes in a reverse scan): each state gets its own copy. The evaluator took
+    # the update of a state by the tensor and mixed the two states up (o1 and o2 both
+    # wrong from step 2), and the kernel got o2 wrong
+    T, n = 5, 3
+    X = te.placeholder((T, n), name="X", dtype="float64")
+    S1 = te.placeholder((T, n), name="S1", dtype="float64")
+    S2 = te.placeholder((T, n), name="S2", dtype="float64")
+    a = te.compute((T, n), lambda t, i: S1[t - 1, i] * 0.5 + X[t, i] * S2[t - 1, i], name="a")
+    i1 = te.compute((1, n), lambda _, i: X[0, i], name="i1")
+    i2 = te.compute((1, n), lambda _, i: X[0, i] * 3.0, name="i2")
+    o1, o2 = te.scan([i1, i2], [a, a], [S1, S2], name="sc")
+    x = RNG.standard_normal((T, n))
+    s1, s2 = np.zeros((T, n)), np.zeros((T, n))
+    s1[0], s2[0] = x[0], 3 * x[0]
+    for t in range(1, T):
+        s1[t] = s2[t] = s1[t - 1] * 0.5 + x[t] * s2[t - 1]
+    got = te.evaluate([o1, o2], {X: x})
+    np.testing.assert_allclose(got[0], s1, rtol=1e-12)
+    np.testing.assert_allclose(got[1], s2, rtol=1e-12)
+    kernel = codegen.build([o1, o2], [X])
+    for g, w in zip(kernel(x), (s1, s2)):
+        np.testing.assert_allclose(g, w, rtol=1e-12)
+    j, q = te.reduce_axis(T, "j"), te.reduce_axis(n, "q")
+    loss = te.compute((), lambda: te.sum(o1[j, q] * o2[j, q], axis=[j, q]), name="L")
+    _check_grads(loss, [X], {X: x}, True)

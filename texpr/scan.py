@@ -39,7 +39,7 @@ from .errors import (ScanBodyInputError, ScanDependenceError, ScanError, ScanIni
 from .expr import (GE, GT, LE, LT, EQ, Add, And, Cast, Const, Load, Mul, Reduce, Select, Sub,
                    load)
 from .printer import expr_str
-from .tensor import ComputeOp, Operation, PlaceholderOp, Tensor, as_tensor_list, check_name, \
+from .tensor import ComputeOp, Operation, PlaceholderOp, Tensor, as_tensor_list, check_name, compute, \
     topo_order
 from .visitor import transform
 
@@ -137,6 +137,20 @@ def _body_ops(name, updates, states):
     return tuple(body), tuple(externals)
 
 
+def _distinct(updates):
+    """``updates`` with each repeat of a tensor (the same update for two states, as the
+    simplifier's merging of identical stages makes, or a user writes) replaced by a
+    copy stage of its own, ``{name}_state{k}``: every state reads its own update
+    (the evaluator and the lowering take the update of a state by the tensor)."""
+    seen, out = set(), []
+    for k, u in enumerate(updates):
+        if id(u) in seen and isinstance(u, Tensor) and isinstance(u.op, ComputeOp):
+            u = compute(tuple(u.shape), lambda *i, u=u: u[i], name=f"{u.name}_state{k}")
+        seen.add(id(u))
+        out.append(u)
+    return tuple(out)
+
+
 class ScanOp(Operation):
     """A scan stage: one output per state, each of the state's shape ``(T,) + R``.
 
@@ -155,7 +169,7 @@ class ScanOp(Operation):
 
     def __init__(self, name, init, update, state_placeholder, tag="", attrs=None):
         self.name = name
-        self.init, self.update = tuple(init), tuple(update)
+        self.init, self.update = tuple(init), _distinct(tuple(update))
         self.state_placeholder = tuple(state_placeholder)
         self.tag, self.attrs = tag, dict(attrs or {})
         mode = self.attrs.get("checkpoint", "auto")
