@@ -214,6 +214,12 @@ class Kernel:
             print(text)
         return text
 
+    def _make_plan(self):
+        """``(temps, outs)``: the driver plan as the Python driver reads it, per
+        temporary ``(size, dtype, output position or None)`` and per output
+        ``(slot, shape, own)`` (from :attr:`driver_plan`)."""
+        return list(self._temps), list(self._outs)
+
     def _execute(self, args, outs_given):
         """Run the kernel's :class:`codegen.ir.driver.DriverPlan` on ``args`` (the
         inputs, flat and C-contiguous, exactly as declared). ``outs_given``: None, or per output an array or None; an
