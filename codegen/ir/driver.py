@@ -7,7 +7,7 @@ driver runs this one object and re-derives nothing:
 
 * :class:`codegen.build.Kernel` interprets it in Python (``Kernel._execute``);
 * the bridges' compiled driver serialises it into its int64 descriptor
-  (:func:`codegen.backends.numba_cpu.native_call.describe`);
+  (the loop-nest backend's ``native_call.describe``, :mod:`codegen.backends`);
 * ``Kernel.source`` ends with its text (:meth:`DriverPlan.lines`).
 
 A call of a kernel, as the plan says: the inputs fill the first slots; every
@@ -66,7 +66,7 @@ class Temp:
 @dataclass(frozen=True)
 class Call:
     """One unit call: ``unit`` (its position in ``Kernel.units``), ``stage``,
-    ``kind`` (the unit kind: ``"numba"``, ``"blas"``, ``"shift"``, ...),
+    ``kind`` (the unit kind: ``"blas"``, ``"shift"``, a loop-nest backend's, ...),
     ``args`` (the slots it reads and writes, in parameter order), ``chunks`` (0,
     or the extent a chunked unit's parts cut)."""
 
