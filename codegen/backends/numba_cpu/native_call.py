@@ -85,15 +85,22 @@ def _driver_source():
             h.update(f.read())
     digest = h.hexdigest()[:16]
     L = _FFI_LAYOUT
+    return _header(digest) + "\n\n\n" + _core_text() + _handler_text(L)
+
+
+def _header(digest):
+    """The driver module's first lines: its name and hash, and its imports."""
     return f"""# texpr native driver, codegen/backends/numba_cpu/native_call.py {digest}
 import numpy as np
 from numba import carray, cfunc, njit, types
 
 from texpr.codegen.backends.numba_cpu.intrinsics import (_call_c, _call_unit_any, _free, _load,
-                                                    _load32, _malloc, _pointer, _store32)
+                                                    _load32, _malloc, _pointer, _store32)"""
 
 
-@njit(cache=True, nogil=True)
+def _core_text():
+    """The text of ``core(d, io)``: run descriptor ``d`` on the buffers ``io`` points to."""
+    return f"""@njit(cache=True, nogil=True)
 def core(d, io):
     nb, nu, nc, nbytes = d[1], d[2], d[3], d[4]
     n_in, n_out = d[6], d[7]
@@ -148,7 +155,12 @@ def core(d, io):
     return 0
 
 
-@cfunc(types.int64(types.int64), cache=True)
+"""
+
+
+def _handler_text(L):
+    """The text of the FFI ``handler`` (a cfunc) for the call frame layout ``L``."""
+    return f"""@cfunc(types.int64(types.int64), cache=True)
 def handler(frame):
     # XLA_FFI_Error* handler(XLA_FFI_CallFrame*); 0: success
     ext = _load(frame + {L["ext"]})
