@@ -26,9 +26,11 @@ from . import strategy as _strategy
 from .analysis import contraction as _contraction
 from .analysis import matches as _matches
 from .units import make_units
+from .ir.driver import DriverPlan
 from .ir.schedule import Schedule, create_schedule, default_materialized
 from .rewrite.passes import rewrite
 from .loopnest import dialect as _dialect
+from .loopnest.source import buffer_identifiers as _buffer_identifiers
 
 __all__ = ["build", "Kernel"]
 
@@ -53,7 +55,10 @@ class Kernel:
     (memory, then disk) or recompiles the source.
 
     Attributes: ``source`` (generated Python: a comment with each stage's plan,
-    :mod:`codegen.strategy`, the units, then the driver ``kernel``), ``stages`` (names of the materialised stages, in execution
+    :mod:`codegen.strategy`, the units, then the driver's plan as comments,
+    :meth:`codegen.ir.driver.DriverPlan.lines`), ``driver_plan`` (the
+    :class:`codegen.ir.driver.DriverPlan` every call runs: the buffers, the unit
+    calls in order, the outputs copied), ``stages`` (names of the materialised stages, in execution
     order), ``units`` (the runnable units, one per stage, see
     :mod:`codegen.units`), ``inputs``, ``outputs``, ``compile_seconds`` (wall
     seconds spent compiling or loading the units), ``units_compiled`` (units
@@ -86,9 +91,12 @@ class Kernel:
         self._program = program
         self._options = _resolve_options(options)
         self.units = list(units)
-        self.source = program.source
-        self.stages = list(program.stages)
         self.inputs, self.outputs = list(inputs), list(outputs)
+        # the driver, decided once: what every call (here and in the bridges'
+        # compiled driver) runs, and what the end of the source shows
+        self.driver_plan = _driver_plan(program, self.inputs, self.outputs)
+        self.source = _with_driver(program.source, self.driver_plan)
+        self.stages = list(program.stages)
         self.compile_seconds = seconds
         self.units_compiled = sum(1 for u in self.units if u.compiled)
         self.units_reused = len(self.units) - self.units_compiled
@@ -98,7 +106,10 @@ class Kernel:
         self.paths = [u.path for u in self.units]
         self.path = self.paths[0] if self.paths else None
         self._bufs = program.buffers
-        self._plan = None
+        plan = self.driver_plan
+        # the plan in the shape the Python driver's loops read (one tuple per item)
+        self._temps = tuple((t.size, t.dtype, t.output) for t in plan.temps)
+        self._outs = tuple((o.slot, o.shape, o.own) for o in plan.outputs)
         # a kernel that calls a BLAS (GEMM units, a scan's np.dot) parks the BLAS's
         # workers when a call ends, so that they do not spin beside the process's
         # next work (codegen.backends.numpy_host.parking)
@@ -204,34 +215,20 @@ class Kernel:
         return text
 
     def _make_plan(self):
-        """What every call repeats, computed once: per temporary buffer its size,
-        dtype and the output (position) it is, if any; per output its buffer's
-        position, shape and whether the kernel's own array can be returned (a
-        computed buffer at its first listing: a placeholder output or a repeated
-        one is a copy)."""
-        n_in = len(self.inputs)
-        slot = {id(b.tensor): s for s, b in enumerate(self._bufs)}
-        outs, first = [], {}
-        for k, t in enumerate(self.outputs):
-            s = slot[id(t)]
-            own = s >= n_in and s not in first
-            if own:
-                first[s] = k
-            outs.append((s, tuple(t.shape), own))
-        temps = [(b.size, b.dtype, first.get(s))
-                 for s, b in enumerate(self._bufs) if s >= n_in]
-        self._plan = (temps, outs)
-        return self._plan
+        """``(temps, outs)``: the driver plan as the Python driver reads it, per
+        temporary ``(size, dtype, output position or None)`` and per output
+        ``(slot, shape, own)`` (from :attr:`driver_plan`)."""
+        return list(self._temps), list(self._outs)
 
     def _execute(self, args, outs_given):
-        """Run the units on ``args`` (the inputs, flat and C-contiguous, exactly
-        as declared). ``outs_given``: None, or per output an array or None; an
+        """Run the kernel's :class:`codegen.ir.driver.DriverPlan` on ``args`` (the
+        inputs, flat and C-contiguous, exactly as declared). ``outs_given``: None, or per output an array or None; an
         output computed by its own stage is written straight into its array, the
         others are copied there after the run. Returns the outputs (a tuple).
         Raises the error a unit flagged."""
         rec = _profile.ACTIVE  # the profiler's hook (codegen.profile): None unless recording
         t_in = rec.enter() if rec is not None else 0.0
-        temps, outs = self._plan or self._make_plan()
+        temps, outs = self._temps, self._outs
         # a temporary that is no output is this thread's from call to call: fresh
         # large buffers cost the kernel's page faults on every call (conv2d_s1's
         # value and gradient: 1,700 faults per call; every stage writes its whole
@@ -305,6 +302,24 @@ class Kernel:
     def __repr__(self):
         return (f"Kernel({', '.join(t.name for t in self.inputs)} -> "
                 f"{', '.join(t.name for t in self.outputs)}; stages: {', '.join(self.stages)})")
+
+
+def _driver_plan(program, inputs, outputs):
+    """The :class:`DriverPlan` of ``program`` run on ``inputs`` for ``outputs``,
+    its buffers named as in the program's source."""
+    names = _buffer_identifiers([b.tensor.name for b in program.buffers])
+    return DriverPlan.from_program(program, inputs, outputs, names)
+
+
+_DRIVER_MARK = "# ---- the driver"
+
+
+def _with_driver(source, plan):
+    """``source`` (a Program's) with its closing driver section the text of
+    ``plan`` (:meth:`DriverPlan.lines`): what the source shows is what runs."""
+    at = source.find("\n" + _DRIVER_MARK)
+    head = source if at < 0 else source[:at + 1]
+    return head + "\n".join(plan.lines()) + "\n"
 
 
 def _raise(unit, err):

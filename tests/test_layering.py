@@ -46,7 +46,11 @@ USER_LEVEL = ("texpr.examples", "texpr.bridge", "texpr.torch", "texpr.jax")
 SIMPLIFY_ENTRY = "texpr.differentiate"
 #: the files whose lazy ``__getattr__`` computes a module name (and codegen's
 #: aliases of the module paths it had before its pipeline layout)
-LAZY_FACES = ("texpr", "texpr.simplify", "texpr.codegen._aliases")
+LAZY_FACES = ("texpr", "texpr.simplify", "texpr.codegen._aliases",
+              "texpr.codegen.backends.registered")
+#: the module that finds the backends (each ``codegen/backends/<name>/backend.py``)
+#: and imports them by computed names: its edges are those modules
+BACKEND_FINDER = "texpr.codegen.backends.registered"
 
 
 
@@ -138,6 +142,9 @@ def _graph():
                     targets.add(_known(name))
         if module == "texpr.simplify":
             targets |= {f"{module}.{sub}" for sub in _face_exports(tree).values()}
+        if module == BACKEND_FINDER:  # the backends it finds and imports
+            targets |= {m for m in MODULES if m.startswith("texpr.codegen.backends.")
+                        and m.count(".") == 4 and m.endswith(".backend")}
         targets.discard(module)
         edges[module] = targets
     return edges, computed
@@ -211,6 +218,8 @@ def test_the_reader_sees_the_modules_and_their_imports():
     assert "texpr.simplify.pipeline" in EDGES["texpr.simplify"]  # the face's _EXPORTS
     # a function-level import counts (simplify.entry imports the pipeline on a miss)
     assert "texpr.simplify.pipeline" in EDGES["texpr.simplify.entry"]
+    # the backends the registry finds by their folders count as its imports
+    assert "texpr.codegen.backends.numba_cpu.backend" in EDGES[BACKEND_FINDER]
 
 
 def test_no_cycle_among_texpr_and_simplify_modules():

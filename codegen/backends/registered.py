@@ -1,21 +1,61 @@
 """The backends a build uses: importing this module registers them.
 
-One job: the registration of each backend's pieces, in one place:
+One job: find the backends and register them. A backend is a folder (a
+package) under ``codegen/backends/`` with a module named ``backend``, whose
+import registers its pieces (a loop-nest dialect, :mod:`codegen.loopnest.dialect`;
+unit kinds, :func:`codegen.units.register`) and whose optional ``EXPORTS``
+(name -> object) are what ``texpr.codegen`` exports of it (the default
+backend's compile errors and cache). Every such module is imported here, in
+the order of the folders' names; a name two backends export is an error.
 
-* ``numba_cpu``: the loop-nest dialect (the default target,
-  :mod:`codegen.loopnest.dialect`) and its unit kinds ``"numba"`` (compiled loop
-  nests) and ``"shift"`` (strided moves);
-* ``numpy_host``: the unit kind ``"blas"`` (contraction plans on numpy's BLAS).
+A folder without a ``backend`` module is registered by a line below (the
+host NumPy/BLAS backend's units, until it has one).
 
-A new backend is a new folder under ``codegen/backends/`` plus a line here
-(docs/extending.md, "A backend").
+A new backend is a new folder under ``codegen/backends/`` with its
+``backend`` module: no line here (docs/extending.md, "A backend").
 """
 
-from .numba_cpu import dialect as _numba_cpu_dialect  # noqa: F401 - registers
-from .numba_cpu import shift_units as _numba_cpu_shifts  # noqa: F401 - registers
-from .numba_cpu import units as _numba_cpu_units  # noqa: F401 - registers
-from .numpy_host import units as _numpy_host_units  # noqa: F401 - registers
-# the default backend's compile errors and cache, for texpr.codegen's face
-from .numba_cpu.compile import CacheWarning, CompileError, cache_dir, clear_memory_cache
+import importlib
+import os
+import pkgutil
 
-__all__ = ["CacheWarning", "CompileError", "cache_dir", "clear_memory_cache"]
+from texpr.errors import TexprError
+
+from .numpy_host import units as _numpy_host_units  # noqa: F401 - registers
+
+__all__ = ["BACKENDS", "CacheWarning", "CompileError", "cache_dir", "clear_memory_cache"]
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _backend_modules():
+    """The names of the ``backend`` modules under this folder, in folder order."""
+    names = []
+    for info in sorted(pkgutil.iter_modules([_HERE]), key=lambda i: i.name):
+        if info.ispkg and os.path.isfile(os.path.join(_HERE, info.name, "backend.py")):
+            names.append(f"{__package__}.{info.name}.backend")
+    return names
+
+
+def _register():
+    """Import every backend module; returns ``(modules, exports)``.
+
+    Raises:
+        TexprError: two backends export the same name.
+    """
+    modules, exports, owner = [], {}, {}
+    for name in _backend_modules():
+        mod = importlib.import_module(name)
+        modules.append(mod)
+        for key, value in getattr(mod, "EXPORTS", {}).items():
+            if key in owner:
+                raise TexprError(f"codegen backends: {owner[key]} and {name} both export "
+                                 f"{key!r}")
+            owner[key] = name
+            exports[key] = value
+    return modules, exports
+
+
+#: the backend modules imported, in order
+BACKENDS, _EXPORTS = _register()
+globals().update(_EXPORTS)

@@ -1,4 +1,11 @@
-"""Numba compilation and the kernel caches -- the only texpr module that imports numba.
+"""Compiling units with numba: the memory cache, the disk cache and the worker pool.
+
+One job: :func:`compile_source` (a unit's text -> its compiled function: from
+this process's memory, else from the disk cache or numba,
+:mod:`codegen.backends.numba_cpu.disk_cache`, with the unit's compile settings,
+:mod:`codegen.backends.numba_cpu.jit`) and :func:`compile_units` (a build's
+units, the missing ones shared between this process and worker processes).
+Errors and warnings: :mod:`codegen.backends.numba_cpu.errors`.
 
 The texts compiled are the units of :class:`codegen.loopnest.lower.Program` (one per
 materialised stage, :attr:`codegen.loopnest.lower.UnitSource.module_source`): canonical
@@ -12,7 +19,7 @@ the machine code instead of recompiling. In one process, compiled kernels are
 also kept in memory by the same key. The helpers the units call are one module
 of their own (:mod:`codegen.backends.numba_cpu.runtime`), written and cached the same way in the
 first cache directory a process uses, loaded before any unit
-(:func:`_runtime_module`), and linked by numba into each unit's machine code.
+(:func:`codegen.backends.numba_cpu.disk_cache.runtime_module`), and linked by numba into each unit's machine code.
 
 Integrity (the name of a module is the checksum of its content):
 
@@ -66,11 +73,9 @@ rejects still gives a :class:`CompileError` naming its stage.
 
 import atexit
 import concurrent.futures as _futures
-import contextlib
 import hashlib
 import multiprocessing
 import os
-import re
 import sys
 import time
 import types as _pytypes
@@ -91,11 +96,17 @@ from numba.core import types
 
 from texpr import cache as _cache
 from texpr.envvars import env_number
-from texpr.errors import TexprError, TexprWarning
+from texpr.errors import TexprError
 
 from ...loopnest.source import set_parse_lock
-from . import runtime as _runtime
 from . import unit_files as _files
+from .disk_cache import (CacheUnusable as _CacheUnusable, compile_unit as _compile,
+                         discard_unverified as _discard_unverified, load as _load,
+                         module_file as _module_file, on_disk as _on_disk,
+                         record_all as _record_all,
+                         verify_helper_machine_code as _verify_helper_machine_code)
+from .errors import CacheWarning, CompileError, warn_once as _warn_once
+from .jit import FLAGS_VERSION, jit_codegen as _jit_codegen  # noqa: F401 - (tests read it here)
 
 # a unit's text is parsed (codegen.loopnest.source) under the lock numba compiles it under
 set_parse_lock(numba.core.compiler_lock.global_compiler_lock)
@@ -104,18 +115,8 @@ __all__ = ["CompileError", "CacheWarning", "cache_dir", "compile_source", "compi
            "clear_memory_cache", "stats", "estimate_seconds", "split_units"]
 
 _MEMORY = {}
-_WARNED = set()
 _STATS = dict(compiled=0, in_workers=0, from_disk=0, from_memory=0, worker_failures=0,
               pools_retired=0)
-
-
-class CompileError(TexprError):
-    """Numba failed to compile a generated kernel (the message names the stages)."""
-
-
-class CacheWarning(TexprWarning):
-    """The on-disk kernel cache was repaired (a corrupt entry rebuilt) or could not
-    be used (kernels are then compiled in memory)."""
 
 
 def cache_dir():
@@ -134,12 +135,6 @@ def clear_memory_cache():
     1.9 MB a unit; docs/cache.md, "Memory in the process")."""
     _MEMORY.clear()
 
-
-def _warn_once(tag, message):
-    if tag in _WARNED:
-        return
-    _WARNED.add(tag)
-    warnings.warn(message, CacheWarning, stacklevel=4)
 
 
 def _array_type(dtype, ndim):
@@ -176,347 +171,6 @@ def stats():
     ``worker_failures`` (units a worker could not compile, compiled here instead),
     ``pools_retired`` (worker pools replaced after ``WORKER_RECYCLE_UNITS`` units)."""
     return dict(_STATS)
-
-
-class _CacheUnusable(Exception):
-    """The disk cache failed for this kernel (the cause is the message)."""
-
-
-#: the helper modules (:mod:`codegen.backends.numba_cpu.runtime`) loaded in this process: ``"disk"``,
-#: the one of units cached on disk (``cache=True``), and ``"memory"``, the one of
-#: units compiled in memory (``cache=False``, named ``<MODULE>_m``)
-_RUNTIMES = {}
-_MEMORY_RUNTIME = _runtime.MODULE + "_m"
-
-
-def _runtime_module(d):
-    """The helper module of units cached in directory ``d`` (``None``: of units
-    compiled in memory), executed once per process. The disk one is written to,
-    and its helpers' machine code cached in, the first cache directory this
-    process compiles a unit in, whichever directory later units use: a unit's
-    cached machine code holds the helpers it calls (linked in), so it loads from
-    any directory, and a process compiles each helper once however many
-    directories it builds in. Raises OSError when ``d`` cannot hold the
-    module's file. Call under numba's compiler lock."""
-    kind = "memory" if d is None else "disk"
-    mod = _RUNTIMES.get(kind)
-    if mod is None:
-        if d is None:
-            name, path = _MEMORY_RUNTIME, None
-            text = _runtime.SOURCE.replace("cache=True", "cache=False")
-        else:
-            name, text = _runtime.MODULE, _runtime.SOURCE
-            path = _module_file(d, name, text.encode("utf-8"))
-            _discard_unverified(d, name, path)
-        mod = _pytypes.ModuleType(name)
-        mod.__file__ = path
-        sys.modules[name] = mod
-        code = compile(text, path or f"<texpr helpers {name}>", "exec")
-        if path is None:
-            exec(code, mod.__dict__)
-        else:
-            with _files.in_tree_caches():
-                exec(code, mod.__dict__)
-            _files.check_in_tree(mod.__dict__, d)
-        _RUNTIMES[kind] = mod
-    return mod
-
-
-def _record_all(d, modname, fn=None):
-    """Record the checksums of numba's files of the unit ``modname`` in ``d`` and,
-    when numba compiled it (``fn``, its dispatcher: a cache miss; None: assume
-    so), of the disk helper module, whose machine code the compile linked in and
-    may have added to (a unit loaded from the cache reads no helper file)."""
-    _files.record_files(d, modname)
-    stats = getattr(fn, "stats", None)
-    if stats is not None and not any(stats.cache_misses.values()):
-        return
-    mod = _RUNTIMES.get("disk")
-    if mod is not None and mod.__file__:
-        _files.record_files(os.path.dirname(mod.__file__), _runtime.MODULE)
-
-
-#: how many times a helper machine-code file that differs from its record is read
-#: again (20 ms apart) before it counts as replaced
-HELPER_RECHECKS = 3
-
-
-def _verify_helper_machine_code(d, modname):
-    """Before the unit ``modname`` of ``d`` compiles (it has no numba files yet):
-    the helpers' machine code it will read must be the recorded one. The helper
-    module was checked when this process loaded it; a machine-code file of it
-    replaced since (helper-25: ``_fmax``'s by ``_fmin``'s, then recorded as
-    good after the next compile) is removed with all of the module's numba
-    files (helpers compile again), with one warning."""
-    mod = _RUNTIMES.get("disk")
-    if mod is None or not mod.__file__ or any(
-            p.endswith(".nbi") for p in _files.numba_files(d, modname)):
-        return
-    rd = os.path.dirname(mod.__file__)
-    bad = _files.changed_machine_code(rd, _runtime.MODULE)
-    for _ in range(HELPER_RECHECKS):
-        if not bad:
-            return
-        # another process may be between saving a helper it compiled too (numba
-        # overwrites a file of the same signature) and recording it
-        time.sleep(0.02)
-        bad = sorted(set(bad) & set(_files.changed_machine_code(rd, _runtime.MODULE)))
-    if bad:
-        _warn_once(("helpers", rd),
-                   f"texpr: numba's machine code of the helper module in {rd} changed after "
-                   f"it was recorded ({', '.join(bad[:3])}): it was removed, and the helpers "
-                   "compile again")
-        _files.remove_numba_files(rd, _runtime.MODULE)
-
-
-def _remove_runtime_numba_files():
-    """Remove numba's cache files of the disk helper module loaded in this
-    process; whether there were any."""
-    mod = _RUNTIMES.get("disk")
-    if mod is None or not mod.__file__:
-        return False
-    return _files.remove_numba_files(os.path.dirname(mod.__file__), _runtime.MODULE)
-
-
-def _load(source, modname, path, entry="kernel"):
-    """The ``entry`` dispatcher of ``source`` executed as module ``modname``:
-    with numba's disk cache when ``path`` (the module's file, holding the same
-    text) is given, else in memory only. The unit's helpers come from the helper
-    module of the same cache directory (:func:`_runtime_module`)."""
-    if path is None:
-        # the text is ours (no user text outside comments): the flag and the helper
-        # module's name (a checksum) are the only changes
-        source = source.replace("cache=True", "cache=False").replace(
-            f"from {_runtime.MODULE} import", f"from {_MEMORY_RUNTIME} import")
-    from numba.core.compiler_lock import global_compiler_lock
-
-    # under numba's (re-entrant) compiler lock: CPython 3.11's compile() is not
-    # safe while another thread parses (numba's front end parses too): threads
-    # building at once once got "SystemError: AST constructor recursion depth
-    # mismatch", which the cache's fallback then blamed on the cache directory
-    with global_compiler_lock:
-        _runtime_module(None if path is None else os.path.dirname(path))
-        code = compile(source, path or f"<texpr kernel {modname}>", "exec")
-        mod = _pytypes.ModuleType(modname)
-        mod.__file__ = path
-        # numba's cached code names its module: it must be importable by that name
-        sys.modules[modname] = mod
-        if path is None:
-            exec(code, mod.__dict__)
-        else:
-            with _files.in_tree_caches():  # (a cfunc compiles or loads right here)
-                exec(code, mod.__dict__)
-            _files.check_in_tree(mod.__dict__, os.path.dirname(path))
-    return mod.__dict__[entry]
-
-
-def _reset_block_labels():
-    """Start numba's process-wide block-label counter again before a top-level
-    compile. Inlining a function (the ``inline="always"`` helpers of every unit)
-    offsets its block labels by the counter and raises the counter to the new
-    largest label, so the counter roughly doubles per inlining: after a few
-    hundred kernels in one process the labels have hundreds of digits and LLVM
-    rejects the module ("name is too long"). Labels need only be unique within
-    the function being compiled, which numba ensures from the function's own
-    labels; called under numba's compiler lock, so no compile is in progress."""
-    from numba.core import ir_utils
-    counter = getattr(ir_utils, "_the_max_label", None)
-    if counter is not None and hasattr(counter, "_value"):
-        counter._value = 0
-
-
-#: how units are compiled beyond their text (part of every cache key): numba's
-#: noalias flag on a unit's parameters and the -O3 first module round (see
-#: :func:`_compile`); a change here compiles every unit again
-FLAGS_VERSION = "noalias+o3-cheap-1"
-#: an unrolled partial sum of a generated reduction (``acc0_0_p0``)
-_PARTIAL_SUM = re.compile(r"\bacc\d+_\d+_p0\b")
-
-
-def _jit_codegen():
-    """numba's CPU JIT code generator (its module optimisation settings), or None."""
-    try:
-        from numba.core.registry import cpu_target
-        cg = cpu_target.target_context.codegen()
-    except Exception:  # noqa: BLE001 - numba internals: without them, numba's defaults
-        return None
-    return cg if hasattr(cg, "_opt_level") and hasattr(cg, "_loopvect") else None
-
-
-@contextlib.contextmanager
-def _unit_flags(fn, source):
-    """numba's settings while the unit ``fn`` (of text ``source``) compiles, all
-    restored after (other numba users keep theirs; the caller holds numba's
-    compiler lock):
-
-    * LLVM's SLP vectoriser on (numba leaves it off; the unrolled partial sums of
-      the generated reductions need it); the loop vectoriser where it pays
-      (:mod:`codegen.backends.numba_cpu.vectorize`, a choice made from the text);
-    * the unit's array parameters ``noalias`` (numba's flag, which it sets itself
-      on a parfor's body): they are distinct buffers, each base buffer one
-      parameter (:class:`codegen.loopnest.lower._UnitBuffers`), inputs never written,
-      ``out=`` buffers checked not to overlap (:func:`codegen.build._check_out`);
-    * the module's first ("cheap") optimisation round at -O3 with the loop
-      vectoriser, as NUMBA_OPT=max does, except in a unit with unrolled partial
-      sums. Measured 2026-12-02 (2 cores, in-process per-unit timings, loaded
-      from the cache): max_pool2d's gradient unit 1.02 -> 0.21 ms and its argmax
-      0.55 -> 0.42; the same argmax unit serial, one thread, 2.35 -> 0.69 (both
-      settings are needed: either alone left it at 2.3-2.4); depthwise's dW unit,
-      whose partial sums the early loop vectoriser mangled, 0.39 -> 0.98 without
-      the exception. Compile time 5-15% more. It also ends a parallel unit's
-      slowdown where it was compiled (see :data:`PARENT_COMPILES`);
-    * the loop vectoriser off in both rounds for a unit with an inner loop that
-      compares and does not depend on an enclosing loop
-      (:func:`codegen.backends.numba_cpu.vectorize.invariant_comparison_loop`): LLVM's vectoriser
-      takes exponential time on it.
-    """
-    from numba.core.cpu import CPUTargetOptions
-
-    from .vectorize import invariant_comparison_loop, loop_vectorize_pays
-    slp, lv = numba.config.SLP_VECTORIZE, numba.config.LOOP_VECTORIZE
-    unit = "\ndef unit(" in source
-    cg = _jit_codegen() if unit and not _PARTIAL_SUM.search(source) else None
-    cheap = (cg._opt_level, cg._loopvect) if cg is not None else None
-
-    def settle():
-        # the text's analyses (Python AST walks, 5-10 ms a unit) and the settings
-        # they give: run when numba compiles, not for a unit its cache loads
-        never = invariant_comparison_loop(source)
-        loops = loop_vectorize_pays(source) and not never
-        numba.config.SLP_VECTORIZE, numba.config.LOOP_VECTORIZE = 1, int(loops)
-        if cg is not None:
-            cg._opt_level, cg._loopvect = 3, not never
-
-    finalize = CPUTargetOptions.finalize
-    if unit:
-        mine = fn.targetoptions  # the dict numba's compiler of fn parses: fn alone
-
-        def noalias(self, flags, options):
-            # numba parses a function's options when it compiles it (never when
-            # it loads it from its cache), before typing and LLVM
-            finalize(self, flags, options)
-            if options is mine:
-                settle()
-                flags.noalias = True
-        CPUTargetOptions.finalize = noalias
-    else:
-        settle()
-    try:
-        yield
-    finally:
-        numba.config.SLP_VECTORIZE, numba.config.LOOP_VECTORIZE = slp, lv
-        CPUTargetOptions.finalize = finalize
-        if cg is not None:
-            cg._opt_level, cg._loopvect = cheap
-
-
-def _compile(fn, sig, source):
-    from numba.core.compiler_lock import global_compiler_lock
-
-    with global_compiler_lock:
-        try:
-            with _unit_flags(fn, source):
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    _reset_block_labels()
-                    fn.compile(sig)
-        except RuntimeError:
-            # LLVM rejected its own output under _unit_flags' passes ("Instruction
-            # does not dominate all uses!" after the SLP vectoriser, fuzz seed
-            # 7015000583 on 778bd5e): compiled again with numba's own settings,
-            # which verify; a second failure is numba's and raises
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                _reset_block_labels()
-                fn.compile(sig)
-        _check_one_signature()
-    return fn
-
-
-def _check_one_signature():
-    """Every helper of :mod:`codegen.backends.numba_cpu.runtime` has at most one compiled signature
-    (the call sites give each one argument types; several signatures of one
-    function in numba's unlocked disk cache could be mixed up by two processes:
-    see :data:`codegen.backends.numba_cpu.runtime._PER_DTYPE`). Raises TexprError (a code
-    generator bug) otherwise."""
-    for mod in _RUNTIMES.values():
-        for name in _runtime.NAMES:
-            sigs = getattr(getattr(mod, name), "overloads", ())  # (an intrinsic: none)
-            if len(sigs) > 1:
-                raise TexprError(f"internal error: the helper {name} was compiled for "
-                                 f"{len(sigs)} signatures ({', '.join(map(str, sigs))}); "
-                                 "please report the program")
-
-
-def _discard_unverified(d, modname, path):
-    """Remove numba's cache files of ``modname`` when they are not the recorded
-    ones (one :class:`CacheWarning`); the unit is then compiled afresh."""
-    state = _files.files_state(d, modname)
-    if state == "damaged":
-        _warn_once(("sums", d, modname),
-                   f"texpr: numba's cache files of {path} do not match the checksums "
-                   "recorded when they were written (damaged or replaced): they were "
-                   "removed and the kernel recompiled")
-    if state != "ok":
-        _files.remove_numba_files(d, modname)
-
-
-def _module_file(d, modname, data):
-    """The path of the module ``modname`` in ``d`` holding exactly ``data``:
-    written if missing, rewritten (its numba cache files removed, one warning)
-    if it holds anything else."""
-    path = os.path.join(d, modname + ".py")
-    try:
-        with open(path, "rb") as f:
-            old = f.read()
-    except FileNotFoundError:
-        old = None
-    except IsADirectoryError:
-        # a directory in the file's place (damage, or another tool): no module
-        # text at all, so it goes the way of a truncated one
-        old = b""
-    if old is not None and old != data:
-        _warn_once(("entry", path),
-                   f"texpr: the cached kernel module {path} does not hold the text its name "
-                   f"is the checksum of ({len(old)} bytes instead of {len(data)}; truncated or "
-                   "overwritten): it was discarded with its numba cache files and rebuilt")
-        _files.remove_numba_files(d, modname, [path] * (not old))
-        old = None
-    if old is None:
-        _files.write_atomic(path, data)
-    return path
-
-
-def _on_disk(d, key, source, sig, entry):
-    modname = f"texpr_k_{key}"
-    data = source.encode("utf-8")
-    try:
-        path = _module_file(d, modname, data)
-        _discard_unverified(d, modname, path)
-        loaded = _load(source, modname, path, entry)
-        _verify_helper_machine_code(d, modname)
-        fn = _compile(loaded, sig, source)
-        _record_all(d, modname, fn)
-        return path, fn
-    except Exception as exc:  # noqa: BLE001 - numba's cache raises many kinds
-        first = exc
-    # numba's cache files that cannot be read (empty, truncated, random bytes) make
-    # the load fail: remove them (the unit's, and the helper module's, whose machine
-    # code numba loads while it types the unit) and compile again (numba writes
-    # them afresh)
-    if _files.remove_numba_files(d, modname) | _remove_runtime_numba_files():
-        try:
-            path = _module_file(d, modname, data)
-            fn = _compile(_load(source, modname, path, entry), sig, source)
-        except Exception as exc:  # noqa: BLE001
-            raise _CacheUnusable(f"{type(exc).__name__}: {exc}") from None
-        _record_all(d, modname)
-        _warn_once(("numba", d),
-                   f"texpr: numba's cache files of {path} could not be loaded "
-                   f"({type(first).__name__}: {str(first)[:200]}); they were removed and the "
-                   "kernel recompiled")
-        return path, fn
-    raise _CacheUnusable(f"{type(first).__name__}: {first}")
 
 
 def source_key(source, arg_specs):

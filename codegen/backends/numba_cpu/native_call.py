@@ -66,7 +66,7 @@ from ..unit_errors import unit_error
 from .compile import compile_source
 from .units import NumbaUnit, one_thread
 
-__all__ = ["describe", "ffi_handler", "handler_address", "runner", "Runner", "MAX_ARGS"]
+__all__ = ["describe", "serialise", "ffi_handler", "handler_address", "runner", "Runner", "MAX_ARGS"]
 
 _HEAD = 8  # header words: length, buffers, units, copies, bytes, on_error, inputs, outputs
 _UNIT = 2 + MAX_ARGS  # words per unit: address, argument count, buffer indices
@@ -85,15 +85,22 @@ def _driver_source():
             h.update(f.read())
     digest = h.hexdigest()[:16]
     L = _FFI_LAYOUT
+    return _header(digest) + "\n\n\n" + _core_text() + _handler_text(L)
+
+
+def _header(digest):
+    """The driver module's first lines: its name and hash, and its imports."""
     return f"""# texpr native driver, codegen/backends/numba_cpu/native_call.py {digest}
 import numpy as np
 from numba import carray, cfunc, njit, types
 
 from texpr.codegen.backends.numba_cpu.intrinsics import (_call_c, _call_unit_any, _free, _load,
-                                                    _load32, _malloc, _pointer, _store32)
+                                                    _load32, _malloc, _pointer, _store32)"""
 
 
-@njit(cache=True, nogil=True)
+def _core_text():
+    """The text of ``core(d, io)``: run descriptor ``d`` on the buffers ``io`` points to."""
+    return f"""@njit(cache=True, nogil=True)
 def core(d, io):
     nb, nu, nc, nbytes = d[1], d[2], d[3], d[4]
     n_in, n_out = d[6], d[7]
@@ -148,7 +155,12 @@ def core(d, io):
     return 0
 
 
-@cfunc(types.int64(types.int64), cache=True)
+"""
+
+
+def _handler_text(L):
+    """The text of the FFI ``handler`` (a cfunc) for the call frame layout ``L``."""
+    return f"""@cfunc(types.int64(types.int64), cache=True)
 def handler(frame):
     # XLA_FFI_Error* handler(XLA_FFI_CallFrame*); 0: success
     ext = _load(frame + {L["ext"]})
@@ -236,37 +248,37 @@ def describe(kernel, on_error_address=0):
         if a is None:
             return None
         addresses.append(a)
-    bufs = kernel._bufs
-    temps, outs = kernel._make_plan()
-    n_in, nb = len(kernel.inputs), len(bufs)
+    return serialise(kernel.driver_plan, addresses, on_error_address)
+
+
+def serialise(plan, addresses, on_error_address=0):
+    """The descriptor of the :class:`codegen.ir.driver.DriverPlan` ``plan`` (an
+    int64 numpy array), whose unit ``k`` is the compiled function at
+    ``addresses[k]``: the plan's slots, calls and copies as words, the
+    temporaries laid out in one allocation (64-byte aligned, after the error
+    flag and the data pointers). Nothing is derived but that layout."""
+    nb = len(plan.slots)
     kind, where = [], []
     offset = (16 + 8 * nb + 63) // 64 * 64  # after the error flag and the pointers
-    for s, b in enumerate(bufs):
-        if s < n_in:
-            kind.append(_KINDS["input"])
-            where.append(s)
-            continue
-        k = temps[s - n_in][2]
-        if k is not None:
-            kind.append(_KINDS["result"])
-            where.append(k)
-        else:
-            kind.append(_KINDS["temp"])
+    for s in plan.slots:
+        kind.append(_KINDS[s.kind])
+        if s.kind == "temp":
             where.append(offset)
-            offset += (b.size * np.dtype(b.dtype).itemsize + 63) // 64 * 64
-    sizes = [b.size for b in bufs]
-    items = [np.dtype(b.dtype).itemsize for b in bufs]
+            offset += (s.nbytes + 63) // 64 * 64
+        else:
+            where.append(s.where)
+    sizes = [s.size for s in plan.slots]
+    items = [s.itemsize for s in plan.slots]
     units = []
-    for u, a in zip(kernel.units, addresses):
-        idx = list(u.args) + [0] * (MAX_ARGS - len(u.args))
-        units += [a, len(u.args) + 1] + idx
+    for c, a in zip(plan.calls, addresses):
+        idx = list(c.args) + [0] * (MAX_ARGS - len(c.args))
+        units += [a, len(c.args) + 1] + idx
     copies = []
-    for k, (s, _, own) in enumerate(outs):
-        if not own:
-            copies += [k, s, sizes[s] * items[s]]
+    for k, s in plan.copies:
+        copies += [k, s, plan.slots[s].nbytes]
     body = kind + where + sizes + items + units + copies
-    head = [_HEAD + len(body), nb, len(kernel.units), len(copies) // 3, offset,
-            on_error_address, n_in, len(kernel.outputs)]
+    head = [_HEAD + len(body), nb, len(plan.calls), len(copies) // 3, offset,
+            on_error_address, plan.n_inputs, len(plan.outputs)]
     return np.array(head + body, dtype=np.int64)
 
 

@@ -6,7 +6,7 @@ functions -- NaN-propagating ``_fmax_<dtype>``/``_fmin_<dtype>``,
 ``_ck``/``_rk``/``_nz``/``_fail`` and ``_iadd``/``_isub``/``_imul``/``_ifloordiv``
 -- each compiled for one signature only, and the intrinsic ``_radd`` (a float add
 LLVM may reassociate, :data:`REASSOC_HELPER`) (see
-:data:`_PER_DTYPE`; :func:`codegen.backends.numba_cpu.compile._compile` checks it). They are
+:data:`_PER_DTYPE`; :func:`codegen.backends.numba_cpu.disk_cache.compile_unit` checks it). They are
 defined once, in a module of their own that :mod:`codegen.backends.numba_cpu.compile` writes
 to the cache directory and loads before any unit (``texpr_k_rt<hash>.py``, its
 machine code in numba's disk cache beside it, like a unit's), instead of in
