@@ -1,4 +1,4 @@
-"""Cold build time of the two small programs whose builds blew up (issue 51).
+"""Cold build time of the programs whose builds blew up (issues 51 and 50).
 
 Each case is ``te.differentiate`` (value and every gradient) + ``codegen.build``
 of a program from tests/sampler_programs.py, in a fresh process with an empty
@@ -15,6 +15,9 @@ before the case.
 * ``bilateral``: a bilateral grid of an 8x8 image (scatter at a data-dependent
   bin, three 5-tap blurs, trilinear slice; the gradient of the image);
   ``bilateral_float``: its slice computes the cell in y and x through floating point.
+* ``stacked_lstm``: 6 LSTM layers in one scan of 1,024 steps (12 coupled states, 14
+  inputs; batch 4, hidden 16), the gradient of every input (issue 50's "bounded
+  code per unit" case: once a 1.31 MB unit numba ran out of memory on).
 
 ``--no-hoist`` sets ``simplify.hoist.HOIST_TREE_NODES`` out of reach in the
 workers: the builds as they were before the hoisting rule.
@@ -64,6 +67,7 @@ CASES = {
     "gs_reflection_staged": ("grid_sample", dict(padding="reflection", staged=True)),
     "bilateral": ("bilateral_grid", {}),
     "bilateral_float": ("bilateral_grid", dict(float_coords=True)),
+    "stacked_lstm": ("stacked_lstm", {}),
 }
 
 

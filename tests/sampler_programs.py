@@ -168,3 +168,47 @@ def bilateral_grid(h=8, w=8, s=2, bins=4, splat="scatter", float_coords=False,
     a, b = te.reduce_axis(h, "a"), te.reduce_axis(w, "b")
     loss = te.compute((), lambda: te.sum(out[a, b] * H[a, b], axis=[a, b]), name="loss")
     return [I, H], loss
+
+
+def stacked_lstm(layers=6, steps=1024, batch=4, hidden=16, dtype="float32"):
+    """A stack of ``layers`` LSTM cells in one ``te.scan`` (issue 50's build-scale case):
+    ``2 * layers`` coupled states (``h`` and ``c`` of each layer), each layer reading
+    the ``h`` of the layer below at the same step; inputs ``X`` (steps, batch,
+    hidden), ``W_ih`` and ``W_hh`` (4 hidden x hidden) per layer, and the head ``H``
+    (``loss = sum(h_top * H)``): 2 + 2 x layers inputs."""
+    T, B, n = steps, batch, hidden
+    X = te.placeholder((T, B, n), name="X", dtype=dtype)
+    H = te.placeholder((T, B, n), name="H", dtype=dtype)
+    weights, inits, updates, states = [], [], [], []
+    below = X
+    for layer in range(layers):
+        w_ih = te.placeholder((4 * n, n), name=f"W_ih{layer}", dtype=dtype)
+        w_hh = te.placeholder((4 * n, n), name=f"W_hh{layer}", dtype=dtype)
+        h_s = te.placeholder((T, B, n), name=f"h_state{layer}", dtype=dtype)
+        c_s = te.placeholder((T, B, n), name=f"c_state{layer}", dtype=dtype)
+        k, kk = te.reduce_axis(n, f"k{layer}"), te.reduce_axis(n, f"kk{layer}")
+        pre = te.compute(
+            (T, B, 4 * n),
+            lambda t, b, g, x=below, w_ih=w_ih, w_hh=w_hh, h_s=h_s, k=k, kk=kk:
+            te.sum(w_ih[g, k] * x[t, b, k], axis=k) + te.sum(w_hh[g, kk] * h_s[t - 1, b, kk],
+                                                              axis=kk),
+            name=f"pre{layer}")
+        c = te.compute((T, B, n), lambda t, b, j, pre=pre, c_s=c_s:
+                       te.sigmoid(pre[t, b, n + j]) * c_s[t - 1, b, j]
+                       + te.sigmoid(pre[t, b, j]) * te.tanh(pre[t, b, 2 * n + j]),
+                       name=f"c{layer}")
+        h = te.compute((T, B, n), lambda t, b, j, pre=pre, c=c:
+                       te.sigmoid(pre[t, b, 3 * n + j]) * te.tanh(c[t, b, j]), name=f"h{layer}")
+        for nm in ("h", "c"):
+            inits.append(te.compute((1, B, n), lambda _, b, j: te.const(0.0, dtype),
+                                    name=f"{nm}0_{layer}"))
+        updates += [h, c]
+        states += [h_s, c_s]
+        weights += [w_ih, w_hh]
+        below = h
+    outs = te.scan(inits, updates, states, name="stack")
+    top = outs[2 * (layers - 1)]
+    r, b, q = te.reduce_axis(T, "r"), te.reduce_axis(B, "b"), te.reduce_axis(n, "q")
+    loss = te.compute((), lambda: te.sum(top[r, b, q] * H[r, b, q], axis=[r, b, q]),
+                      name="loss")
+    return [X] + weights + [H], loss

@@ -11,6 +11,8 @@ import texpr as te
 from texpr import simplify
 from texpr.errors import ScanError
 
+import sampler_programs
+
 MODES = ("auto", "store", "recompute")
 
 
@@ -183,3 +185,12 @@ def test_step_tests_that_every_step_passes_are_folded_before_lowering():
     assert expr_str(_fold_step_tests(te.all(t < 0, r == j), t, 1, 10)) == "false"
     assert expr_str(_fold_step_tests(te.all(t <= 9, 2 * t >= 3, r == j), t, 2, 10)) == "r == j"
     assert expr_str(_fold_step_tests(t >= 5, t, 1, 10)) == "t >= 5"
+
+
+def test_stacked_lstm_program_gradient_matches_finite_differences():
+    # benchmarks/bench_build_blowups.py's stacked_lstm case, small: 2 layers (4
+    # coupled states), each reading the layer below at the same step
+    inputs, loss = sampler_programs.stacked_lstm(layers=2, steps=4, batch=2, hidden=3,
+                                                 dtype="float64")
+    grads = te.differentiate(loss, list(inputs)).result
+    _check_against_fd(inputs, loss, grads, seed=3)
