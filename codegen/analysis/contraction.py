@@ -66,7 +66,7 @@ masked terms are ``0 * x`` in the GEMMs; where an operand holds an infinity or
 a NaN, the plan computes the affected output elements again exactly, so they
 are the loop nest's (absent terms stay absent).
 
-**Running.** A plan is plain data (:class:`codegen.backends.numpy_host.gemm.ContractionPlan`,
+**Running.** A plan is plain data (:class:`codegen.ir.contraction_plan.ContractionPlan`,
 picklable with its kernel); :mod:`codegen.backends.numpy_host.gemm` runs it: operand views and
 packing, chunks, threads, the exact non-finite path.
 """
@@ -84,7 +84,8 @@ from texpr.visitor import post_order, substitute
 
 from .affine import affine_form as _affine
 from .bounds import may_refuse
-from ..backends.numpy_host.gemm import ContractionPlan, GemmPiece, OperandView, _TREE_OPS, _byte_view, _tree_nodes
+from ..ir.contraction_plan import (TREE_OP_TYPES, ContractionPlan, GemmPiece, OperandView,
+                                  byte_view as _byte_view, tree_nodes as _tree_nodes)
 from ..ir.marks import WINDOW
 from ..ir.schedule import inline_expand
 from ..options import current as _opts
@@ -116,7 +117,7 @@ __all__ = ["match", "rekey", "ContractionPlan", "GemmPiece", "OperandView", "cos
 # options.blas_tap_efficiency (default 0.5): a piece whose box holds more than 1/this times
 #   its domain's points tries taps
 # options.blas_pad_max_ratio (default 4): the zero-padded copy of an operand
-#   (:class:`codegen.backends.numpy_host.gemm.OperandView`) may hold at most this many times
+#   (:class:`codegen.ir.contraction_plan.OperandView`) may hold at most this many times
 #   the elements of the operand, of what the GEMMs read of it and of the output together (or
 #   ``options.blas_pad_min_elements``): a padding sized by the user's extents (``conv2d(...,
 #   stride=10**6, padding=10**6)`` padded a 5 x 5 image to 2,000,005 x 2,000,005, 175 TiB)
@@ -483,7 +484,7 @@ def _tree(e, axes, space, box, clip=False):
             return ("abs", go(x.args[0]), x.dtype)
         if isinstance(x, E.Call) and x.name == "stop_gradient":
             return go(x.args[0])  # the value of its argument
-        if type(x) in _TREE_OPS:
+        if type(x) in TREE_OP_TYPES:
             if isinstance(x, (E.FloorDiv, E.FloorMod)) and dt.is_float(x.dtype):
                 raise _NoMatch("a float floor division in a condition", "other")
             return (type(x), go(x.a), go(x.b), x.dtype)
