@@ -91,7 +91,7 @@ from ..ir.schedule import inline_expand
 from ..options import current as _opts
 
 __all__ = ["match", "rekey", "ContractionPlan", "GemmPiece", "OperandView", "cost_ok",
-           "float_sum", "mask_passes"]
+           "float_sum", "mask_passes", "summand_factors"]
 
 # options.blas_min_flop (default 1 << 17): below this many floating-point operations (all
 #   GEMMs of a stage) the loop nest runs: a GEMM stage costs about 45 us of Python and numpy
@@ -180,6 +180,27 @@ def _factors(e, out, conds, products=None):
         out.append(e)
 
 
+def summand_factors(e):
+    """A summand as a product: ``(loads, constants, conditions)``, its factors that
+    are loads and constants, and the conditions of its ``select(c, x, 0)`` guards
+    (:func:`_factors`; a cast to the same dtype is looked through); None when a
+    factor is anything else. The stage matcher and the scan step's GEMM
+    (:mod:`codegen.loopnest.scan_gemm`) read a summand with it.
+
+    Args:
+        e: the summand (an expression).
+    Returns:
+        ``(loads, consts, conds)`` (lists, in the product's order), or None.
+    """
+    facs, conds = [], []
+    _factors(e, facs, conds)
+    loads = [f for f in facs if isinstance(f, E.Load)]
+    consts = [f for f in facs if isinstance(f, E.Const)]
+    if len(loads) + len(consts) != len(facs):
+        return None
+    return loads, consts, conds
+
+
 def _conjuncts(c, out):
     if isinstance(c, E.And):
         _conjuncts(c.a, out)
@@ -212,12 +233,10 @@ def _contraction_of(op, inlined):
     dtype = body.dtype
     if dtype not in ("float32", "float64") or op.output(0).dtype != dtype:
         raise _NoMatch(f"a {dtype} sum")
-    facs, conds = [], []
-    _factors(body.source[0], facs, conds)
-    loads = [f for f in facs if isinstance(f, E.Load)]
-    consts = [f for f in facs if isinstance(f, E.Const)]
-    if len(loads) != 2 or len(loads) + len(consts) != len(facs):
+    factors = summand_factors(body.source[0])
+    if factors is None or len(factors[0]) != 2:
         raise _NoMatch("the summand is not a product of two loads (and constants)")
+    loads, consts, conds = factors
     for ld in loads:
         if ld.dtype != dtype:
             raise _NoMatch(f"load of {ld.tensor.name} is {ld.dtype}, the sum {dtype}")

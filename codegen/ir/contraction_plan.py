@@ -49,7 +49,7 @@ class OperandView:
     elements count as zeros; ``data_masks``: data-dependent conditions over the
     same axes (expression trees, see :func:`codegen.analysis.contraction._tree`; a ReLU's adjoint reads
     ``where=dense[i, j] > 0``), the same way; ``exact_masks``: conditions like
-    ``masks`` applied only on the exact path (:func:`codegen.backends.numpy_host.gemm.run_non_finite`):
+    ``masks`` applied only on the exact path (:func:`codegen.backends.numpy_host.gemm.run_exact`):
     outside them a window stage (:mod:`codegen.rewrite.windows`) holds zeros, which
     stand for absent terms."""
 

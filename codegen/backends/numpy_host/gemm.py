@@ -24,10 +24,13 @@ over two :class:`OperandView` s of the kernel's flat buffers.
   own threads, or parts on worker threads with a one-thread BLAS each (the
   mode of an oversubscribed machine, where OpenBLAS's busy-waiting threads
   lose; the BLAS's thread count is limited with threadpoolctl).
-* **Non-finite values.** Padded and masked terms are ``0 * x``; where an
-  operand holds inf or NaN the result is computed again exactly
-  (:func:`run_non_finite`), so it is the loop nest's whatever the
-  BLAS does with ``0 * inf``.
+* **Non-finite and huge values.** Padded and masked terms are ``0 * x``. The
+  GEMMs' result is used where :mod:`codegen.ir.gemm_policy`'s rule accepts it
+  (every operand value finite, ``max|A| * max|B| * K * |c|`` within the
+  dtype's range); else the exact path (:func:`run_exact`,
+  :mod:`codegen.backends.numpy_host.exact`) computes again exactly the output
+  elements the GEMMs cannot be trusted with, whatever the BLAS does with
+  ``0 * inf`` or a fused multiply-add.
 """
 
 import contextlib
@@ -42,16 +45,18 @@ import numpy as np
 from texpr.errors import TexprError, in_stage
 
 from .. import workers as _workers
+from . import exact as _exact
 from . import parking as _parking
 from .masks import _MASKS, _eval_tree, _mask_array
 from .packing import (_by_stride, _copy_parts, _cut, _direct_layout, _last_is_finer, _pack,
                       _pack_batched, _pack_into, _packed_copy_bytes)
 from ...ir import contraction_plan as _plan
+from ...ir import gemm_policy as _policy
 from ...ir.contraction_plan import ContractionPlan, GemmPiece, OperandView, byte_view as _byte_view
 from ...options import current as _opts
 
 __all__ = ["ContractionPlan", "GemmPiece", "OperandView", "CHUNKED", "run_plan",
-           "run_non_finite"]
+           "run_exact"]
 
 # the plan's data lives in codegen.ir.contraction_plan; its old private names stay here
 _tree_nodes, _tree_keys = _plan.tree_nodes, _plan.tree_keys
@@ -62,17 +67,20 @@ _tree_nodes, _tree_keys = _plan.tree_nodes, _plan.tree_keys
 def run_plan(plan, arrays):
     """Compute the stage's output into ``arrays[out_key]`` (a flat C-contiguous
     buffer of ``prod(shape)`` elements of ``dtype``) from the operand
-    buffers ``arrays[key]`` (flat, or of the tensor's shape). Returns the
-    output buffer.
+    buffers ``arrays[key]`` (flat, or of the tensor's shape), by
+    :mod:`codegen.ir.gemm_policy`'s rule: the GEMMs' result where the rule
+    accepts it, else the exact path (:func:`run_exact`).
 
-    Where an operand holds an infinity or a NaN, the terms that involve one
-    are classified exactly (see :func:`run_non_finite`): the result is the loop
-    nest's, whatever the BLAS does with ``0 * inf`` and whatever padding
-    or mask surrounds the value.
-
-    Raises TexprError (its message ``stage NAME: ...``, as the loop nest's)
-    for integer division by zero or integer overflow in a data-dependent
-    condition, where the evaluator raises."""
+    Args:
+        plan: a :class:`codegen.ir.contraction_plan.ContractionPlan`.
+        arrays: the kernel's buffers by key.
+    Returns:
+        The output buffer.
+    Raises:
+        TexprError: (its message ``stage NAME: ...``, as the loop nest's) for
+            integer division by zero or integer overflow in a data-dependent
+            condition, where the evaluator raises.
+    """
     try:
         return _run(plan, arrays)
     except TexprError as exc:
@@ -85,20 +93,28 @@ def _run(plan, arrays):
     # a sum that overflows is inf (or NaN where both infinities meet), as in
     # the loop nest, which never warns: numpy's overflow warnings are silenced
     with np.errstate(over="ignore", invalid="ignore"):
-        if out.size < sum(np.asarray(arrays[k]).size for k in keys):
-            # the smaller side is checked: a non-finite operand value that a
-            # GEMM multiplies (by a term of the domain, or by a padding or mask
-            # zero) makes its output element inf or NaN, so a finite output
-            # holds only finite terms, the loop nest's among them, and the
-            # rest exact zeros; else the exact path computes it again
-            _run_into(plan, out, arrays, arrays, plan.scale, add=plan.fill)
-            if np.isfinite(out).all():
-                return out
-            return run_non_finite(plan, arrays, out, keys)
-        if not all(np.isfinite(np.asarray(arrays[k])).all() for k in keys):
-            return run_non_finite(plan, arrays, out, keys)
+        terms = getattr(plan, "_terms", None)
+        if terms is None:
+            terms = plan._terms = _exact.plan_terms(plan)
+        if not _policy.accepts(_exact.plan_bound(plan, arrays), plan.dtype, terms):
+            return run_exact(plan, arrays, out, keys)
         _run_into(plan, out, arrays, arrays, plan.scale, add=plan.fill)
     return out
+
+
+def run_exact(plan, arrays, out, keys):
+    """The run :mod:`codegen.ir.gemm_policy` prescribes where it does not accept the
+    GEMMs' result: :func:`codegen.backends.numpy_host.exact.run_exact` with this
+    module's piece runner, the BLAS's threads as for a GEMM run.
+
+    Args:
+        plan: the plan; ``arrays``: the buffers by key; ``out``: the flat output
+            buffer; ``keys``: the operand buffers' keys.
+    Returns:
+        ``out``.
+    """
+    with _blas_threads_limited(), np.errstate(over="ignore", invalid="ignore"):
+        return _exact.run_exact(plan, arrays, out, keys, _run_piece, _operand)
 
 
 def _run_into(plan, out, arrays_a, arrays_b, scale, add):
@@ -138,68 +154,6 @@ def _run_pieces(plan, out, arrays_a, arrays_b, scale, add, workspace=None):
     for p in plan.pieces:
         _run_piece(p, arrays_a, arrays_b, out, scale, add, plan.dtype, padded=padded,
                    workspace=workspace)
-
-
-def run_non_finite(plan, arrays, out, keys):
-    """The run when an operand holds inf or NaN: the GEMMs of the finite parts
-    (non-finite values as zeros), then, per output element, whether some term
-    of its domain is NaN (a NaN factor, or an infinity times zero), +inf or
-    -inf, found by GEMMs of 0/1 indicators (padding and masks stay absent,
-    as in the loop nest, which never visits those terms); NaN where both
-    infinities occur (IEEE: the order of the terms does not matter). That
-    infinity (or NaN) is added to the finite terms' result, so a finite
-    product that overflowed to an infinity of the other sign gives NaN."""
-    with _blas_threads_limited():
-        return _non_finite_now(plan, arrays, out, keys)
-
-
-def _non_finite_now(plan, arrays, out, keys):
-    raw = {k: np.asarray(arrays[k]).reshape(-1) for k in keys}
-    zeroed = {k: np.where(np.isfinite(v), v, np.zeros((), v.dtype)) for k, v in raw.items()}
-    if plan.fill:
-        out.fill(0)
-    for p in plan.pieces:
-        _run_piece(p, zeroed, zeroed, out, plan.scale, plan.fill, plan.dtype, real=arrays)
-    dt_ = np.dtype(plan.dtype)
-
-    def classes(v):
-        one = lambda m: m.astype(dt_)  # noqa: E731
-        return {"any": np.ones(v.shape, dt_), "nan": one(np.isnan(v)),
-                "zero": one(v == 0), "pinf": one(v == np.inf), "minf": one(v == -np.inf),
-                "pos": one(v > 0), "neg": one(v < 0),
-                "inf": one(np.isinf(v))}
-    ca = {k: classes(v) for k, v in raw.items()}
-    n = out.size
-    tmp = np.empty(n, dt_)
-
-    def count(pairs):
-        total = np.zeros(n, dt_)
-        for x, y in pairs:
-            ok = True
-            for p in plan.pieces:
-                if not (ca[p.a.key][x].any() and ca[p.b.key][y].any()):
-                    continue
-                ok = False
-                break
-            if ok:
-                continue
-            tmp.fill(0)
-            for p in plan.pieces:
-                _run_piece(p, {p.a.key: ca[p.a.key][x]}, {p.b.key: ca[p.b.key][y]},
-                           tmp, 1.0, True, plan.dtype, real=arrays)
-            total += tmp
-        return total > 0
-    nan = count([("nan", "any"), ("any", "nan"), ("inf", "zero"), ("zero", "inf")])
-    pinf = count([("pinf", "pos"), ("minf", "neg"), ("pos", "pinf"), ("neg", "minf")])
-    minf = count([("pinf", "neg"), ("minf", "pos"), ("pos", "minf"), ("neg", "pinf")])
-    with np.errstate(invalid="ignore", over="ignore"):
-        special = np.where(nan | (pinf & minf), np.nan, np.where(pinf, np.inf, -np.inf))
-        special = (special * plan.scale).astype(dt_)
-        # added to the finite terms' sum, not written over it: a finite product
-        # that overflowed to +inf meets a -inf term as NaN, as in the loop nest
-        hit = nan | pinf | minf
-        out[hit] += special[hit]
-    return out
 
 
 # options.gemm_threads (default 0): How a GEMM uses the cores. A positive value: cut each
