@@ -148,6 +148,7 @@ def gemm_step(s, buffers, inlined, tv, tname, L, T):
         view = f"{buf.name}[{start}:{start} + {span}].reshape({shape})"
         views.append(view + (".T" if transposed else ""))
     a_view, b_view = views
+    # the guard reads max|A| and max|B| itself: the bound carries the sum's K roundings
     lim = repr(gemm_policy.limit(src.dtype, kk))
     test = " and ".join(([step_test] if step_test else [])
                         + [f"_gemm_ok({a_view}, {b_view}, {kk}, {lim})"])

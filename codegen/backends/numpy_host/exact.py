@@ -15,7 +15,7 @@ import numpy as np
 from .masks import _mask_array
 from ...ir import gemm_policy as _policy
 
-__all__ = ["plan_terms", "plan_bound", "run_exact"]
+__all__ = ["plan_terms", "accepted", "run_exact"]
 
 #: elements of the term array one step of :func:`_add_terms` builds (32 MB of float64)
 _TERMS_PER_STEP = 1 << 22
@@ -33,17 +33,31 @@ def plan_terms(plan):
     return sum(_piece_terms(p) for p in plan.pieces)
 
 
-def plan_bound(plan, arrays):
-    """``sum_p max|A_p| * max|B_p| * K_p * |c|`` over the plan's pieces (each
-    maximum over the operand's whole buffer in ``arrays``): the bound
-    :func:`codegen.ir.gemm_policy.accepts` checks; inf or NaN when an operand value is."""
-    maxima = {}
-    for p in plan.pieces:
-        for v in (p.a, p.b):
-            if v.key not in maxima:
-                maxima[v.key] = _policy.max_abs(np.asarray(arrays[v.key]))
-    return abs(plan.scale) * sum(maxima[p.a.key] * maxima[p.b.key] * _piece_terms(p)
-                                 for p in plan.pieces)
+def _static(plan):
+    """The plan's operand keys, ``(key_a, key_b, K_p)`` per piece and ``K`` (kept on
+    the plan: they depend on nothing else)."""
+    st = getattr(plan, "_policy_static", None)
+    if st is None:
+        keys = sorted({v.key for p in plan.pieces for v in (p.a, p.b)}, key=repr)
+        st = plan._policy_static = (keys, [(p.a.key, p.b.key, _piece_terms(p))
+                                           for p in plan.pieces], plan_terms(plan))
+    return st
+
+
+def accepted(plan, arrays):
+    """Whether :mod:`codegen.ir.gemm_policy`'s rule accepts the GEMMs' result of
+    ``plan`` on ``arrays``: every operand value finite and
+    ``|c| * sum_p K_p * M_Ap * M_Bp`` within the limit, ``M`` the
+    :func:`codegen.ir.gemm_policy.magnitude` of each operand buffer."""
+    keys, pieces, terms = _static(plan)
+    mag, n = {}, terms
+    for k in keys:
+        x = arrays[k]
+        x = x.reshape(-1) if isinstance(x, np.ndarray) else np.asarray(x).reshape(-1)
+        mag[k] = _policy.magnitude(x)
+        n += x.size
+    bound = abs(plan.scale) * sum(mag[a] * mag[b] * kp for a, b, kp in pieces)
+    return _policy.accepts(bound, plan.dtype, n)
 
 
 def run_exact(plan, arrays, out, keys, run_piece, operand):
@@ -85,10 +99,10 @@ def _redo_large(plan, zeroed, arrays, out, run_piece, operand):
     """Recompute term by term the elements of ``out`` whose own bound
     ``|c| * sum_r |A| * |B|`` over the finite parts ``zeroed`` (a GEMM of the
     absolute values) may exceed :func:`codegen.ir.gemm_policy.limit`; nothing
-    when the plan's bound (:func:`plan_bound`) is within it."""
-    terms = plan_terms(plan)
-    if _policy.accepts(plan_bound(plan, zeroed), plan.dtype, terms):
+    when the rule accepts the finite parts as a whole (:func:`accepted`)."""
+    if accepted(plan, zeroed):
         return
+    terms = plan_terms(plan)
     dt_ = np.dtype(plan.dtype)
     absolute = {k: np.abs(v) for k, v in zeroed.items()}
     bound = np.zeros(out.size, dt_)
@@ -96,7 +110,7 @@ def _redo_large(plan, zeroed, arrays, out, run_piece, operand):
         run_piece(p, absolute, absolute, bound, abs(plan.scale), True, plan.dtype, real=arrays)
     # the bound GEMM's own rounding: its sum of non-negative terms is within
     # (1 + u)^K of the true one, so the limit of twice the terms covers both
-    large = ~(bound <= _policy.limit(dt_, 2 * terms))
+    large = ~(bound <= _policy.limit(dt_.name, 2 * terms))
     if not large.any():
         return
     out[large] = 0

@@ -26,8 +26,8 @@ over two :class:`OperandView` s of the kernel's flat buffers.
   lose; the BLAS's thread count is limited with threadpoolctl).
 * **Non-finite and huge values.** Padded and masked terms are ``0 * x``. The
   GEMMs' result is used where :mod:`codegen.ir.gemm_policy`'s rule accepts it
-  (every operand value finite, ``max|A| * max|B| * K * |c|`` within the
-  dtype's range); else the exact path (:func:`run_exact`,
+  (every operand value finite, ``K * max|A| * max|B| * |c|`` within the
+  dtype's range, bounded through each buffer's ``sqrt(sum x^2)``); else the exact path (:func:`run_exact`,
   :mod:`codegen.backends.numpy_host.exact`) computes again exactly the output
   elements the GEMMs cannot be trusted with, whatever the BLAS does with
   ``0 * inf`` or a fused multiply-add.
@@ -51,7 +51,6 @@ from .masks import _MASKS, _eval_tree, _mask_array
 from .packing import (_by_stride, _copy_parts, _cut, _direct_layout, _last_is_finer, _pack,
                       _pack_batched, _pack_into, _packed_copy_bytes)
 from ...ir import contraction_plan as _plan
-from ...ir import gemm_policy as _policy
 from ...ir.contraction_plan import ContractionPlan, GemmPiece, OperandView, byte_view as _byte_view
 from ...options import current as _opts
 
@@ -93,10 +92,7 @@ def _run(plan, arrays):
     # a sum that overflows is inf (or NaN where both infinities meet), as in
     # the loop nest, which never warns: numpy's overflow warnings are silenced
     with np.errstate(over="ignore", invalid="ignore"):
-        terms = getattr(plan, "_terms", None)
-        if terms is None:
-            terms = plan._terms = _exact.plan_terms(plan)
-        if not _policy.accepts(_exact.plan_bound(plan, arrays), plan.dtype, terms):
+        if not _exact.accepted(plan, arrays):
             return run_exact(plan, arrays, out, keys)
         _run_into(plan, out, arrays, arrays, plan.scale, add=plan.fill)
     return out
