@@ -34,13 +34,14 @@ def plan_terms(plan):
 
 
 def _static(plan):
-    """The plan's operand keys, ``(key_a, key_b, K_p)`` per piece and ``K`` (kept on
-    the plan: they depend on nothing else)."""
+    """The plan's operand keys, ``(key_a, key_b, K_p)`` per piece, ``K`` and its numpy
+    dtype (kept on the plan: they depend on nothing else)."""
     st = getattr(plan, "_policy_static", None)
     if st is None:
         keys = sorted({v.key for p in plan.pieces for v in (p.a, p.b)}, key=repr)
         st = plan._policy_static = (keys, [(p.a.key, p.b.key, _piece_terms(p))
-                                           for p in plan.pieces], plan_terms(plan))
+                                           for p in plan.pieces], plan_terms(plan),
+                                    np.dtype(plan.dtype))
     return st
 
 
@@ -49,11 +50,13 @@ def accepted(plan, arrays):
     ``plan`` on ``arrays``: every operand value finite and
     ``|c| * sum_p K_p * M_Ap * M_Bp`` within the limit, ``M`` the
     :func:`codegen.ir.gemm_policy.magnitude` of each operand buffer."""
-    keys, pieces, terms = _static(plan)
+    keys, pieces, terms, dtype = _static(plan)
     mag, n = {}, terms
     for k in keys:
         x = arrays[k]
         x = x.reshape(-1) if isinstance(x, np.ndarray) else np.asarray(x).reshape(-1)
+        if x.dtype != dtype:  # the GEMMs read it cast to the plan's dtype
+            x = x.astype(dtype)
         mag[k] = _policy.magnitude(x)
         n += x.size
     bound = abs(plan.scale) * sum(mag[a] * mag[b] * kp for a, b, kp in pieces)
