@@ -47,11 +47,12 @@ class OperandView:
     ``masks``: conditions ``sum(coef[k] * value(axes[k])) + const >= 0`` (or
     ``== 0``), given as ``(coefs, const, is_eq)``, outside which the view's
     elements count as zeros; ``data_masks``: data-dependent conditions over the
-    same axes (expression trees, see :func:`codegen.analysis.contraction._tree`; a ReLU's adjoint reads
-    ``where=dense[i, j] > 0``), the same way; ``exact_masks``: conditions like
-    ``masks`` applied only on the exact path (:func:`codegen.backends.numpy_host.gemm.run_exact`):
-    outside them a window stage (:mod:`codegen.rewrite.windows`) holds zeros, which
-    stand for absent terms."""
+    same axes (expression trees, see :func:`codegen.analysis.contraction._tree`;
+    a ReLU's adjoint reads ``where=dense[i, j] > 0``), the same way;
+    ``exact_masks``: conditions like ``masks`` applied only on the exact path
+    (:func:`codegen.backends.numpy_host.gemm.run_exact`): outside them a window
+    stage (:mod:`codegen.rewrite.windows`) holds zeros, which stand for absent
+    terms."""
 
     def __init__(self, key, shape, pad, axes, offset, strides, masks, data_masks=(),
                  exact_masks=()):
@@ -76,7 +77,8 @@ class GemmPiece:
     ``points``: the domain's multiply-adds."""
 
     def __init__(self, axes, out_offset, out_strides, a, b, out_masks, points):
-        self.axes, self.out_offset, self.out_strides = list(axes), int(out_offset), tuple(out_strides)
+        self.axes, self.out_offset = list(axes), int(out_offset)
+        self.out_strides = tuple(out_strides)
         self.a, self.b, self.out_masks, self.points = a, b, list(out_masks), int(points)
 
     def roles(self):
@@ -180,7 +182,8 @@ def tree_nodes(t):
 
 
 def tree_keys(t):
-    """The buffer keys an expression tree (:func:`codegen.analysis.contraction._tree`) loads from."""
+    """The buffer keys an expression tree (:func:`codegen.analysis.contraction._tree`)
+    loads from."""
     return {n[1] for n in tree_nodes(t) if n[0] in ("ld", "ldc")}
 
 

@@ -27,10 +27,10 @@ over two :class:`OperandView` s of the kernel's flat buffers.
 * **Non-finite and huge values.** Padded and masked terms are ``0 * x``. The
   GEMMs' result is used where :mod:`codegen.ir.gemm_policy`'s rule accepts it
   (every operand value finite, ``K * max|A| * max|B| * |c|`` within the
-  dtype's range, bounded through each buffer's ``sqrt(sum x^2)``); else the exact path (:func:`run_exact`,
-  :mod:`codegen.backends.numpy_host.exact`) computes again exactly the output
-  elements the GEMMs cannot be trusted with, whatever the BLAS does with
-  ``0 * inf`` or a fused multiply-add.
+  dtype's range, bounded through each buffer's ``sqrt(sum x^2)``); else the
+  exact path (:func:`run_exact`, :mod:`codegen.backends.numpy_host.exact`)
+  computes again exactly the output elements the GEMMs cannot be trusted with,
+  whatever the BLAS does with ``0 * inf`` or a fused multiply-add.
 """
 
 import contextlib
