@@ -66,7 +66,7 @@ masked terms are ``0 * x`` in the GEMMs; where an operand holds an infinity or
 a NaN, the plan computes the affected output elements again exactly, so they
 are the loop nest's (absent terms stay absent).
 
-**Running.** A plan is plain data (:class:`codegen.backends.numpy_host.gemm.ContractionPlan`,
+**Running.** A plan is plain data (:class:`codegen.ir.contraction_plan.ContractionPlan`,
 picklable with its kernel); :mod:`codegen.backends.numpy_host.gemm` runs it: operand views and
 packing, chunks, threads, the exact non-finite path.
 """
@@ -84,13 +84,15 @@ from texpr.visitor import post_order, substitute
 
 from .affine import affine_form as _affine
 from .bounds import may_refuse
-from ..backends.numpy_host.gemm import ContractionPlan, GemmPiece, OperandView, _TREE_OPS, _byte_view, _tree_nodes
+from .residues import _range, _residue_moduli, _split, _tap
+from ..ir.contraction_plan import (TREE_OP_TYPES, ContractionPlan, GemmPiece, OperandView,
+                                  byte_view as _byte_view, tree_nodes as _tree_nodes)
 from ..ir.marks import WINDOW
 from ..ir.schedule import inline_expand
 from ..options import current as _opts
 
 __all__ = ["match", "rekey", "ContractionPlan", "GemmPiece", "OperandView", "cost_ok",
-           "float_sum", "mask_passes"]
+           "float_sum", "mask_passes", "summand_factors"]
 
 # options.blas_min_flop (default 1 << 17): below this many floating-point operations (all
 #   GEMMs of a stage) the loop nest runs: a GEMM stage costs about 45 us of Python and numpy
@@ -116,7 +118,7 @@ __all__ = ["match", "rekey", "ContractionPlan", "GemmPiece", "OperandView", "cos
 # options.blas_tap_efficiency (default 0.5): a piece whose box holds more than 1/this times
 #   its domain's points tries taps
 # options.blas_pad_max_ratio (default 4): the zero-padded copy of an operand
-#   (:class:`codegen.backends.numpy_host.gemm.OperandView`) may hold at most this many times
+#   (:class:`codegen.ir.contraction_plan.OperandView`) may hold at most this many times
 #   the elements of the operand, of what the GEMMs read of it and of the output together (or
 #   ``options.blas_pad_min_elements``): a padding sized by the user's extents (``conv2d(...,
 #   stride=10**6, padding=10**6)`` padded a 5 x 5 image to 2,000,005 x 2,000,005, 175 TiB)
@@ -179,6 +181,27 @@ def _factors(e, out, conds, products=None):
         out.append(e)
 
 
+def summand_factors(e):
+    """A summand as a product: ``(loads, constants, conditions)``, its factors that
+    are loads and constants, and the conditions of its ``select(c, x, 0)`` guards
+    (:func:`_factors`; a cast to the same dtype is looked through); None when a
+    factor is anything else. The stage matcher and the scan step's GEMM
+    (:mod:`codegen.loopnest.scan_gemm`) read a summand with it.
+
+    Args:
+        e: the summand (an expression).
+    Returns:
+        ``(loads, consts, conds)`` (lists, in the product's order), or None.
+    """
+    facs, conds = [], []
+    _factors(e, facs, conds)
+    loads = [f for f in facs if isinstance(f, E.Load)]
+    consts = [f for f in facs if isinstance(f, E.Const)]
+    if len(loads) + len(consts) != len(facs):
+        return None
+    return loads, consts, conds
+
+
 def _conjuncts(c, out):
     if isinstance(c, E.And):
         _conjuncts(c.a, out)
@@ -211,12 +234,10 @@ def _contraction_of(op, inlined):
     dtype = body.dtype
     if dtype not in ("float32", "float64") or op.output(0).dtype != dtype:
         raise _NoMatch(f"a {dtype} sum")
-    facs, conds = [], []
-    _factors(body.source[0], facs, conds)
-    loads = [f for f in facs if isinstance(f, E.Load)]
-    consts = [f for f in facs if isinstance(f, E.Const)]
-    if len(loads) != 2 or len(loads) + len(consts) != len(facs):
+    factors = summand_factors(body.source[0])
+    if factors is None or len(factors[0]) != 2:
         raise _NoMatch("the summand is not a product of two loads (and constants)")
+    loads, consts, conds = factors
     for ld in loads:
         if ld.dtype != dtype:
             raise _NoMatch(f"load of {ld.tensor.name} is {ld.dtype}, the sum {dtype}")
@@ -239,12 +260,6 @@ def _contraction_of(op, inlined):
     if len(set(id(a) for a in inst.axes)) != len(inst.axes):
         raise _NoMatch("an axis appears twice")
     return inst, scale, dtype
-
-
-def _range(pa, box):
-    """``(min, max)`` of a PwAff over ``box`` (non-empty)."""
-    p = pa.intersect_domain(box)
-    return p.min_val().to_python(), p.max_val().to_python()
 
 
 def _cond_affine(c, axes, space, box):
@@ -308,6 +323,39 @@ def _analyze(inst):
     # a window stage (codegen.rewrite.windows) is zero outside its valid region: a conjunct
     # that region implies is an absent term there, masked on the exact path only
     valid = [_window_region(t, args, space, box) for t, args in inst.loads]
+    load_axes, out_masks, op_masks, op_data, nf_masks, placed = _place_conjuncts(
+        inst, data, axes, space, box, both, valid)
+    if refusing:
+        _check_refusing_order(inst, placed, refusing)
+    views = _views(inst, axes, space, box, load_axes, op_masks, op_data, nf_masks)
+    piece_axes = [(a.dom[0], a.dom[1] - a.dom[0], a.kind) for a in axes]
+    nsp = len(inst.spatial)
+    out_masks = [(m[0][:nsp], m[1], m[2]) for m in out_masks]
+    if any(any(m[0][nsp:]) for m in out_masks):
+        raise _NoMatch("internal: an output mask on a reduction axis", "other")
+    out_offset = inst.out_offset + sum(s * a.dom[0] for s, a in zip(inst.out_strides, inst.spatial))
+    # a cost-model input: bounded (an upper bound, the box's points, where exact
+    # counting would cost too much)
+    points = card_within(dom).value
+    piece = GemmPiece(piece_axes, out_offset, inst.out_strides, views[0], views[1],
+                      out_masks, points)
+    vol = int(np.prod([ax[1] for ax in piece_axes], dtype=np.int64))
+    if points < _opts().blas_tap_efficiency * vol:
+        piece.inefficient = True
+    return piece
+
+
+def _place_conjuncts(inst, data, axes, space, box, both, valid):
+    """Where the GEMM applies each conjunct of ``inst`` (step 4 of the module
+    docstring): implied by the operands' bounds (padding), spatial-only (an output
+    mask), on one operand's axes (an operand mask; a data-dependent one as a tree),
+    or a window stage's valid region (a mask of the exact path only).
+
+    Returns ``(load_axes, out_masks, op_masks, op_data, nf_masks, placed)``: the
+    ids of the axes each load reads; the affine masks of the output, per operand,
+    the data masks per operand, the exact-path masks per operand; and per
+    conjunct, in order, where it went. Raises _NoMatch for a conjunct that ties
+    both operands or is not affine."""
     # the conjuncts: implied by the operands' bounds (padding), spatial-only
     # (output mask), or on one operand's axes (operand mask)
     load_axes = []
@@ -355,8 +403,15 @@ def _analyze(inst):
             placed.append(("op", 1))
         else:
             raise _NoMatch("a condition that ties both operands", "other")
-    if refusing:
-        _check_refusing_order(inst, placed, refusing)
+    return load_axes, out_masks, op_masks, op_data, nf_masks, placed
+
+
+def _views(inst, axes, space, box, load_axes, op_masks, op_data, nf_masks):
+    """The two :class:`OperandView` s of ``inst`` (step 3 of the module docstring):
+    each load's zero padding where the box reaches outside its tensor, its
+    affine offset into the padded buffer over the axes it reads (or its masks
+    read), and its masks (:func:`_place_conjuncts`). Raises _NoMatch
+    ("nonaffine") when an offset is not affine."""
     views = []
     for (t, args), masks, dmasks, lax, nfm in zip(inst.loads, op_masks, op_data, load_axes,
                                                   nf_masks):
@@ -383,21 +438,7 @@ def _analyze(inst):
         views.append(OperandView(t, shape, pad if any(a or b for a, b in pad) else None,
                                  vaxes, offset, [coefs[k] for k in vaxes], vmasks, dmasks,
                                  [([m[0][k] for k in vaxes], m[1], m[2]) for m in nfm]))
-    piece_axes = [(a.dom[0], a.dom[1] - a.dom[0], a.kind) for a in axes]
-    nsp = len(inst.spatial)
-    out_masks = [(m[0][:nsp], m[1], m[2]) for m in out_masks]
-    if any(any(m[0][nsp:]) for m in out_masks):
-        raise _NoMatch("internal: an output mask on a reduction axis", "other")
-    out_offset = inst.out_offset + sum(s * a.dom[0] for s, a in zip(inst.out_strides, inst.spatial))
-    # a cost-model input: bounded (an upper bound, the box's points, where exact
-    # counting would cost too much)
-    points = card_within(dom).value
-    piece = GemmPiece(piece_axes, out_offset, inst.out_strides, views[0], views[1],
-                      out_masks, points)
-    vol = int(np.prod([ax[1] for ax in piece_axes], dtype=np.int64))
-    if points < _opts().blas_tap_efficiency * vol:
-        piece.inefficient = True
-    return piece
+    return views
 
 
 def _window_region(t, args, space, box):
@@ -483,7 +524,7 @@ def _tree(e, axes, space, box, clip=False):
             return ("abs", go(x.args[0]), x.dtype)
         if isinstance(x, E.Call) and x.name == "stop_gradient":
             return go(x.args[0])  # the value of its argument
-        if type(x) in _TREE_OPS:
+        if type(x) in TREE_OP_TYPES:
             if isinstance(x, (E.FloorDiv, E.FloorMod)) and dt.is_float(x.dtype):
                 raise _NoMatch("a float floor division in a condition", "other")
             return (type(x), go(x.a), go(x.b), x.dtype)
@@ -496,124 +537,6 @@ def _keyed(t, key):
     if t[0] in ("ld", "ldc"):
         return (t[0], key(t[1]), t[2], t[3], tuple(_keyed(i, key) for i in t[4]))
     return tuple(_keyed(x, key) if isinstance(x, tuple) else x for x in t)
-
-
-def _split(inst, moduli, kinds_done="split"):
-    """The instances of the residue classes of the axes in ``moduli``
-    (id(axis) -> m): ``axis = m * axis' + a``, empty classes dropped."""
-    by_id = {id(a): a for a in inst.axes}
-    split_axes = [by_id[i] for i in moduli]
-    classes = [[]]
-    for a in split_axes:
-        m = moduli[id(a)]
-        classes = [c + [r] for c in classes for r in range(m)]
-    out = []
-    for cls in classes:
-        mapping, spatial, ostr, reduce_ = {}, [], [], []
-        off = inst.out_offset
-        new = {}
-        empty = False
-        for a, r in zip(split_axes, cls):
-            m = moduli[id(a)]
-            lo = -((r - a.dom[0]) // m)  # ceil((lo - r) / m)
-            hi = (a.dom[1] - 1 - r) // m + 1
-            if hi <= lo:
-                empty = True
-                break
-            v = E.iter_var(lo, hi, f"{a.name}{m}r{r}", a.kind)
-            mapping[a] = v * m + r
-            new[id(a)] = (v, m, r)
-        if empty:
-            continue
-        for a, s in zip(inst.spatial, inst.out_strides):
-            if id(a) in new:
-                v, m, r = new[id(a)]
-                spatial.append(v)
-                ostr.append(s * m)
-                off += s * r
-            else:
-                spatial.append(a)
-                ostr.append(s)
-        for a in inst.reduce:
-            reduce_.append(new[id(a)][0] if id(a) in new else a)
-        out.append(inst.subst(mapping, spatial, ostr, off, reduce_, split=True))
-    return out
-
-
-def _residue_moduli(inst):
-    """id(axis) -> the lcm of the divisors of the ``//`` and ``%`` it appears under."""
-    mod = {}
-    ids = {id(a) for a in inst.axes}
-    exprs = [a for _, args in inst.loads for a in args] + inst.conjuncts
-    for n in post_order(exprs):
-        if isinstance(n, (E.FloorDiv, E.FloorMod)) and isinstance(n.b, E.Const) \
-                and isinstance(n.b.value, int) and n.b.value >= 2:
-            for v in post_order(n.a):
-                if isinstance(v, E.IterVar) and id(v) in ids:
-                    mod[id(v)] = math.lcm(mod.get(id(v), 1), n.b.value)
-    return mod
-
-
-def _tap(inst):
-    """The instances with reduction axes replaced by the taps of narrow operand
-    dimensions (see the module docstring), or None when there is none."""
-    axes = inst.axes
-    space = VarSpace(axes)
-    box = box_set(space)
-    red_ids = {id(a) for a in inst.reduce}
-    for li, (t, args) in enumerate(inst.loads):
-        for d, (ix, n) in enumerate(zip(args, t.shape)):
-            aff = _affine(ix, axes, space, box)
-            if aff is None:
-                continue
-            coefs, const = aff
-            rs = [k for k, a in enumerate(axes) if coefs[k] and id(a) in red_ids]
-            if len(rs) != 1:
-                continue
-            lo, hi = _range(to_pwaff(ix, space), box)
-            if hi - lo + 1 <= 2 * n:
-                continue
-            kr = rs[0]
-            r, cr = axes[kr], coefs[kr]
-            m = abs(cr)
-            moduli = {id(a): m for k, a in enumerate(axes)
-                      if k != kr and coefs[k] and coefs[k] % m and a.kind == "spatial"}
-            if any(coefs[k] % m for k, a in enumerate(axes) if k != kr and coefs[k]
-                   and a.kind != "spatial"):
-                continue
-            pieces = _split(inst, moduli) if moduli else [inst]
-            out = []
-            for p in pieces:
-                pa = p.axes
-                psp = VarSpace(pa)
-                pbox = box_set(psp)
-                pix = p.loads[li][1][d]
-                paff = _affine(pix, pa, psp, pbox)
-                if paff is None:
-                    return None
-                pc, pk = paff
-                kr2 = next(k for k, a in enumerate(pa) if a is r)
-                if any(pc[k] % cr for k in range(len(pa)) if k != kr2):
-                    return None
-                # ix = cr * u + pk with u = r + sum(pc[k] / cr * a_k), 0 <= ix < n
-                if cr > 0:
-                    ulo, uhi = -(pk // cr), (n - 1 - pk) // cr
-                else:
-                    ulo, uhi = -((n - 1 - pk) // -cr), pk // -cr
-                if uhi < ulo:
-                    continue
-                u = E.iter_var(ulo, uhi + 1, f"{r.name}_tap", "reduce")
-                shift = E.const(0)
-                for k, a in enumerate(pa):
-                    if k != kr2 and pc[k]:
-                        shift = shift + a * (pc[k] // cr)
-                r_val = u - shift
-                extra = [r_val >= r.dom[0], r_val < r.dom[1]]
-                red = [u if a is r else a for a in p.reduce]
-                out.append(p.subst({r: r_val}, p.spatial, p.out_strides, p.out_offset, red,
-                                   extra=extra, tapped=True))
-            return out
-    return None
 
 
 def _pieces(inst, depth=0):

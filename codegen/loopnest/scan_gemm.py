@@ -19,27 +19,33 @@ of the two axes and the other's extent as the row stride (a C-contiguous
         <the step's loop nest>                   # exact IEEE terms (and the
                                                  # empty sum where t fails), as before
 
-``_gemm_ok`` (codegen/loopnest/emit.py) passes when every operand value is finite and
-``max|A| * max|B| * K`` stays below the dtype's largest value, so that no
-product and no partial sum overflows: then the GEMM is the loop nest up to
+``_gemm_ok`` (the loop-nest backend's runtime helper) applies the rule of
+:mod:`codegen.ir.gemm_policy`, the one both GEMM paths follow: every operand value
+finite and ``max|A| * max|B| * K`` within :func:`codegen.ir.gemm_policy.limit` (the
+dtype's largest value less the rounding of ``K`` terms), so that no product and
+no partial sum overflows in any order: then the GEMM is the loop nest up to
 rounding. Otherwise (an inf or NaN, or values large enough to overflow) the
 loop nest runs, whose terms are the evaluator's (a BLAS may reorder terms and
 fuse multiply-adds: ``1e154 * 2e154 + 1e154 * -2e154`` is NaN term by term,
 inf in an FMA). Both blocks are proven inside
 their buffers for every step ``L <= t < T`` at build time (a slice that left
 the buffer would be cut short silently); otherwise the loop nest stays.
-"""
 
-import numpy as np
+The recognition shares its pieces with the stage-level matcher: the summand's
+factors are :func:`codegen.analysis.contraction.summand_factors`'s, the loads'
+offsets :func:`codegen.analysis.affine.linear_coefs`'s.
+"""
 
 from texpr import expr as E
 from texpr.expr import Reduce
 
 from texpr.tensor import row_major_strides
-from texpr.triangles import linear_form
 from texpr.visitor import free_vars, post_order
 
 from .emit import ExprEmitter
+from ..analysis.affine import linear_coefs
+from ..analysis.contraction import summand_factors
+from ..ir import gemm_policy
 from ..ir.schedule import inline_expand
 from ..options import current as _opts
 
@@ -47,22 +53,16 @@ from ..options import current as _opts
 #   worth a BLAS call per step
 
 
-def _affine(e):
-    """``({id(var): (var, coef)}, const)`` of an int expression affine in its
-    variables, else None."""
-    return linear_form(e)
-
-
 def _flat(ld, buf):
     """The load's flat offset as ``{id(var): coef}``, const (None if not affine)."""
     coefs, const = {}, 0
     for a, st in zip(ld.args, row_major_strides(ld.tensor.shape)):
-        lin = _affine(a)
+        lin = linear_coefs(a)
         if lin is None:
             return None
         vs, c = lin
         const += c * st
-        for key, (_v, cf) in vs.items():
+        for key, cf in vs.items():
             coefs[key] = coefs.get(key, 0) + cf * st
     return {k: c for k, c in coefs.items() if c}, const
 
@@ -93,8 +93,9 @@ def _block(ld, buf, tv, row, k, m, kk):
 def gemm_step(s, buffers, inlined, tv, tname, L, T):
     """The GEMM lines of the step stage ``s`` (see the module docstring), or None.
 
-    Returns ``(test, call)``: the finiteness condition (source text) and the
-    ``np.dot`` statement; the caller puts the loop nest in the else branch."""
+    Returns ``(test, call)``: the condition of :mod:`codegen.ir.gemm_policy`'s rule
+    (source text) and the ``np.dot`` statement; the caller puts the loop nest in
+    the else branch."""
     if len(s.axis) != 2 or s.num_outputs != 1:
         return None
     body = inline_expand(s.body[0], inlined)
@@ -107,7 +108,11 @@ def gemm_step(s, buffers, inlined, tv, tname, L, T):
             return None
         step_test = ExprEmitter({id(tv): tname}, buffers, s.name, [])(body.where)
     src = body.source[0]
-    if not isinstance(src, E.Mul) or src.dtype not in ("float32", "float64"):
+    if src.dtype not in ("float32", "float64"):
+        return None
+    factors = summand_factors(src)
+    # two loads, no constant and no guard: np.dot writes the sum as it is
+    if factors is None or factors[1] or factors[2] or len(factors[0]) != 2:
         return None
     out = buffers[id(s.output(0))]
     if hasattr(out, "physical") or out.dtype != src.dtype:
@@ -119,7 +124,7 @@ def gemm_step(s, buffers, inlined, tv, tname, L, T):
     m, n, kk = i.dom[1], j.dom[1], k.dom[1]
     if m * n * kk < _opts().scan_gemm_min_macs:
         return None
-    a_ld, b_ld = src.args
+    a_ld, b_ld = factors[0]
     for first, second in ((a_ld, b_ld), (b_ld, a_ld)):
         if not isinstance(first, E.Load) or not isinstance(second, E.Load):
             return None
@@ -143,7 +148,8 @@ def gemm_step(s, buffers, inlined, tv, tname, L, T):
         view = f"{buf.name}[{start}:{start} + {span}].reshape({shape})"
         views.append(view + (".T" if transposed else ""))
     a_view, b_view = views
-    lim = repr(float(np.finfo(src.dtype).max))
+    # the guard reads max|A| and max|B| itself: the bound carries the sum's K roundings
+    lim = repr(gemm_policy.limit(src.dtype, kk))
     test = " and ".join(([step_test] if step_test else [])
                         + [f"_gemm_ok({a_view}, {b_view}, {kk}, {lim})"])
     call = f"np.dot({a_view}, ({b_view}).T, {out.name}[:{m * n}].reshape(({m}, {n})))"

@@ -29,7 +29,7 @@ stage becomes ``sum(conv1_packed0[n, rc, h + kh - 1, w + kw - 1] * W[c, rc, kh, 
 The data-dependent conjuncts stay in the ``where`` as well, so the rewritten
 stage means exactly what the original meant; a packed operand is zero wherever
 they fail, so the GEMM path applies them only where an operand holds an
-infinity or a NaN (its exact path, :meth:`ContractionPlan._non_finite`), where a
+infinity or a NaN (its exact path, :func:`codegen.backends.numpy_host.exact.run_exact`), where a
 term that the original never visited must stay absent rather than give ``0 *
 inf``. The stage is marked (``attrs[PACKED]``) for that.
 

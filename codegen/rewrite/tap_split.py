@@ -176,39 +176,10 @@ def _try(op, red, a, b, consts, conj, dtype, im2col):
     """The split with ``a`` as the operand read at mixed indices, or None. ``im2col``:
     the elements of ``a`` the stage's GEMMs read (its im2col copy), or the
     elements they copy of both operands, if more."""
-    spatial = {id(v): v for v in op.axis}
-    reduce_ = {id(v): v for v in red.axes}
-    forms = [_index_form(ix) for ix in a.args]
-    if any(f is None for f in forms):
+    roles = _roles(op, red, a, b, conj)
+    if roles is None:
         return None
-    mixed = [d for d, f in enumerate(forms)
-             if any(v in spatial and c for v, c in f[0].items())
-             and any(v in reduce_ and c for v, c in f[0].items())]
-    if not mixed:
-        return None
-    s_m = {v for d in mixed for v, c in forms[d][0].items() if c and v in spatial}
-    taps = [v for v in red.axes if any(forms[d][0].get(id(v)) for d in mixed)]
-    tap_ids = {id(v) for v in taps}
-    for d, f in enumerate(forms):
-        if d not in mixed and any(c and (v in s_m or v in tap_ids) for v, c in f[0].items()):
-            return None
-    if any(id(v) in s_m for x in b.args for v in free_vars(x)):
-        return None
-    channels = [v for v in red.axes if id(v) not in tap_ids]
-    if not channels:
-        return None
-    chan_ids = {id(v) for v in channels}
-    gemm_conds, nest_conds, data_conds = [], [], []
-    for c in conj:
-        ids = {id(v) for v in free_vars(c)}
-        if any(isinstance(n, Load) for n in post_order(c)):
-            data_conds.append(c)  # a packed stage's: on A's index (below)
-        elif ids & chan_ids:
-            if ids & s_m:
-                return None
-            gemm_conds.append(c)
-        else:
-            nest_conds.append(c)
+    mixed, s_m, taps, channels, gemm_conds, nest_conds, data_conds = roles
     rest = [v for v in op.axis if id(v) not in s_m]
     # the GEMM stage's axes: the other spatial axes, the taps, one per mixed dimension
     new_rest = [E.iter_var(v.dom[0], v.dom[1], v.name, "spatial") for v in rest]
@@ -279,6 +250,50 @@ def _try(op, red, a, b, consts, conj, dtype, im2col):
     if not _pays(im2col, t, t_op, op, nest_taps, cond, nest):
         return None
     return t_op, nest
+
+
+def _roles(op, red, a, b, conj):
+    """What the split of a stage with ``a`` read at mixed indices would be, or None:
+    ``(mixed, s_m, taps, channels, gemm_conds, nest_conds, data_conds)``: the
+    dimensions of ``a`` whose index mixes spatial and reduction axes, the ids of
+    the spatial axes they read, the reduction axes they read (the taps) and the
+    others (the channels, the taps' stage's reduction), and the conjuncts ``conj``
+    by where they go: the taps' stage's GEMM (on the channels), the tap sum's
+    loop nest, or the data-dependent ones of a packed stage (on ``a``'s index)."""
+    spatial = {id(v): v for v in op.axis}
+    reduce_ = {id(v): v for v in red.axes}
+    forms = [_index_form(ix) for ix in a.args]
+    if any(f is None for f in forms):
+        return None
+    mixed = [d for d, f in enumerate(forms)
+             if any(v in spatial and c for v, c in f[0].items())
+             and any(v in reduce_ and c for v, c in f[0].items())]
+    if not mixed:
+        return None
+    s_m = {v for d in mixed for v, c in forms[d][0].items() if c and v in spatial}
+    taps = [v for v in red.axes if any(forms[d][0].get(id(v)) for d in mixed)]
+    tap_ids = {id(v) for v in taps}
+    for d, f in enumerate(forms):
+        if d not in mixed and any(c and (v in s_m or v in tap_ids) for v, c in f[0].items()):
+            return None
+    if any(id(v) in s_m for x in b.args for v in free_vars(x)):
+        return None
+    channels = [v for v in red.axes if id(v) not in tap_ids]
+    if not channels:
+        return None
+    chan_ids = {id(v) for v in channels}
+    gemm_conds, nest_conds, data_conds = [], [], []
+    for c in conj:
+        ids = {id(v) for v in free_vars(c)}
+        if any(isinstance(n, Load) for n in post_order(c)):
+            data_conds.append(c)  # a packed stage's: on A's index (below)
+        elif ids & chan_ids:
+            if ids & s_m:
+                return None
+            gemm_conds.append(c)
+        else:
+            nest_conds.append(c)
+    return mixed, s_m, taps, channels, gemm_conds, nest_conds, data_conds
 
 
 def _index_form(ix):

@@ -23,7 +23,7 @@ GEMMs' operands (the convolution's ``K = (c, kh, kw)`` beside its images
 ``(n, h, w)``; the weight gradient's ``K = (n, h, w)`` beside ``(c, kh, kw)``),
 so neither GEMM copies it. The stages keep their ``where``: what the window's
 zeros stand for are absent terms, applied as masks on the GEMM path's exact
-path only (a non-finite operand, :meth:`codegen.backends.numpy_host.gemm.ContractionPlan._non_finite`),
+path only (a non-finite operand, :func:`codegen.backends.numpy_host.exact.run_exact`),
 where a term the original never visits must stay absent rather than be ``0 *
 inf``; the stage is marked (``attrs[WINDOWED]``) and the window stage carries
 its valid region (``attrs[WINDOW]``) for :func:`codegen.analysis.contraction.match`.

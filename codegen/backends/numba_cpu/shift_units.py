@@ -11,7 +11,7 @@ import numpy as np
 from texpr.errors import TexprError
 
 from ... import units as _units
-from ..numpy_host.units import ContractionUnit
+from ..plan_unit import PlanUnit
 from ...analysis.shifts import _WORDS, RANK
 from .compile import compile_source
 
@@ -116,9 +116,10 @@ def run_moves(plan, arrays):
     return out
 
 
-class ShiftUnit(ContractionUnit):
+class ShiftUnit(PlanUnit):
     """A runnable unit (:mod:`codegen.backends.numba_cpu.units` interface): ``run(arrays, err)`` runs the
-    plan on the kernel's flat buffers, as a GEMM unit does. Made with the kernel
+    plan on the kernel's flat buffers, as a GEMM unit does (both are
+    :class:`codegen.backends.plan_unit.PlanUnit` s). Made with the kernel
     (inside ``codegen.build``), it compiles or loads the shared moves function
     of its dtype then, not at the first call: ``compile_seconds`` and
     ``compiled`` say so (the first unit of a dtype in a process that compiled

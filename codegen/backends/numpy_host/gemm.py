@@ -1,6 +1,7 @@
-"""GEMM plans and how they run: the plain data a matched contraction stage
-becomes (:mod:`codegen.analysis.contraction` decides, at build time, whether and how a
-stage is one) and the code that runs it on numpy's BLAS at run time.
+"""How a GEMM plan runs on numpy's BLAS at run time: the plain data a matched
+contraction stage becomes (:mod:`codegen.ir.contraction_plan`; decided at build time by
+:mod:`codegen.analysis.contraction`) is run here, and this module registers
+:func:`run_plan` as the plans' runner.
 
 A :class:`ContractionPlan` holds :class:`GemmPiece` s, each one (batched) GEMM
 over two :class:`OperandView` s of the kernel's flat buffers.
@@ -23,10 +24,13 @@ over two :class:`OperandView` s of the kernel's flat buffers.
   own threads, or parts on worker threads with a one-thread BLAS each (the
   mode of an oversubscribed machine, where OpenBLAS's busy-waiting threads
   lose; the BLAS's thread count is limited with threadpoolctl).
-* **Non-finite values.** Padded and masked terms are ``0 * x``; where an
-  operand holds inf or NaN the result is computed again exactly
-  (:meth:`ContractionPlan._non_finite`), so it is the loop nest's whatever the
-  BLAS does with ``0 * inf``.
+* **Non-finite and huge values.** Padded and masked terms are ``0 * x``. The
+  GEMMs' result is used where :mod:`codegen.ir.gemm_policy`'s rule accepts it
+  (every operand value finite, ``K * max|A| * max|B| * |c|`` within the
+  dtype's range, bounded through each buffer's ``sqrt(sum x^2)``); else the
+  exact path (:func:`run_exact`, :mod:`codegen.backends.numpy_host.exact`)
+  computes again exactly the output elements the GEMMs cannot be trusted with,
+  whatever the BLAS does with ``0 * inf`` or a fused multiply-add.
 """
 
 import contextlib
@@ -38,261 +42,114 @@ import weakref
 
 import numpy as np
 
-from texpr import expr as E
 from texpr.errors import TexprError, in_stage
-from texpr.evaluate import int_arith_exactly
 
 from .. import workers as _workers
+from . import exact as _exact
 from . import parking as _parking
+from .masks import _MASKS, _eval_tree, _mask_array
+from .packing import (_by_stride, _copy_parts, _cut, _direct_layout, _last_is_finer, _pack,
+                      _pack_batched, _pack_into, _packed_copy_bytes)
+from ...ir import contraction_plan as _plan
+from ...ir.contraction_plan import ContractionPlan, GemmPiece, OperandView, byte_view as _byte_view
 from ...options import current as _opts
 
-__all__ = ["ContractionPlan", "GemmPiece", "OperandView", "CHUNKED"]
+__all__ = ["ContractionPlan", "GemmPiece", "OperandView", "CHUNKED", "run_plan",
+           "run_exact"]
 
-# ---- the plan (picklable data) -------------------------------------------------------
-
-class OperandView:
-    """One operand of a GEMM piece: the buffer ``key``, its ``shape``, the
-    zero padding ``pad`` (per dimension ``(lo, hi)``, or None: the buffer itself),
-    and the view over the piece's axes ``axes`` (positions in the piece's axis
-    list): element ``offset`` and ``strides`` in the (padded) flat buffer, and
-    ``masks``: conditions ``sum(coef[k] * value(axes[k])) + const >= 0`` (or
-    ``== 0``), given as ``(coefs, const, is_eq)``, outside which the view's
-    elements count as zeros; ``data_masks``: data-dependent conditions over the
-    same axes (expression trees, see :func:`_tree`; a ReLU's adjoint reads
-    ``where=dense[i, j] > 0``), the same way; ``exact_masks``: conditions like
-    ``masks`` applied only on the exact path (:meth:`ContractionPlan._non_finite`):
-    outside them a window stage (:mod:`codegen.rewrite.windows`) holds zeros, which
-    stand for absent terms."""
-
-    def __init__(self, key, shape, pad, axes, offset, strides, masks, data_masks=(),
-                 exact_masks=()):
-        self.key, self.shape, self.pad = key, tuple(shape), pad
-        self.axes, self.offset, self.strides = tuple(axes), int(offset), tuple(strides)
-        self.masks = list(masks)
-        self.data_masks = list(data_masks)
-        self.exact_masks = list(exact_masks)
-
-    def padded_shape(self):
-        if self.pad is None:
-            return self.shape
-        return tuple(n + lo + hi for n, (lo, hi) in zip(self.shape, self.pad))
+# the plan's data lives in codegen.ir.contraction_plan; its old private names stay here
+_tree_nodes, _tree_keys = _plan.tree_nodes, _plan.tree_keys
 
 
-class GemmPiece:
-    """One GEMM (batched) of a plan. ``axes``: ``(lo, extent, kind)`` per axis
-    (kind ``spatial``/``reduce``); ``out_offset``, ``out_strides``: the output
-    slice (element offset and strides per spatial axis, in ``axes`` order of
-    the spatial ones); ``a``, ``b``: :class:`OperandView`; ``out_masks``:
-    conditions over the spatial axes outside which the output is zero;
-    ``points``: the domain's multiply-adds."""
+# ---- running a plan ----------------------------------------------------------------
 
-    def __init__(self, axes, out_offset, out_strides, a, b, out_masks, points):
-        self.axes, self.out_offset, self.out_strides = list(axes), int(out_offset), tuple(out_strides)
-        self.a, self.b, self.out_masks, self.points = a, b, list(out_masks), int(points)
+def run_plan(plan, arrays):
+    """Compute the stage's output into ``arrays[out_key]`` (a flat C-contiguous
+    buffer of ``prod(shape)`` elements of ``dtype``) from the operand
+    buffers ``arrays[key]`` (flat, or of the tensor's shape), by
+    :mod:`codegen.ir.gemm_policy`'s rule: the GEMMs' result where the rule
+    accepts it, else the exact path (:func:`run_exact`).
 
-    def roles(self):
-        """``(batch, m, n, k, a_only, b_only, neither)``: axis positions by role.
-        A reduction axis of extent 1 that neither operand reads (a residue class's
-        one tap) has no role: it sums one term (:func:`match` refuses longer ones)."""
-        batch, m, n, k, a_only, b_only, neither = [], [], [], [], [], [], []
-        for p, (_lo, ext, kind) in enumerate(self.axes):
-            ina, inb = p in self.a.axes, p in self.b.axes
-            if kind == "spatial":
-                (batch if ina and inb else m if ina else n if inb else neither).append(p)
-            elif ina or inb or ext != 1:
-                (k if ina and inb else a_only if ina else b_only if inb else neither).append(p)
-        return batch, m, n, k, a_only, b_only, neither
-
-    def gemm_dims(self):
-        """``(batch, M, N, K)`` sizes of the GEMM."""
-        batch, m, n, k, _, _, _ = self.roles()
-        size = lambda ps: math.prod(self.axes[p][1] for p in ps)  # noqa: E731
-        return size(batch), size(m), size(n), size(k)
+    Args:
+        plan: a :class:`codegen.ir.contraction_plan.ContractionPlan`.
+        arrays: the kernel's buffers by key.
+    Returns:
+        The output buffer.
+    Raises:
+        TexprError: (its message ``stage NAME: ...``, as the loop nest's) for
+            integer division by zero or integer overflow in a data-dependent
+            condition, where the evaluator raises.
+    """
+    try:
+        return _run(plan, arrays)
+    except TexprError as exc:
+        raise in_stage(plan.stage, exc) from None
 
 
-class ContractionPlan:
-    """A stage run as GEMMs: ``out_key`` (the output buffer), ``shape``, ``dtype``,
-    ``scale``, ``pieces`` (:class:`GemmPiece`), ``fill`` (zero the output first:
-    some pieces add, or some output points belong to no piece), ``stage``
-    (the stage's name). Plain data: a plan pickles with its kernel."""
+def _run(plan, arrays):
+    out = arrays[plan.out_key].reshape(-1)
+    keys = {v.key for p in plan.pieces for v in (p.a, p.b)}
+    # a sum that overflows is inf (or NaN where both infinities meet), as in
+    # the loop nest, which never warns: numpy's overflow warnings are silenced
+    with np.errstate(over="ignore", invalid="ignore"):
+        if not _exact.accepted(plan, arrays):
+            return run_exact(plan, arrays, out, keys)
+        _run_into(plan, out, arrays, arrays, plan.scale, add=plan.fill)
+    return out
 
-    def __init__(self, stage, out_key, shape, dtype, scale, pieces, fill):
-        self.stage, self.out_key, self.shape, self.dtype = stage, out_key, tuple(shape), dtype
-        self.scale, self.pieces, self.fill = scale, list(pieces), fill
 
-    @property
-    def flop(self):
-        """Floating-point operations of the GEMMs (2 per multiply-add)."""
-        return sum(2 * b * m * n * k for b, m, n, k in (p.gemm_dims() for p in self.pieces))
+def run_exact(plan, arrays, out, keys):
+    """The run :mod:`codegen.ir.gemm_policy` prescribes where it does not accept the
+    GEMMs' result: :func:`codegen.backends.numpy_host.exact.run_exact` with this
+    module's piece runner, the BLAS's threads as for a GEMM run.
 
-    def operand_elements(self, i):
-        """Elements of operand ``i`` (0: the pieces' ``a``, 1: their ``b``, in the
-        order of the stage's two loads) that the GEMMs read: per piece, the product
-        of its view's extents (the size of its packed copy where it is one)."""
-        return sum(math.prod(p.axes[q][1] for q in (p.a if i == 0 else p.b).axes)
-                   for p in self.pieces)
+    Args:
+        plan: the plan; ``arrays``: the buffers by key; ``out``: the flat output
+            buffer; ``keys``: the operand buffers' keys.
+    Returns:
+        ``out``.
+    """
+    with _blas_threads_limited(), np.errstate(over="ignore", invalid="ignore"):
+        return _exact.run_exact(plan, arrays, out, keys, _run_piece, _operand)
 
-    def keys(self):
-        """The buffers the plan reads and writes (those its data masks read too)."""
-        keys = {self.out_key} | {v.key for p in self.pieces for v in (p.a, p.b)}
-        for p in self.pieces:
-            for v in (p.a, p.b):
-                for t in v.data_masks:
-                    keys |= _tree_keys(t)
-        return keys
 
-    @property
-    def points(self):
-        """Multiply-adds of the stage's domain (the loop nest's work)."""
-        return sum(p.points for p in self.pieces)
+def _run_into(plan, out, arrays_a, arrays_b, scale, add):
+    # this thread's zero-padded buffers of this plan, kept from run to run; taken
+    # out for the run and put back after it: a run re-entering this plan on this
+    # thread (a signal handler or callback calling the kernel) finds none and
+    # allocates its own instead of overwriting those this run still reads
+    spaces = getattr(_WORKSPACES, "plans", None)
+    if spaces is None:
+        spaces = _WORKSPACES.plans = weakref.WeakKeyDictionary()
+    workspace = spaces.pop(plan, None)
+    if workspace is None:
+        workspace = {}
+    with _blas_threads_limited():
+        if _MODE.parts <= 1 and _wakes_blas(plan):
+            _parking.note_blas_woken()
+        _run_pieces(plan, out, arrays_a, arrays_b, scale, add, workspace)
+    spaces[plan] = workspace
 
-    def describe(self):
-        """One line: the GEMMs, for ``Kernel.source`` and ``Kernel.stages``."""
-        dims = [p.gemm_dims() for p in self.pieces]
-        shown = ", ".join(f"{b}x({m}x{k} @ {k}x{n})" if b > 1 else f"({m}x{k} @ {k}x{n})"
-                          for b, m, n, k in dims[:4])
-        more = f", ... ({len(dims)} GEMMs)" if len(dims) > 4 else ""
-        return (f"BLAS: {len(dims)} GEMM{'s' if len(dims) > 1 else ''} {shown}{more}; "
-                f"{self.flop / 1e6:.1f} MFLOP for {self.points / 1e6:.2f} M multiply-adds")
 
-    def run(self, arrays):
-        """Compute the stage's output into ``arrays[out_key]`` (a flat C-contiguous
-        buffer of ``prod(shape)`` elements of ``dtype``) from the operand
-        buffers ``arrays[key]`` (flat, or of the tensor's shape). Returns the
-        output buffer.
+def _wakes_blas(plan):
+    """Whether a GEMM of this plan is large enough for OpenBLAS to run it on
+    its worker threads (:data:`codegen.backends.numpy_host.parking.THREADED_MNK`), which then spin
+    until parked."""
+    wakes = getattr(plan, "_wakes", None)
+    if wakes is None:
+        wakes = plan._wakes = any(m * n * k > _parking.THREADED_MNK
+                                  for _, m, n, k in (p.gemm_dims() for p in plan.pieces))
+    return wakes
 
-        Where an operand holds an infinity or a NaN, the terms that involve one
-        are classified exactly (see :meth:`_non_finite`): the result is the loop
-        nest's, whatever the BLAS does with ``0 * inf`` and whatever padding
-        or mask surrounds the value.
 
-        Raises TexprError (its message ``stage NAME: ...``, as the loop nest's)
-        for integer division by zero or integer overflow in a data-dependent
-        condition, where the evaluator raises."""
-        try:
-            return self._run(arrays)
-        except TexprError as exc:
-            raise in_stage(self.stage, exc) from None
-
-    def _run(self, arrays):
-        out = arrays[self.out_key].reshape(-1)
-        keys = {v.key for p in self.pieces for v in (p.a, p.b)}
-        # a sum that overflows is inf (or NaN where both infinities meet), as in
-        # the loop nest, which never warns: numpy's overflow warnings are silenced
-        with np.errstate(over="ignore", invalid="ignore"):
-            if out.size < sum(np.asarray(arrays[k]).size for k in keys):
-                # the smaller side is checked: a non-finite operand value that a
-                # GEMM multiplies (by a term of the domain, or by a padding or mask
-                # zero) makes its output element inf or NaN, so a finite output
-                # holds only finite terms, the loop nest's among them, and the
-                # rest exact zeros; else the exact path computes it again
-                self._run_into(out, arrays, arrays, self.scale, add=self.fill)
-                if np.isfinite(out).all():
-                    return out
-                return self._non_finite(arrays, out, keys)
-            if not all(np.isfinite(np.asarray(arrays[k])).all() for k in keys):
-                return self._non_finite(arrays, out, keys)
-            self._run_into(out, arrays, arrays, self.scale, add=self.fill)
-        return out
-
-    def _run_into(self, out, arrays_a, arrays_b, scale, add):
-        # this thread's zero-padded buffers of this plan, kept from run to run; taken
-        # out for the run and put back after it: a run re-entering this plan on this
-        # thread (a signal handler or callback calling the kernel) finds none and
-        # allocates its own instead of overwriting those this run still reads
-        spaces = getattr(_WORKSPACES, "plans", None)
-        if spaces is None:
-            spaces = _WORKSPACES.plans = weakref.WeakKeyDictionary()
-        workspace = spaces.pop(self, None)
-        if workspace is None:
-            workspace = {}
-        with _blas_threads_limited():
-            if _MODE.parts <= 1 and self._wakes_blas():
-                _parking.note_blas_woken()
-            self._run_pieces(out, arrays_a, arrays_b, scale, add, workspace)
-        spaces[self] = workspace
-
-    def _wakes_blas(self):
-        """Whether a GEMM of this plan is large enough for OpenBLAS to run it on
-        its worker threads (:data:`codegen.backends.numpy_host.parking.THREADED_MNK`), which then spin
-        until parked."""
-        wakes = getattr(self, "_wakes", None)
-        if wakes is None:
-            wakes = self._wakes = any(m * n * k > _parking.THREADED_MNK
-                                      for _, m, n, k in (p.gemm_dims() for p in self.pieces))
-        return wakes
-
-    def _run_pieces(self, out, arrays_a, arrays_b, scale, add, workspace=None):
-        if add:
-            out.fill(0)
-        # the pieces of one run share their zero-padded operand copies
-        padded = {} if arrays_a is arrays_b else None
-        for p in self.pieces:
-            _run_piece(p, arrays_a, arrays_b, out, scale, add, self.dtype, padded=padded,
-                       workspace=workspace)
-
-    def _non_finite(self, arrays, out, keys):
-        """The run when an operand holds inf or NaN: the GEMMs of the finite parts
-        (non-finite values as zeros), then, per output element, whether some term
-        of its domain is NaN (a NaN factor, or an infinity times zero), +inf or
-        -inf, found by GEMMs of 0/1 indicators (padding and masks stay absent,
-        as in the loop nest, which never visits those terms); NaN where both
-        infinities occur (IEEE: the order of the terms does not matter). That
-        infinity (or NaN) is added to the finite terms' result, so a finite
-        product that overflowed to an infinity of the other sign gives NaN."""
-        with _blas_threads_limited():
-            return self._non_finite_now(arrays, out, keys)
-
-    def _non_finite_now(self, arrays, out, keys):
-        raw = {k: np.asarray(arrays[k]).reshape(-1) for k in keys}
-        zeroed = {k: np.where(np.isfinite(v), v, np.zeros((), v.dtype)) for k, v in raw.items()}
-        if self.fill:
-            out.fill(0)
-        for p in self.pieces:
-            _run_piece(p, zeroed, zeroed, out, self.scale, self.fill, self.dtype, real=arrays)
-        dt_ = np.dtype(self.dtype)
-
-        def classes(v):
-            one = lambda m: m.astype(dt_)  # noqa: E731
-            return {"any": np.ones(v.shape, dt_), "nan": one(np.isnan(v)),
-                    "zero": one(v == 0), "pinf": one(v == np.inf), "minf": one(v == -np.inf),
-                    "pos": one(v > 0), "neg": one(v < 0),
-                    "inf": one(np.isinf(v))}
-        ca = {k: classes(v) for k, v in raw.items()}
-        n = out.size
-        tmp = np.empty(n, dt_)
-
-        def count(pairs):
-            total = np.zeros(n, dt_)
-            for x, y in pairs:
-                ok = True
-                for p in self.pieces:
-                    if not (ca[p.a.key][x].any() and ca[p.b.key][y].any()):
-                        continue
-                    ok = False
-                    break
-                if ok:
-                    continue
-                tmp.fill(0)
-                for p in self.pieces:
-                    _run_piece(p, {p.a.key: ca[p.a.key][x]}, {p.b.key: ca[p.b.key][y]},
-                               tmp, 1.0, True, self.dtype, real=arrays)
-                total += tmp
-            return total > 0
-        nan = count([("nan", "any"), ("any", "nan"), ("inf", "zero"), ("zero", "inf")])
-        pinf = count([("pinf", "pos"), ("minf", "neg"), ("pos", "pinf"), ("neg", "minf")])
-        minf = count([("pinf", "neg"), ("minf", "pos"), ("pos", "minf"), ("neg", "pinf")])
-        with np.errstate(invalid="ignore", over="ignore"):
-            special = np.where(nan | (pinf & minf), np.nan, np.where(pinf, np.inf, -np.inf))
-            special = (special * self.scale).astype(dt_)
-            # added to the finite terms' sum, not written over it: a finite product
-            # that overflowed to +inf meets a -inf term as NaN, as in the loop nest
-            hit = nan | pinf | minf
-            out[hit] += special[hit]
-        return out
-
-    def __repr__(self):
-        return f"ContractionPlan({self.stage}: {self.describe()})"
+def _run_pieces(plan, out, arrays_a, arrays_b, scale, add, workspace=None):
+    if add:
+        out.fill(0)
+    # the pieces of one run share their zero-padded operand copies
+    padded = {} if arrays_a is arrays_b else None
+    for p in plan.pieces:
+        _run_piece(p, arrays_a, arrays_b, out, scale, add, plan.dtype, padded=padded,
+                   workspace=workspace)
 
 
 # options.gemm_threads (default 0): How a GEMM uses the cores. A positive value: cut each
@@ -428,83 +285,6 @@ def _matmul(a, b, out=None):
         f.result()
     return out
 
-
-def _byte_view(flat, offset, shape, strides, writeable=False):
-    """``as_strided`` view of the 1-D array ``flat``: element ``offset`` and strides;
-    every element of the view is checked to lie inside ``flat``."""
-    lo = hi = offset
-    for n, s in zip(shape, strides):
-        if n == 0:
-            return np.empty(shape, flat.dtype)
-        lo += min(0, (n - 1) * s)
-        hi += max(0, (n - 1) * s)
-    if lo < 0 or hi >= flat.size:
-        raise TexprError(f"contraction: internal: a view reaches elements {lo}..{hi} of a "
-                         f"buffer of {flat.size}; please report the program")
-    item = flat.itemsize
-    byte_strides = tuple(s * item for s in strides)
-    if flat.flags.c_contiguous:
-        # numpy checks the view against the buffer again; 5x faster than as_strided
-        v = np.ndarray(tuple(shape), flat.dtype, buffer=flat, offset=offset * item,
-                       strides=byte_strides)
-        if not writeable:
-            v.flags.writeable = False
-        return v
-    return np.lib.stride_tricks.as_strided(flat[offset:], shape=tuple(shape),
-                                           strides=byte_strides, writeable=writeable)
-
-
-#: the boolean arrays of :func:`_mask_array`, per owner (an OperandView or a
-#: GemmPiece, weakly: they live as long as their plan), axes and shape: they
-#: depend on nothing else
-_MASKS = weakref.WeakKeyDictionary()
-
-
-def _mask_array(masks, axes, piece_axes, shape, owner=None):
-    """The boolean array (broadcastable to ``shape``) of the conditions ``masks``
-    (those of ``owner``: then kept, read-only, for the next runs of its plan)."""
-    if owner is None:
-        return _mask_array_now(masks, axes, piece_axes, shape)
-    cache = _MASKS.setdefault(owner, {})
-    key = (tuple(axes), tuple(map(tuple, piece_axes)), tuple(shape))
-    ok = cache.get(key)
-    if ok is None:
-        ok = _mask_array_now(masks, axes, piece_axes, shape)
-        ok.flags.writeable = False
-        cache[key] = ok
-    return ok
-
-
-def _mask_array_now(masks, axes, piece_axes, shape):
-    ok = None
-    for coefs, const, is_eq in masks:
-        val = np.asarray(const, dtype=np.int64)
-        for d, (p, c) in enumerate(zip(axes, coefs)):
-            if not c:
-                continue
-            lo, ext, _ = piece_axes[p]
-            r = (lo + np.arange(ext, dtype=np.int64)) * c
-            val = val + r.reshape([ext if i == d else 1 for i in range(len(shape))])
-        m = (val == 0) if is_eq else (val >= 0)
-        ok = m if ok is None else ok & m
-    return ok
-
-
-def _copy_parts(dst, src):
-    """``np.copyto(dst, src)``, in parts on the worker threads when it is large
-    (numpy's copy releases the GIL)."""
-    n = _workers.threads()
-    if n <= 1 or src.size < _opts().gemm_split_min or src.ndim == 0 or src.shape[0] < n:
-        np.copyto(dst, src)
-        return
-    cuts = np.linspace(0, src.shape[0], n + 1).astype(int)
-    futures = [_workers.pool().submit(np.copyto, dst[lo:hi], src[lo:hi])
-               for lo, hi in zip(cuts[1:-1], cuts[2:])]
-    np.copyto(dst[:cuts[1]], src[:cuts[1]])
-    for f in futures:
-        f.result()
-
-
 def _operand(view, arrays, piece_axes, dtype, real=None, padded=None, workspace=None):
     """The operand's values over its axes (an ndarray, view or copy); its
     data-dependent masks read ``real`` (default ``arrays``). ``padded``: a dict
@@ -566,191 +346,6 @@ def _operand(view, arrays, piece_axes, dtype, real=None, padded=None, workspace=
         np.copyto(kept, v, where=ok)
         v = kept
     return v
-
-
-_TREE_OPS = {E.Add: np.add, E.Sub: np.subtract, E.Mul: np.multiply, E.Div: np.true_divide,
-             E.FloorDiv: np.floor_divide, E.FloorMod: np.mod, E.Min: np.minimum,
-             E.Max: np.maximum, E.EQ: np.equal, E.NE: np.not_equal, E.LT: np.less,
-             E.LE: np.less_equal, E.GT: np.greater, E.GE: np.greater_equal,
-             E.And: np.logical_and, E.Or: np.logical_or}
-
-
-#: operations whose integer results the evaluator checks against the dtype's range
-_TREE_EXACT_INT = (E.Add, E.Sub, E.Mul, E.FloorDiv)
-
-
-def _tree_mask(mask, cond):
-    return cond if mask is None else mask & cond
-
-
-def _eval_tree(t, grid, arrays, mask=None):
-    """The value of an expression tree (:func:`_tree`) on the grid of axis values,
-    by ``te.evaluate``'s rules (texpr/evaluate.py): every node's value in the
-    node's dtype, a float operation's constants at its precision, ``/`` on
-    operands cast to its dtype first, integer ``+ - * //`` outside the dtype's
-    range an error (never a wrapped value: texpr.evaluate.int_arith_exactly),
-    integer division by zero an error -- only where ``mask`` (None: everywhere)
-    holds: a select's branch counts where its condition selects it, an
-    ``and``'s / ``or``'s second operand where the first does not decide."""
-    kind = t[0]
-    if kind == "c":
-        return np.asarray(t[1], dtype=t[2])
-    if kind == "v":
-        return grid[t[1]]
-    if kind in ("ld", "ldc"):
-        _, key, shape, dtype, idx = t
-        flat = np.zeros((), dtype=np.int64)
-        stride = 1
-        for d in range(len(shape) - 1, -1, -1):
-            i = _eval_tree(idx[d], grid, arrays, mask).astype(np.int64)
-            if kind == "ldc":
-                i = np.clip(i, 0, shape[d] - 1)
-            flat = flat + i * stride
-            stride *= shape[d]
-        return np.asarray(arrays[key]).reshape(-1)[flat]
-    if kind == "not":
-        return np.logical_not(_eval_tree(t[1], grid, arrays, mask))
-    if kind == "sel":
-        c = _eval_tree(t[1], grid, arrays, mask)
-        a = _eval_tree(t[2], grid, arrays, _tree_mask(mask, c))
-        b = _eval_tree(t[3], grid, arrays, _tree_mask(mask, np.logical_not(c)))
-        return np.where(c, a, b).astype(t[4], copy=False)
-    if kind == "cast":
-        return _eval_tree(t[1], grid, arrays, mask).astype(t[2])
-    if kind == "abs":
-        return np.abs(_eval_tree(t[1], grid, arrays, mask)).astype(t[2], copy=False)
-    fn, dtype = _TREE_OPS[kind], np.dtype(t[3])
-    if kind in (E.And, E.Or):
-        a = _eval_tree(t[1], grid, arrays, mask)
-        rest = a if kind is E.And else np.logical_not(a)
-        return fn(a, _eval_tree(t[2], grid, arrays, _tree_mask(mask, rest)))
-
-    def operand(x):
-        if x[0] == "c" and dtype.kind == "f" and not isinstance(x[1], bool):
-            return np.asarray(x[1], dtype=dtype)  # a weak constant, as the evaluator
-        return _eval_tree(x, grid, arrays, mask)
-    a, b = operand(t[1]), operand(t[2])
-    if kind is E.Div:
-        a, b = a.astype(dtype, copy=False), b.astype(dtype, copy=False)
-    if kind in (E.FloorDiv, E.FloorMod) and dtype.kind in "iu":
-        if np.any(_tree_mask(mask, b == 0)):
-            raise TexprError("integer division by zero in a condition of the contraction "
-                             "(its GEMM path)")
-        b = np.where(b == 0, np.ones((), b.dtype), b)
-    if kind in _TREE_EXACT_INT and dtype.kind in "iu":
-        out, exact = int_arith_exactly(kind, a, b, dtype, mask)
-        if exact is not None:
-            raise TexprError(f"integer arithmetic in a condition of the contraction (its GEMM "
-                             f"path) reaches {exact}, "
-                             f"outside {dtype.name} (it would wrap around)")
-        return out.astype(dtype, copy=False)
-    with np.errstate(all="ignore"):
-        return np.asarray(fn(a, b)).astype(dtype, copy=False)
-
-
-def _tree_nodes(t):
-    """The nodes of an expression tree (:func:`codegen.analysis.contraction._tree`), each a
-    tuple whose first item names its kind, in pre-order."""
-    yield t
-    for x in t[1:]:
-        if isinstance(x, tuple) and x and isinstance(x[0], (str, type)):
-            yield from _tree_nodes(x)
-        elif isinstance(x, tuple):
-            for y in x:
-                if isinstance(y, tuple) and y and isinstance(y[0], (str, type)):
-                    yield from _tree_nodes(y)
-
-
-def _tree_keys(t):
-    """The buffer keys an expression tree (:func:`codegen.analysis.contraction._tree`) loads from."""
-    return {n[1] for n in _tree_nodes(t) if n[0] in ("ld", "ldc")}
-
-
-def _pack(v, axes, groups):
-    """``v`` (dims ``axes``) transposed to the concatenated ``groups`` of axis
-    positions and reshaped to one dimension per group."""
-    perm = [axes.index(p) for g in groups for p in g]
-    t = v.transpose(perm)
-    shape = [math.prod(t.shape[i] for i in range(sum(len(x) for x in groups[:j]),
-                                                  sum(len(x) for x in groups[:j + 1])))
-             for j in range(len(groups))]
-    return _reshaped(t, shape)
-
-
-def _by_stride(v, axes, group):
-    """``group`` ordered by decreasing absolute stride in ``v`` (dims ``axes``; ties:
-    the longer dimension inside): the innermost dimension of a packed copy moves
-    along the smallest stride."""
-    return sorted(group, key=lambda p: (-abs(v.strides[axes.index(p)]),
-                                        v.shape[axes.index(p)]))
-
-
-# options.gemm_run_cost (default 4.0): the cost of starting a run of a packing copy, in
-#   elements read (numpy's strided copy pays it per innermost run): conv2d_s2's im2col
-#   (32x14x14 by 16x3x3) copied with the 3 kernel columns innermost took 3.8 ms, with the 14
-#   image columns (stride 2) innermost 1.2 ms
-
-
-def _last_is_finer(v, axes, first, last):
-    """Whether the packed layout ``(first, last)`` (rather than ``(last, first)``)
-    makes the cheaper packing copy: the innermost dimension of each layout is its
-    group's smallest stride (:func:`_by_stride`), and a copy costs, per element,
-    ``options.gemm_run_cost / extent`` for starting its runs plus the cache-line fraction its
-    stride reads (a convolution's image columns, 14 at stride 2, beat its 3 kernel
-    columns at stride 1)."""
-    if not first or not last:
-        return True
-
-    def cost(g):
-        inner = min(g, key=lambda q: (abs(v.strides[axes.index(q)]), -v.shape[axes.index(q)]))
-        d = axes.index(inner)
-        return _opts().gemm_run_cost / max(v.shape[d], 1) + min(abs(v.strides[d]), 64) / 64.0
-    return cost(last) <= cost(first)
-
-
-def _direct_layout(spatial, batch, m, n):
-    """How the GEMM's result can come out in the output's axis order: ``(prefix,
-    rows, cols, swapped)`` with ``spatial == prefix + rows + cols``, the prefix
-    holding every batch axis (axes of one operand there are broadcast batches:
-    a convolution's images), ``rows``/``cols`` M and N (``swapped`` False) or
-    N and M (True). None when there is no such split. The shortest prefix wins
-    (the largest GEMMs)."""
-    ms, ns, bs = set(m), set(n), set(batch)
-    for cut in range(len(spatial) + 1):
-        prefix, rest = spatial[:cut], spatial[cut:]
-        if not bs <= set(prefix):
-            continue
-        for first, second, swapped in ((ms, ns, False), (ns, ms, True)):
-            j = 0
-            while j < len(rest) and rest[j] in first:
-                j += 1
-            if all(q in second for q in rest[j:]):
-                return prefix, rest[:j], rest[j:], swapped
-    return None
-
-
-def _pack_batched(v, axes, prefix, rows, inner):
-    """``v`` (dims ``axes``) as ``(*prefix, rows, inner)`` (extent 1 for a prefix
-    axis it lacks), a view where the strides merge, else a packed copy."""
-    present = [q for q in prefix if q in axes]
-    t = v.transpose([axes.index(q) for q in present + rows + inner])
-    size = lambda g: math.prod(v.shape[axes.index(q)] for q in g)  # noqa: E731
-    shape = [v.shape[axes.index(q)] if q in axes else 1 for q in prefix]
-    return _reshaped(t, shape + [size(rows), size(inner)])
-
-
-def _reshaped(t, shape):
-    """``t.reshape(shape)``: a view where the strides merge, else a packed copy,
-    made in parts on the worker threads (numpy's copy releases the GIL) when it
-    is large."""
-    try:
-        return np.reshape(t, shape, copy=False)
-    except ValueError:
-        pass
-    out = np.empty(t.shape, dtype=t.dtype)
-    _copy_parts(out, t)
-    return out.reshape(shape)
-
 
 def _flat(arrays, key, dtype):
     """``arrays[key]`` as a flat C-contiguous array of ``dtype``, or None."""
@@ -1008,20 +603,6 @@ def _product(am, bm):
     return _matmul(am, bm)
 
 
-def _packed_copy_bytes(v, axes, prefix, first, second):
-    """Bytes of the copy that :func:`_pack_batched` makes of ``v`` for the layout
-    ``(prefix, first, second)``; 0 when the packed matrix is a view."""
-    present = [q for q in prefix if q in axes]
-    t = v.transpose([axes.index(q) for q in present + first + second])
-    size = lambda g: math.prod(v.shape[axes.index(q)] for q in g)  # noqa: E731
-    shape = [v.shape[axes.index(q)] for q in present] + [size(first), size(second)]
-    try:
-        np.reshape(t, shape, copy=False)
-        return 0
-    except ValueError:
-        return t.size * t.itemsize
-
-
 def _chunk_plan(a, a_axes, b, b_axes, prefix, rows, cols, k, a_rows_first, b_k_first):
     """How to run a direct-layout GEMM in chunks, or None (one call): ``(q, mode,
     length, threads)``, cutting axis ``q`` (``mode`` ``"prefix"``: the first prefix
@@ -1053,33 +634,6 @@ def _chunk_plan(a, a_axes, b, b_axes, prefix, rows, cols, k, a_rows_first, b_k_f
     if length >= n:
         return None
     return q, mode, length, threads
-
-
-def _cut(v, axes, q, lo, hi):
-    """``v`` (dims ``axes``) restricted to ``lo <= q < hi`` (itself if it lacks ``q``)."""
-    if q not in axes:
-        return v
-    d = axes.index(q)
-    return v[(slice(None),) * d + (slice(lo, hi),)]
-
-
-def _pack_into(v, axes, prefix, first, second, scratch):
-    """:func:`_pack_batched` of ``v`` with its copy (if one is needed) made in
-    ``scratch`` (a list holding one reusable flat buffer, grown as needed)."""
-    present = [q for q in prefix if q in axes]
-    t = v.transpose([axes.index(q) for q in present + first + second])
-    size = lambda g: math.prod(v.shape[axes.index(q)] for q in g)  # noqa: E731
-    shape = [v.shape[axes.index(q)] if q in axes else 1 for q in prefix] + \
-        [size(first), size(second)]
-    try:
-        return np.reshape(t, shape, copy=False)
-    except ValueError:
-        pass
-    if scratch[0] is None or scratch[0].size < t.size or scratch[0].dtype != t.dtype:
-        scratch[0] = np.empty(t.size, dtype=t.dtype)
-    dst = scratch[0][:t.size].reshape(t.shape)
-    np.copyto(dst, t)
-    return dst.reshape(shape)
 
 
 def _run_chunked(chunks, a, a_axes, b, b_axes, prefix, rows, cols, k, a_rows_first,
@@ -1152,3 +706,7 @@ def _run_chunked(chunks, a, a_axes, b, b_axes, prefix, rows, cols, k, a_rows_fir
     return total
 
 
+
+
+
+_plan.register_runner(run_plan)
