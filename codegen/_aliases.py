@@ -10,9 +10,10 @@ paths; docs/pipeline.md shows the layout.
 import importlib
 import importlib.abc
 import importlib.util
+import os
 import sys
 
-__all__ = ["MOVED", "install"]
+__all__ = ["MOVED", "BACKEND_MODULES", "install"]
 
 #: old name under texpr.codegen -> new module path under texpr.codegen
 MOVED = {
@@ -22,14 +23,29 @@ MOVED = {
     "memo": "loopnest.memo", "lower": "loopnest.lower", "stage": "loopnest.stage",
     "emit": "loopnest.emit", "cse": "loopnest.cse", "source": "loopnest.source",
     "scan_lower": "loopnest.scan_lower", "scan_gemm": "loopnest.scan_gemm",
-    "vectorize": "backends.numba_cpu.vectorize", "compile": "backends.numba_cpu.compile",
-    "runtime": "backends.numba_cpu.runtime", "native_call": "backends.numba_cpu.native_call",
-    "chunks": "backends.numba_cpu.chunks", "unit_files": "backends.numba_cpu.unit_files",
-    "forksafe": "backends.numba_cpu.forksafe",
-    "gemm": "backends.numpy_host.gemm", "parking": "backends.numpy_host.parking",
     "operands": "rewrite.operands", "tap_split": "rewrite.tap_split",
     "windows": "rewrite.windows", "split_reductions": "rewrite.split_reductions",
 }
+
+#: old names under texpr.codegen of modules that moved into a backend's folder
+#: (``codegen/backends/NAME/``): :data:`MOVED` gets each at the folder that holds
+#: the module file (found on disk, without importing the backend)
+BACKEND_MODULES = ("vectorize", "compile", "runtime", "native_call", "chunks", "unit_files",
+                   "forksafe", "gemm", "parking")
+
+
+def _backend_paths():
+    """``{old name: "backends.NAME.module"}`` for :data:`BACKEND_MODULES`."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "backends")
+    found = {}
+    for folder in sorted(os.listdir(root)):
+        for leaf in BACKEND_MODULES:
+            if leaf not in found and os.path.isfile(os.path.join(root, folder, leaf + ".py")):
+                found[leaf] = f"backends.{folder}.{leaf}"
+    return found
+
+
+MOVED.update(_backend_paths())
 
 
 class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):

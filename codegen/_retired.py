@@ -13,8 +13,7 @@ import types
 from texpr.errors import TexprError
 
 from .analysis import contraction, shifts
-from .backends.numba_cpu import chunks
-from .backends.numpy_host import gemm, parking
+from .backends import registered
 from .loopnest import cse, emit, scan_gemm, stage
 from .options import Options
 from .rewrite import split_reductions, tap_split, windows
@@ -27,7 +26,9 @@ _STAGE = ("REST_PARALLEL_FRACTION INLINE_NODES SHORT_CONTIGUOUS CONDITION_INVARI
           "JAM JAM_UNROLL JAM_MOVE MAX_LANES SPLIT_LANES MAX_RESIDUE_SPLITS REASSOCIATE "
           "REASSOCIATE_MIN_TRIPS UNROLL_MAX_NODES CSE INVARIANT_FREE AFFINE_OFFSETS NEAR_STRIDE")
 
-#: module path under texpr.codegen -> {retired constant: the Options field now}
+#: module path under texpr.codegen -> {retired constant: the Options field now}; the
+#: backends' modules name theirs in their ``backend`` module
+#: (:data:`codegen.backends.registered.RETIRED`)
 RETIRED = {
     "analysis.contraction": {
         "BLAS_MIN_FLOP": "blas_min_flop", "BLAS_MIN_DIM": "blas_min_dim",
@@ -37,12 +38,6 @@ RETIRED = {
         "PAD_MIN_ELEMENTS": "blas_pad_min_elements"},
     "analysis.shifts": {"MAX_MOVES": "shift_max_moves", "ENABLED": "shifts",
                         "LATTICE_BUDGET": "shift_lattice_budget"},
-    "backends.numba_cpu.chunks": {"RUNNER": "chunk_runner"},
-    "backends.numpy_host.gemm": {
-        "GEMM_THREADS": "gemm_threads", "GEMM_SPLIT_MIN": "gemm_split_min",
-        "LOAD_CHECK_S": "gemm_load_check_s", "RUN_COST": "gemm_run_cost",
-        "CHUNK_MIN_BYTES": "gemm_chunk_min_bytes", "CHUNK_BYTES": "gemm_chunk_bytes"},
-    "backends.numpy_host.parking": {"ENABLED": "park_blas"},
     "loopnest.cse": {"MIN_NODES": "cse_min_nodes", "SPLIT_NODES": "cse_split_nodes"},
     "loopnest.emit": {"LET_TREE_NODES": "let_tree_nodes", "LET_MIN_NODES": "let_min_nodes",
                       "LET_MAX_DAG_NODES": "let_max_dag_nodes",
@@ -57,8 +52,7 @@ RETIRED = {
 }
 
 _MODULES = {"analysis.contraction": contraction, "analysis.shifts": shifts,
-            "backends.numba_cpu.chunks": chunks, "backends.numpy_host.gemm": gemm,
-            "backends.numpy_host.parking": parking, "loopnest.cse": cse, "loopnest.emit": emit,
+            "loopnest.cse": cse, "loopnest.emit": emit,
             "loopnest.scan_gemm": scan_gemm, "loopnest.stage": stage,
             "rewrite.split_reductions": split_reductions, "rewrite.tap_split": tap_split,
             "rewrite.windows": windows}
@@ -90,9 +84,9 @@ class _Module(types.ModuleType):
 def install():
     """Guard the retired constants of the modules of :data:`RETIRED`."""
     fields = Options.__dataclass_fields__
-    for path, names in RETIRED.items():
-        module = _MODULES[path]
-        assert all(f in fields for f in names.values()), path
+    pairs = [(_MODULES[path], names) for path, names in RETIRED.items()]
+    for module, names in pairs + list(registered.RETIRED.items()):
+        assert all(f in fields for f in names.values()), module.__name__
         _BY_MODULE[module.__name__] = names
         if type(module) is types.ModuleType:
             module.__class__ = _Module

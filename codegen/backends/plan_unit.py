@@ -4,7 +4,7 @@ their own to compile.
 One job: what such a unit holds and says (its stage, arguments, errors, plan,
 and the compile-status fields of the :mod:`codegen.units` interface), shared by
 the backends' plan units: :class:`codegen.backends.numpy_host.units.ContractionUnit`
-(a GEMM plan on numpy's BLAS) and :class:`codegen.backends.numba_cpu.shift_units.ShiftUnit`
+(a GEMM plan on numpy's BLAS) and the loop-nest backend's ``ShiftUnit``
 (a shift plan by compiled moves). Each subclass sets ``kind`` and ``run``, so
 neither backend imports the other.
 """

@@ -8,8 +8,9 @@ unit kinds, :func:`codegen.units.register`) and whose optional ``EXPORTS``
 backend's compile errors and cache). Every such module is imported here, in
 the order of the folders' names; a name two backends export is an error.
 
-A folder without a ``backend`` module is registered by a line below (the
-host NumPy/BLAS backend's units, until it has one).
+A backend module's optional ``RETIRED`` (module under its package -> {retired
+constant: Options field}) joins :data:`RETIRED`, which :mod:`codegen._retired`
+guards.
 
 A new backend is a new folder under ``codegen/backends/`` with its
 ``backend`` module: no line here (docs/extending.md, "A backend").
@@ -21,9 +22,7 @@ import pkgutil
 
 from texpr.errors import TexprError
 
-from .numpy_host import units as _numpy_host_units  # noqa: F401 - registers
-
-__all__ = ["BACKENDS", "CacheWarning", "CompileError", "cache_dir", "clear_memory_cache"]
+__all__ = ["BACKENDS", "RETIRED", "CacheWarning", "CompileError", "cache_dir", "clear_memory_cache"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -59,3 +58,10 @@ def _register():
 #: the backend modules imported, in order
 BACKENDS, _EXPORTS = _register()
 globals().update(_EXPORTS)
+
+#: the backends' retired module constants: module object -> {constant: Options field}
+RETIRED = {}
+for _mod in BACKENDS:
+    _package = _mod.__name__.rpartition(".")[0]
+    for _leaf, _names in getattr(_mod, "RETIRED", {}).items():
+        RETIRED[importlib.import_module(f"{_package}.{_leaf}")] = dict(_names)
