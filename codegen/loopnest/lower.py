@@ -132,34 +132,18 @@ def _lower_stage(op, stage, buffers, inlined, parallel, chunking):
     return sl, ub, w
 
 
-def _chunked(sl):
-    """Whether the chunked lowering ``sl`` is a chunked unit (True), a serial one
-    that never mentions its part (None: no loop went parallel), or neither
-    (False: lower again with prange loops)."""
-    if sl.chunk_broken:
-        return False
-    if sl.chunk_axis is None:
-        return None if not any("part[" in ln for ln in sl.w.lines) else False
-    return not sl._stmt_outside_chunk
-
-
 def _lower_unit(op, stage, buffers, order, idents, inlined, parallel, chose=None):
     """The :class:`UnitSource` of the materialised ``op`` (see the module
     docstring). ``chose``: None, or a list that gets ``(lowering, execution)``:
     the :class:`_StageLowering` that wrote the unit and how it runs
     (``"chunked"``, ``"prange"`` or ``"serial"``), for the stage's plan."""
-    chunks = align = 0
-    use_chunks = parallel and _opts().chunks
-    sl, ub, w = _lower_stage(op, stage, buffers, inlined, parallel, use_chunks)
-    if use_chunks:
-        how = _chunked(sl)
-        if how:
-            chunks, align = sl.chunk_axis.extent, sl.chunk_align
-        elif how is False:  # parallel loops (see the module docstring)
-            sl, ub, w = _lower_stage(op, stage, buffers, inlined, parallel, False)
+    sl, ub, w = _lower_stage(op, stage, buffers, inlined, parallel, parallel and _opts().chunks)
     target = _dialect.current()
     if target.serial_instead(sl):  # the target miscompiles it in parallel
         sl, ub, w = _lower_stage(op, stage, buffers, inlined, False, False)
+    chunks = align = 0
+    if sl.chunking and sl.chunk_axis is not None:  # (decided before the text was written)
+        chunks, align = sl.chunk_axis.extent, sl.chunk_align
     errors = sl.errors
     w(1, "return 0")
     params = [f"b{j}" for j in range(len(ub.used))] + (["part"] if chunks else []) + ["err"]
@@ -180,7 +164,10 @@ def _lower_unit(op, stage, buffers, order, idents, inlined, parallel, chose=None
     unit = UnitSource(op.name, tensor_str(op.output(0)), src, args, specs, errors,
                       sl.uses_prange, readable, chunks, align, kind=target.unit_kind)
     if chose is not None:
-        chose.append((sl, "chunked" if chunks else "prange" if sl.uses_prange else "serial"))
+        ran = "chunked" if chunks else "prange" if sl.uses_prange else "serial"
+        if sl.loop_plan is not None and sl.loop_plan.execution != ran:
+            raise AssertionError(f"DEBUG {op.name}: planned {sl.loop_plan.execution}, ran {ran}")
+        chose.append((sl, ran))
     return unit
 
 

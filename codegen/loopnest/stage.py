@@ -94,6 +94,7 @@ from ..analysis.bounds import _BoundsChecker
 from .emit import ExprEmitter, const_str, element, fill_value, helper_int
 from ..ir.schedule import inline_expand
 from . import dialect as _dialect
+from .plan import LoopPlan, Nest, StageChunks, decide_chunks
 
 __all__ = ["default_order", "lift_zero_guards"]
 
@@ -453,17 +454,6 @@ def _points(s):
         return 1 << 62
 
 
-def _chunk_form(x):
-    """``(axis, d)`` when the schedule value ``x`` is a spatial axis (``d = 1``) or
-    its tile ``axis // d`` (a positive constant ``d``); ``(None, 1)`` otherwise."""
-    if isinstance(x, E.IterVar):
-        return x, 1
-    if (isinstance(x, E.FloorDiv) and isinstance(x.a, E.IterVar) and isinstance(x.b, E.Const)
-            and isinstance(x.b.value, int) and x.b.value > 0):
-        return x.a, x.b.value
-    return None, 1
-
-
 def _worth_parallel(points, exprs):
     """Whether a stage of ``points`` points whose body is ``exprs`` is worth its
     parallel launch (``options.parallel_min_points``, ``options.parallel_points``,
@@ -580,6 +570,16 @@ def speculative_selects(name, exprs, space, box, em):
     return out
 
 
+def _runs_parallel(nest):
+    """Whether the planned ``nest``, written with parallel loops, has one: a loop
+    of a parallel dimension that isl did not reduce to one value."""
+    if nest.tree is None or not nest.par_prange:
+        return False
+    par = {id(nest.loop_vars[d]) for d in nest.par_prange}
+    return any(isinstance(x, LA.For) and id(x.var) in par and not x.degenerate
+               for x in LA.walk(nest.tree))
+
+
 class _StageLowering:
     """Lowers one materialised stage to source lines written by ``w``
     (:class:`codegen.loopnest.emit._Writer`) at ``depth``: ``run`` emits the stage,
@@ -607,15 +607,15 @@ class _StageLowering:
         self.split_guard = False
         # chunked lowering (the backend's chunked units): the parallel loop over ``chunk_axis``
         # runs the part ``part[0] <= value < part[1]`` of its range only
-        self.chunking = False  # lower parallel loops as chunks (set by the unit)
+        self.chunking = False  # asked for by the unit; after planning: the unit is chunked
         self.chunk_axis = None  # the one spatial axis every chunked loop runs over
-        self.chunk_broken = False  # a parallel loop chunks cannot take
-        self._chunk_ok_path = False  # the op kind's lowering supports chunks
-        self._in_chunk = 0  # depth of chunked loops around the emission point
-        self._stmt_outside_chunk = False  # a statement emitted outside every chunk loop
         self.chunk_align = 1  # parts start at multiples of this (tiles of the axis)
         self._chunk_div = {}  # id(loop var) -> d: the loop runs the values axis // d
-        self._chunk_vars = []  # [(loop var, d)] of the chunked loops around
+        self._chunks = StageChunks(op)  # what plan.decide_chunks reads besides the nests
+        # the planned stage, in the order it is written: plan.Nest records and
+        # functions writing lines (a buffer-mode reduction's fill)
+        self.items = []
+        self.loop_plan = None  # the plan.LoopPlan, once planned
         # (combine, accumulator, dtype, partial sums, the innermost reduction axis's
         # extent) of a float sum whose innermost loop is unrolled or written with _radd
         self.unroll = None
@@ -635,16 +635,50 @@ class _StageLowering:
 
     def run(self, depth):
         """Write the stage's loop nests (a scan is lowered by
-        :func:`codegen.loopnest.scan_lower.lower_stage`, which calls this for the rest)."""
+        :func:`codegen.loopnest.scan_lower.lower_stage`, which calls this for the rest):
+        every nest planned first (:meth:`_plan`), then how the unit runs them
+        decided (:meth:`_decide`), then each written once."""
+        self.header(depth)
+        self._plan(depth)
+        self._decide()
+        for item in self.items:
+            if isinstance(item, Nest):
+                self._write_nest(item)
+            else:
+                item()
+
+    def _decide(self):
+        """Chunked or not (:func:`codegen.loopnest.plan.decide_chunks`), from the
+        planned nests; then the stage's :class:`LoopPlan`."""
+        if self.chunking:
+            nests = [n for n in self.items if isinstance(n, Nest)]
+            d = decide_chunks(self._chunks, nests, self)
+            self.chunking = d.chunked
+            if d.chunked:
+                self.chunk_axis, self.chunk_align, self._chunk_div = d.axis, d.align, d.divs
+        par = self.chosen_parallel
+        if self.chunking:
+            execution = "chunked"
+        elif any(_runs_parallel(n) for n in self.items if isinstance(n, Nest)):
+            execution = "prange"
+        else:
+            execution = "serial"
+        self.loop_plan = LoopPlan(
+            None if self.chosen_order is None else tuple(self.chosen_order),
+            None if par is None else tuple(par), self.chosen_lanes, execution,
+            self.chunk_axis if self.chunking else None, self.chunk_align if self.chunking else 1)
+
+    def _plan(self, depth):
+        """Plan the stage's loop nests into :attr:`items` (nothing written but a
+        scatter-add's initialisation, which every way of running it shares)."""
         op = self.op
         w = self.w
-        self.header(depth)
         if isinstance(op, ScatterAddOp):
             return self._scatter(depth)
         spatial = list(op.axis)
         body = [inline_expand(b, self.inlined) for b in op.body]
         red = body[0] if isinstance(body[0], E.Reduce) else None
-        self._chunk_ok_path = True
+        self._chunks.ok = True
         reduce_ = list(op.reduce_axis)
         for d, a in enumerate(spatial):
             self.names[id(a)] = f"i{self.k}_{d}"
@@ -817,17 +851,22 @@ class _StageLowering:
         """A reduction with a reduction loop outside a spatial one: the outputs are
         filled with the identity and updated in place (lanes, split groups)."""
         # (a view's layout is another tensor's: no rows of its own to slice)
-        sliced = (self.chunking and par and par[0] is op.axis[0]
-                  and not any(hasattr(o, "perm") for o in outs))
-        if self.chunking and par and not sliced:
-            self.chunk_broken = True  # a chunk could not fill its own part only
-        if sliced:
-            self.chunk_axis = op.axis[0]  # every nest must chunk the rows filled
+        sliced = bool(par and par[0] is op.axis[0] and not any(hasattr(o, "perm") for o in outs))
+        if self.chunking and par:
+            if sliced:
+                self._chunks.fill_axis = op.axis[0]  # every nest must chunk the rows filled
+            else:
+                self._chunks.broken = True  # a chunk could not fill its own part only
         row = math.prod(op.shape[1:])
-        for o, c in zip(outs, comb.identity):
-            # chunked: each chunk fills its own rows (the leading axis is the chunks')
-            target = f"{o.name}[part[0] * {row}:part[1] * {row}]" if sliced else o.name
-            w(depth, f"_fill_{o.dtype}({target}, {fill_value(c.value, o.dtype)})")
+
+        def fill():
+            for o, c in zip(outs, comb.identity):
+                # chunked: each chunk fills its own rows (the leading axis is the chunks')
+                target = (f"{o.name}[part[0] * {row}:part[1] * {row}]"
+                          if sliced and self.chunking else o.name)
+                w(depth, f"_fill_{o.dtype}({target}, {fill_value(c.value, o.dtype)})")
+
+        self.items.append(fill)
         targets = [self._store(o) for o in outs]
         stmts = {"U": lambda d, lane=None: combine(d, targets)}
         rest = dom
@@ -1298,94 +1337,51 @@ class _StageLowering:
         return math.prod(a.extent for a in axes)
 
     def _emit_nest(self, depth, statements, ndims, stmt_code, par_dims):
-        if par_dims and not self.stage.parallel_set and self.stage_points and not self.chunking:
-            # (a chunked unit's parts run every nest: each must run its part only)
+        """Plan one loop nest (a :class:`codegen.loopnest.plan.Nest` appended to
+        :attr:`items`): the statements split on residues, the loop tree generated
+        and its arithmetic checked; :meth:`_write_nest` writes it."""
+        par_prange = par_dims
+        if par_dims and not self.stage.parallel_set and self.stage_points:
+            # parallel loops: a small rest nest runs serially (a chunked unit's
+            # parts run every nest: each must run its part only)
             points = sum(_points(st.domain) for st in statements if st.name.startswith("U"))
             if points < _opts().rest_parallel_fraction * self.stage_points:
-                par_dims = set()
-        saved = self.jam_dim, self.lanes
-        try:
-            for cand in self.residues:
-                split = self._split_residues(cand, statements, ndims, par_dims)
-                if len(split) != 4:
-                    continue
-                statements, ndims, par_dims, t = split
-                if self.jam_dim is not None:
-                    self.jam_dim += self.jam_dim >= t
-                if self.lanes is not None:
-                    self.lanes = (self.lanes[0] + (self.lanes[0] >= t), self.lanes[1])
-            return self._emit_nest_now(depth, statements, ndims, stmt_code, par_dims)
-        finally:
-            self.jam_dim, self.lanes = saved
-
-    def _emit_nest_now(self, depth, statements, ndims, stmt_code, par_dims):
+                par_prange = set()
+        jam_dim, lanes = self.jam_dim, self.lanes
+        for cand in self.residues:
+            split = self._split_residues(cand, statements, ndims, par_dims)
+            if len(split) != 4:
+                continue
+            statements, ndims, par_dims, t = split
+            par_prange = {d + (d >= t) for d in par_prange}
+            if jam_dim is not None:
+                jam_dim += jam_dim >= t
+            if lanes is not None:
+                lanes = (lanes[0] + (lanes[0] >= t), lanes[1])
         loop_vars = [E.var(f"c{self.k}_{d}") for d in range(ndims)]
         for v in loop_vars:
             self.names[id(v)] = v.name
         tree = LA.generate(statements, loop_vars)
-        if tree is None:
-            self.w(depth, "pass")
-            return
-        self._check_loop_arithmetic(tree, statements, loop_vars)
-        par_vars = {id(loop_vars[d]) for d in par_dims}
-        if self.chunking and par_dims:
-            self._check_chunkable(statements, par_dims, loop_vars[next(iter(par_dims))])
-        stmt_vars = {st.name: st.vars for st in statements}
-        self._emit_tree(tree, depth, par_vars, stmt_vars, stmt_code)
+        if tree is not None:
+            self._check_loop_arithmetic(tree, statements, loop_vars)
+        self.items.append(Nest(depth, statements, loop_vars, tree, stmt_code, par_dims,
+                               par_prange, jam_dim, lanes))
 
-    def _runs_its_part(self, node, stmt_vars):
-        """Whether the statement node ``node`` (inside a chunked loop) writes the
-        element of the chunk axis value the loop runs: the axis's argument is
-        the loop variable itself (``d * var`` plus a lane or a constant below
-        ``d`` for a tile). isl may run two rows in one pass of a stride-2 loop
-        (``U(c); U(c + 1)``, :func:`texpr.simplify.loop_ast.runs_exactly`): the
-        part that owns ``c`` would then write row ``c + 1`` of another part, and
-        a pass at ``c = -1`` would run in no part (an attack's find: dW rows of a
-        gradient zeroed at a part boundary)."""
-        var, d = self._chunk_vars[-1]
-        svars = stmt_vars[node.name]
-        pos = next((p for p, sv in enumerate(svars) if sv is self.chunk_axis), None)
-        if pos is None:
-            return False
-        arg = node.args[pos]
-        if d == 1:
-            return arg is var
-        if not isinstance(arg, E.Add):
-            return False
-        for tile, lane in ((arg.a, arg.b), (arg.b, arg.a)):
-            if (isinstance(tile, E.Mul) and any(x is var for x in (tile.a, tile.b))
-                    and any(isinstance(x, E.Const) and x.value == d for x in (tile.a, tile.b))
-                    and (isinstance(lane, E.Const) and 0 <= lane.value < d
-                         or isinstance(lane, E.Var) and lane is not var)):
-                return True
-        return False
-
-    def _check_chunkable(self, statements, par_dims, loop_var):
-        """Chunks need one parallel dimension whose schedule value is, in every
-        statement, the same spatial axis of the op (the one every other nest of
-        the unit chunks too): instances at different values of it then write
-        different output elements, so the chunks of its range are independent
-        of each other in every statement, not only within one loop (a
-        parallel range synchronises between two parallel loops; chunks do not)."""
-        if not self._chunk_ok_path or len(par_dims) != 1:
-            self.chunk_broken = True
-            return
-        (d,) = par_dims
-        forms = {_chunk_form(st.schedule[d]) for st in statements}
-        if len(forms) != 1:
-            self.chunk_broken = True
-            return
-        ((axis, div),) = forms
-        if not (axis is not None and axis.kind == "spatial"
-                and any(axis is a for a in self.op.axis)
-                and (self.chunk_axis is None or self.chunk_axis is axis)):
-            self.chunk_broken = True
-            return
-        self.chunk_axis = axis
-        # a register-blocked nest runs its tiles (axis // options.jam): parts start at a
-        # multiple of every tile size, so a tile is in one part
-        self.chunk_align = math.lcm(self.chunk_align, div)
-        self._chunk_div[id(loop_var)] = div
+    def _write_nest(self, nest):
+        """Write the planned ``nest``: its parallel loops chunked when the unit is
+        chunked (:meth:`_decide`), else parallel loops."""
+        saved = self.jam_dim, self.lanes
+        self.jam_dim, self.lanes = nest.jam_dim, nest.lanes
+        try:
+            if nest.tree is None:
+                self.w(nest.depth, "pass")
+                return
+            par = nest.par_chunked if self.chunking else nest.par_prange
+            par_vars = {id(nest.loop_vars[d]) for d in par}
+            stmt_vars = {st.name: st.vars for st in nest.statements}
+            self._emit_tree(nest.tree, nest.depth, par_vars, stmt_vars, nest.stmt_code)
+        finally:
+            self.jam_dim, self.lanes = saved
 
     def _check_loop_arithmetic(self, tree, statements, loop_vars):
         """The loop bounds, guards and statement arguments isl generated stay in
@@ -1449,11 +1445,7 @@ class _StageLowering:
                     s = node.stride
                     w(depth, f"for {v} in range({lo} + (max({p0}, {lo}) - ({lo}) + {s - 1})"
                              f" // {s} * {s}, min({hi}, {p1}), {s}):")
-                self._in_chunk += 1
-                self._chunk_vars.append((node.var, d))
                 self._emit_tree(node.body, depth + 1, par_vars, stmt_vars, stmt_code)
-                self._chunk_vars.pop()
-                self._in_chunk -= 1
                 return
             if node.degenerate:
                 w(depth, f"{v} = {lo}")
@@ -1468,11 +1460,7 @@ class _StageLowering:
                     prange = _dialect.current().parallel_range
                     w(depth, f"for {v}_t in {prange}(({hi} - {lo} + {s - 1}) // {s}):")
                     w(depth + 1, f"{v} = {lo} + {v}_t * {s}")
-            elif (self.unroll is not None and node.stride == 1 and self._long(node) and (
-                    (isinstance(node.body, LA.Stmt) and node.body.name.startswith("U"))
-                    or (isinstance(node.body, LA.For) and self._is_lane_loop(node.body)
-                        and isinstance(node.body.body, LA.Stmt)
-                        and node.body.body.name.startswith("U")))):
+            elif self._writes_sum(node):
                 self._emit_unrolled_sum(node, v, lo, hi, depth, stmt_vars)
                 return
             else:
@@ -1487,6 +1475,15 @@ class _StageLowering:
                 self._emit_tree(node.orelse, depth + 1, par_vars, stmt_vars, stmt_code)
         else:
             self._emit_stmt(node, depth, stmt_vars, stmt_code)
+
+    def _writes_sum(self, node):
+        """Whether the (not parallel) loop ``node`` is a float sum's innermost loop,
+        written by :meth:`_emit_unrolled_sum` (unrolled, or once with ``_radd``)."""
+        return (self.unroll is not None and node.stride == 1 and self._long(node) and (
+            (isinstance(node.body, LA.Stmt) and node.body.name.startswith("U"))
+            or (isinstance(node.body, LA.For) and self._is_lane_loop(node.body)
+                and isinstance(node.body.body, LA.Stmt)
+                and node.body.body.name.startswith("U"))))
 
     def _long(self, node):
         """Whether the loop ``node`` may run ``2 * u_n`` times or more (its trip count
@@ -1517,10 +1514,6 @@ class _StageLowering:
         if not isinstance(node, LA.Stmt):
             raise TexprError(f"stage {self.op.name}: internal: a register-blocked loop "
                              "around more than one statement")
-        if self.chunking and not self._in_chunk:
-            self._stmt_outside_chunk = True
-        if self.chunking and self._in_chunk and not self._runs_its_part(node, stmt_vars):
-            self.chunk_broken = True
         em = self._emitter()
         kind = node.name[0]
         for v, a in zip(stmt_vars[node.name], node.args):
