@@ -35,7 +35,8 @@ from typing import Optional
 from texpr import expr as E
 from texpr.simplify import loop_ast as LA
 
-__all__ = ["Nest", "LoopPlan", "StageChunks", "decide_chunks", "chunk_form", "runs_its_part"]
+__all__ = ["Nest", "LoopPlan", "StageChunks", "decide_chunks", "chunk_form", "runs_its_part",
+           "runs_parallel"]
 
 
 @dataclass
@@ -247,3 +248,13 @@ def decide_chunks(info, nests, lowering):
     if c.broken or c.axis is None or c.outside:
         return ChunkDecision(False)
     return ChunkDecision(True, c.axis, c.align, c.divs)
+
+
+def runs_parallel(nest):
+    """Whether the planned ``nest``, written with parallel loops, has one: a loop
+    of a parallel dimension that isl did not reduce to one value."""
+    if nest.tree is None or not nest.par_prange:
+        return False
+    par = {id(nest.loop_vars[d]) for d in nest.par_prange}
+    return any(isinstance(x, LA.For) and id(x.var) in par and not x.degenerate
+               for x in LA.walk(nest.tree))
