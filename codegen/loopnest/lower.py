@@ -219,6 +219,40 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
     arithmetic not provably exact in int64; an isl failure),
     OutOfBoundsError (a load provably outside its tensor).
     """
+    buffers, order, mat_ops = _buffers(schedule, inputs, materialized)
+    idents = buffer_identifiers([b.tensor.name for b in order])
+    position = {id(b.tensor): k for k, b in enumerate(order)}
+    units, plans = [], []
+    for op in mat_ops:
+        key = lambda t: position[id(t)]  # noqa: E731
+        if strategy is not None:
+            plan = strategy(op, key)
+        else:
+            plan = _strategy.from_payload(op, None if contraction is None else contraction(op, key))
+        if plan.kind in ("gemm", "shift"):
+            units.append(_blas_unit(op, plan.payload))
+        else:
+            chose = []
+            units.append(_lower_unit(op, schedule[op], buffers, order, idents, inlined,
+                                     parallel, chose))
+            plan = _strategy.with_loops(plan, *chose[0])
+        plans.append(plan)
+    inline_plans = [_strategy.inline_plan(op) for op in schedule.ops if id(op) in inlined
+                    and not isinstance(op, PlaceholderOp)]
+    source = _program_source(order, idents, units, plans + inline_plans)
+    return Program(source, order, units, [op.name for op in mat_ops],
+                   any(u.parallel for u in units), mat_ops, plans, inline_plans)
+
+
+def _buffers(schedule, inputs, materialized):
+    """``(buffers, order, stages)``: the program's buffers (``id(tensor) ->
+    BufferInfo`` or ViewInfo), the BufferInfos in argument order (inputs,
+    outputs, temporaries), and the materialised ops that get a unit (a stage a
+    scan writes through a view gets none).
+
+    Raises:
+        TexprError: a placeholder the outputs read that ``inputs`` does not list.
+    """
     buffers = {}
     order = []
     for k, t in enumerate(inputs):
@@ -255,25 +289,12 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
                 ntmp += 1
                 buffers[id(t)] = b
                 order.append(b)
-    idents = buffer_identifiers([b.tensor.name for b in order])
-    position = {id(b.tensor): k for k, b in enumerate(order)}
-    units, plans = [], []
-    for op in mat_ops:
-        key = lambda t: position[id(t)]  # noqa: E731
-        if strategy is not None:
-            plan = strategy(op, key)
-        else:
-            plan = _strategy.from_payload(op, None if contraction is None else contraction(op, key))
-        if plan.kind in ("gemm", "shift"):
-            units.append(_blas_unit(op, plan.payload))
-        else:
-            chose = []
-            units.append(_lower_unit(op, schedule[op], buffers, order, idents, inlined,
-                                     parallel, chose))
-            plan = _strategy.with_loops(plan, *chose[0])
-        plans.append(plan)
-    inline_plans = [_strategy.inline_plan(op) for op in schedule.ops if id(op) in inlined
-                    and not isinstance(op, PlaceholderOp)]
+    return buffers, order, mat_ops
+
+
+def _program_source(order, idents, units, plans):
+    """:attr:`Program.source`: the prelude, the buffers and the stages' plans as
+    comments, each unit's text, then the driver as comments."""
     head = _Writer()
     for k, (b, ident) in enumerate(zip(order, idents)):
         head.comment(0, f"argument {k}",
@@ -282,7 +303,7 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
     head.comment(0, "argument err", "err: the error flag ([code, value]; code 0, or the "
                  "first failed check of the unit that stopped)")
     head.comment(0, "strategy", "strategy (codegen.strategy), one line per stage:")
-    for k, p in enumerate(plans + inline_plans):
+    for k, p in enumerate(plans):
         head.comment(0, f"plan {k}", f"  {p.stage}: {p.line()}")
     parts = [_dialect.current().prelude().rstrip("\n"),
              "\n".join(head.comments[ln] for ln in head.lines)]
@@ -308,6 +329,4 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
         else:
             calls.append(f"# unit{k}({args}, err)")
     parts.append("\n".join(calls))
-    source = "\n\n\n".join(parts) + "\n"
-    return Program(source, order, units, [op.name for op in mat_ops],
-                   any(u.parallel for u in units), mat_ops, plans, inline_plans)
+    return "\n\n\n".join(parts) + "\n"
