@@ -26,7 +26,10 @@ read in :mod:`codegen.loopnest.stage`; or one the schedule marks parallel) is a
 axis, the parts run at the same time (the backend's chunked units (docs/stages.md)), so it compiles
 without the backend's parallel-loop pass (about 0.5-1 s a unit). Otherwise (a scan, a
 scatter, a split or second parallel axis) the unit gets ``parallel=True`` and
-``prange`` loops.
+``prange`` loops. The stage lowering decides which from its planned nests
+before it writes any text (:func:`codegen.loopnest.plan.decide_chunks`), so a
+stage is lowered once; only a target's veto of parallel loops
+(:meth:`codegen.loopnest.dialect.Dialect.serial_instead`) lowers it again, serially.
 
 :attr:`Program.source` (``Kernel.source``) is the readable text of the whole
 program: the units with buffers named after their tensors and each stage's

@@ -97,13 +97,19 @@ class LoopPlan:
     """The loop decisions of one loop-nest stage, made before its text is
     written: ``order`` (leaf axes, outermost first), ``parallel`` (the axes run
     in parallel), ``lanes`` (``(axis name, count)`` of an unrolled reduction
-    loop, or None), ``execution`` (``"chunked"``, ``"prange"`` or
+    loop, or None), ``jam`` (``(axis name, count)``: the points of a spatial axis
+    a scalar-mode sum blocks in registers, or None), ``partial_sums`` (the
+    partial sums of a float sum's innermost loop where it is unrolled, or None;
+    whether it is instead written once with ``_radd`` is settled as it is
+    written: the target reads the loop's text), ``execution`` (``"chunked"``, ``"prange"`` or
     ``"serial"``), ``chunk_axis`` and ``chunk_align`` (a chunked unit's axis
     and the multiple its parts start at)."""
 
     order: Optional[tuple] = None
     parallel: Optional[tuple] = None
     lanes: Optional[tuple] = None
+    jam: Optional[tuple] = None
+    partial_sums: Optional[int] = None
     execution: str = "serial"
     chunk_axis: object = None
     chunk_align: int = 1

@@ -55,6 +55,8 @@ class _Reductions:
             # unrolled (conv dW stride 1: 7.8 -> 14.5 ms)
             move = _opts().jam_move and not self.stage.vectorize_axes and self.unroll is None
             jam = _jam_axis(sp_order, red, par if move else sp_order[:-1])
+            if jam is not None:
+                self.chosen_jam = (jam.name, _opts().jam)
             if jam is not None and jam is not sp_order[-1]:
                 sp_order = [a for a in sp_order if a is not jam] + [jam]
                 self.chosen_order = sp_order + rd_order

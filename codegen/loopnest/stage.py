@@ -1,7 +1,17 @@
 """Stage lowering: one materialised stage -> its statements and loop nests (isl) -> source lines.
 
-One job: the loops of one stage (its unit's body, see :mod:`codegen.loopnest.lower`). A
-materialised stage becomes:
+One job: the loops of one stage (its unit's body, see :mod:`codegen.loopnest.lower`),
+in three steps (:meth:`_StageLowering.run`): *plan* -- the loop order, parallel
+axes, register blocking, partial sums and lanes are chosen
+(:mod:`codegen.loopnest.order`), and every loop nest's statements and isl loop
+tree are built (reductions: :mod:`codegen.loopnest.reduce`; nests:
+:mod:`codegen.loopnest.tree`) as :class:`codegen.loopnest.plan.Nest` records;
+*decide* -- whether the unit runs in chunks, with parallel loops or serially,
+from the statements' schedules and the trees
+(:func:`codegen.loopnest.plan.decide_chunks`), giving the stage's
+:class:`codegen.loopnest.plan.LoopPlan`; *write* -- each nest once, as the plan
+says (values: :mod:`codegen.loopnest.emit`, :mod:`codegen.loopnest.branches`).
+A materialised stage becomes:
 
 1. its body with the inlined stages substituted (:func:`schedule.inline_expand`);
 2. its statements, each a point set over the stage's axes:
@@ -284,6 +294,7 @@ class _StageLowering(_Reductions, _NestWriter):
         # the loop order (IterVars), the parallel axes, (axis name, count) of lanes
         self.chosen_order = self.chosen_parallel = self.chosen_lanes = None
         self.chosen_sum = None  # how the innermost sum loop was written: "unroll N", ...
+        self.chosen_jam = None  # (axis name, count) of register blocking
         self.residues = []  # [(e, m)]: split the domains on the residues of e % m
         self.stage_points = None  # points of a reduction stage's domain
 
@@ -324,7 +335,8 @@ class _StageLowering(_Reductions, _NestWriter):
             execution = "serial"
         self.loop_plan = LoopPlan(
             None if self.chosen_order is None else tuple(self.chosen_order),
-            None if par is None else tuple(par), self.chosen_lanes, execution,
+            None if par is None else tuple(par), self.chosen_lanes, self.chosen_jam,
+            None if self.unroll is None else self.unroll[3], execution,
             self.chunk_axis if self.chunking else None, self.chunk_align if self.chunking else 1)
 
     def _plan(self, depth):
