@@ -73,8 +73,9 @@ class StagePlan:
     ``"scan"``, ``"scatter"``, or ``"inline"``); ``payload`` (the
     ContractionPlan or ShiftPlan, else None); ``reason`` (why this kind: for a
     contraction left a loop nest, why it is no GEMM); ``rule`` (the name of the
-    rule that decided); and what the loop-nest lowering chose, None until it
-    ran: ``loop_order`` (axis names, outermost first), ``parallel_axes``,
+    rule that decided); and the loop decisions of a loop nest, None until it is
+    lowered (its :class:`codegen.loopnest.plan.LoopPlan`, made before its text is
+    written, :func:`with_loops`): ``loop_order`` (axis names, outermost first), ``parallel_axes``,
     ``unroll`` (how the innermost loop of a float sum was written: ``"unroll N"``,
     N partial sums, or ``"reassociated"``, once with adds the compiler may
     reassociate; None: neither), ``lanes`` (``(axis name, count)``: the

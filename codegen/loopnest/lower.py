@@ -121,8 +121,9 @@ def _tidy(src):
 
 
 def _lower_stage(op, stage, buffers, inlined, parallel, chunking):
-    """``(lowering, unit buffers, writer)``: ``op`` lowered (chunked parallel loops
-    when ``chunking``)."""
+    """``(lowering, unit buffers, writer)``: ``op`` lowered, once: its parallel
+    loops run in chunks when ``chunking`` and its planned nests allow it
+    (:func:`codegen.loopnest.plan.decide_chunks`), else as parallel loops."""
     ub = _UnitBuffers(buffers)
     w = _Writer()
     sl = _StageLowering(0, op, stage, ub, inlined, [], parallel, w)
@@ -167,10 +168,11 @@ def _lower_unit(op, stage, buffers, order, idents, inlined, parallel, chose=None
     unit = UnitSource(op.name, tensor_str(op.output(0)), src, args, specs, errors,
                       sl.uses_prange, readable, chunks, align, kind=target.unit_kind)
     if chose is not None:
-        ran = "chunked" if chunks else "prange" if sl.uses_prange else "serial"
-        if sl.loop_plan is not None and sl.loop_plan.execution != ran:
-            raise AssertionError(f"DEBUG {op.name}: planned {sl.loop_plan.execution}, ran {ran}")
-        chose.append((sl, ran))
+        if sl.loop_plan is not None:
+            execution = sl.loop_plan.execution
+        else:  # (a scan: its steps' nests are planned by their own lowerings)
+            execution = "prange" if sl.uses_prange else "serial"
+        chose.append((sl, execution))
     return unit
 
 

@@ -99,9 +99,9 @@ class LoopPlan:
     in parallel), ``lanes`` (``(axis name, count)`` of an unrolled reduction
     loop, or None), ``jam`` (``(axis name, count)``: the points of a spatial axis
     a scalar-mode sum blocks in registers, or None), ``partial_sums`` (the
-    partial sums of a float sum's innermost loop where it is unrolled, or None;
-    whether it is instead written once with ``_radd`` is settled as it is
-    written: the target reads the loop's text), ``execution`` (``"chunked"``, ``"prange"`` or
+    partial sums a float sum's innermost loop is unrolled into where it runs
+    long enough, or None; whether it is instead written once with ``_radd`` is
+    settled as it is written: the target reads the loop's text), ``execution`` (``"chunked"``, ``"prange"`` or
     ``"serial"``), ``chunk_axis`` and ``chunk_align`` (a chunked unit's axis
     and the multiple its parts start at)."""
 

@@ -102,7 +102,7 @@ class _Reductions:
                    LA.Statement(f"F{self.k}", spatial, sp_box.intersect(in_sp),
                                 [sv(a) for a in sp_order] + [2] + zeros_r + lane)]
             self.jam_dim = len(order) + 1
-            self._emit_nest(depth, sts, len(order) + 2, stmts, par_dims)
+            self._plan_nest(depth, sts, len(order) + 2, stmts, par_dims)
             self.jam_dim = None
             rest_sp = sp_box.intersect(in_sp.complement())
             rest_dom = dom.intersect(in_full.complement())
@@ -112,7 +112,7 @@ class _Reductions:
         sts = [LA.Statement(f"I{self.k}", spatial, rest_sp, sched_i),
                LA.Statement(f"U{self.k}", full, rest_dom, sched_u),
                LA.Statement(f"F{self.k}", spatial, rest_sp, sched_f)]
-        return self._emit_nest(depth, sts, len(order) + 1, stmts, par_dims)
+        return self._plan_nest(depth, sts, len(order) + 1, stmts, par_dims)
 
     def _run_buffer_reduction(self, depth, op, w, red, order, par, outs, full, space, box, resid,
                               dom, sensitive, comb, ncomp, combine):
@@ -177,7 +177,7 @@ class _Reductions:
             pos = {id(a): p for p, a in enumerate(order)}
             self.lanes = (len(order), f)
             self.chosen_lanes = (r.name, f)
-            self._emit_nest(depth, [LA.Statement(f"U{self.k}", full, main, sched)],
+            self._plan_nest(depth, [LA.Statement(f"U{self.k}", full, main, sched)],
                             len(order) + 1, lane_stmts, {pos[id(a)] for a in par})
             self.lanes = None
         if lane_axis is not None:
@@ -193,12 +193,12 @@ class _Reductions:
             pos = {id(a): p for p, a in enumerate(lane_order)}
             self.lanes = (len(order) - 1, lane_axis.extent)
             self.chosen_lanes = (lane_axis.name, lane_axis.extent)
-            self._emit_nest(depth, [LA.Statement(f"U{self.k}", full, main,
+            self._plan_nest(depth, [LA.Statement(f"U{self.k}", full, main,
                                                  [self._val(a) for a in lane_order])],
                             len(order), lane_stmts, {pos[id(a)] for a in par})
             self.lanes = None
         pos = {id(a): p for p, a in enumerate(order)}
-        return self._emit_nest(depth, [LA.Statement(f"U{self.k}", full, rest,
+        return self._plan_nest(depth, [LA.Statement(f"U{self.k}", full, rest,
                                                     [self._val(a) for a in order])],
                                len(order), stmts, {pos[id(a)] for a in par})
 

@@ -431,7 +431,7 @@ class _StageLowering(_Reductions, _NestWriter):
         stmts = {"S": write_all}
         st = [LA.Statement(f"S{self.k}", spatial, sp_box, [self._val(a) for a in order])]
         loop_pos = {id(a): p for p, a in enumerate(order)}
-        return self._emit_nest(depth, st, len(order), stmts,
+        return self._plan_nest(depth, st, len(order), stmts,
                                {loop_pos[id(a)] for a in par})
 
     def _emitter(self):
@@ -586,5 +586,5 @@ class _StageLowering(_Reductions, _NestWriter):
             em.unbind(bound)
 
         st = [LA.Statement(f"U{self.k}", axes, dom, [self.stage.axis_value(a) for a in order])]
-        self._emit_nest(depth, st, len(order), {"U": upd}, par_dims)
+        self._plan_nest(depth, st, len(order), {"U": upd}, par_dims)
 

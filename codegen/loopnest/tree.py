@@ -2,7 +2,7 @@
 
 One job: the part of :class:`codegen.loopnest.stage._StageLowering` (a mixin,
 :class:`_NestWriter`) that turns statements into loop nests and writes them:
-:meth:`_NestWriter._emit_nest` plans one nest (residue splits, isl's loop tree,
+:meth:`_NestWriter._plan_nest` plans one nest (residue splits, isl's loop tree,
 its int64 arithmetic checked) as a :class:`codegen.loopnest.plan.Nest`;
 :meth:`_NestWriter._write_nest` writes a planned nest once the unit's execution
 is decided (chunked loops, parallel loops or serial ones), with a float sum's
@@ -99,7 +99,7 @@ class _NestWriter:
         """Points of the iteration box (an upper bound of the domain's: exact, cheap)."""
         return math.prod(a.extent for a in axes)
 
-    def _emit_nest(self, depth, statements, ndims, stmt_code, par_dims):
+    def _plan_nest(self, depth, statements, ndims, stmt_code, par_dims):
         """Plan one loop nest (a :class:`codegen.loopnest.plan.Nest` appended to
         :attr:`items`): the statements split on residues, the loop tree generated
         and its arithmetic checked; :meth:`_write_nest` writes it."""
