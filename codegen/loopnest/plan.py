@@ -30,7 +30,7 @@ A chunked unit needs (all read from the plan, none from the text):
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from texpr import expr as E
 from texpr.simplify import loop_ast as LA
@@ -47,11 +47,12 @@ class Nest:
     Fields: ``depth`` (indentation), ``statements`` (the isl statements, after
     residue splits), ``loop_vars`` (one per schedule dimension), ``tree`` (the
     loop tree, or None: no point to run), ``stmt_code`` (statement kind ->
-    function writing it), ``par_chunked`` and ``par_prange`` (the schedule
-    dimensions that run in parallel in a chunked unit, or with parallel loops:
-    a small rest nest runs serially in the latter, ``options.rest_parallel_fraction``,
-    but a chunked unit's parts run every nest, each its own part), ``jam_dim``
-    and ``lanes`` (the register-blocked or unrolled lane dimension, or None).
+    function writing it), ``par_chunked`` (the schedule dimensions that run in
+    parallel in a chunked unit), ``rest_small`` (None, or a function saying
+    whether the nest is a rest too small for parallel loops,
+    ``options.rest_parallel_fraction``: counted only if the unit uses parallel
+    loops, see :attr:`par_prange`), ``jam_dim`` and ``lanes`` (the
+    register-blocked or unrolled lane dimension, or None).
     """
 
     depth: int
@@ -60,9 +61,20 @@ class Nest:
     tree: object
     stmt_code: dict
     par_chunked: set
-    par_prange: set
+    rest_small: Optional[Callable] = None
     jam_dim: Optional[int] = None
     lanes: Optional[tuple] = None
+    _prange: Optional[set] = None
+
+    @property
+    def par_prange(self):
+        """The schedule dimensions that run as parallel loops when the unit is not
+        chunked: those of :attr:`par_chunked`, unless the nest is a small rest
+        (a chunked unit's parts run every nest, each its own part)."""
+        if self._prange is None:
+            small = self.par_chunked and self.rest_small is not None and self.rest_small()
+            self._prange = set() if small else self.par_chunked
+        return self._prange
 
 
 @dataclass

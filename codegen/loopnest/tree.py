@@ -103,20 +103,21 @@ class _NestWriter:
         """Plan one loop nest (a :class:`codegen.loopnest.plan.Nest` appended to
         :attr:`items`): the statements split on residues, the loop tree generated
         and its arithmetic checked; :meth:`_write_nest` writes it."""
-        par_prange = par_dims
+        rest_small = None
         if par_dims and not self.stage.parallel_set and self.stage_points:
-            # parallel loops: a small rest nest runs serially (a chunked unit's
-            # parts run every nest: each must run its part only)
-            points = sum(_points(st.domain) for st in statements if st.name.startswith("U"))
-            if points < _opts().rest_parallel_fraction * self.stage_points:
-                par_prange = set()
+            # parallel loops: a small rest nest runs serially (counted only for a
+            # unit with parallel loops: a chunked unit's parts run every nest)
+            domains = [st.domain for st in statements if st.name.startswith("U")]
+            limit = _opts().rest_parallel_fraction * self.stage_points
+
+            def rest_small():
+                return sum(_points(d) for d in domains) < limit
         jam_dim, lanes = self.jam_dim, self.lanes
         for cand in self.residues:
             split = self._split_residues(cand, statements, ndims, par_dims)
             if len(split) != 4:
                 continue
             statements, ndims, par_dims, t = split
-            par_prange = {d + (d >= t) for d in par_prange}
             if jam_dim is not None:
                 jam_dim += jam_dim >= t
             if lanes is not None:
@@ -128,7 +129,7 @@ class _NestWriter:
         if tree is not None:
             self._check_loop_arithmetic(tree, statements, loop_vars)
         self.items.append(Nest(depth, statements, loop_vars, tree, stmt_code, par_dims,
-                               par_prange, jam_dim, lanes))
+                               rest_small, jam_dim, lanes))
 
     def _write_nest(self, nest):
         """Write the planned ``nest``: its parallel loops chunked when the unit is
