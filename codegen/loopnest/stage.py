@@ -251,19 +251,23 @@ def speculative_selects(name, exprs, space, box, em):
 
 class _StageLowering(_Reductions, _NestWriter):
     """Lowers one materialised stage to source lines written by ``w``
-    (:class:`codegen.loopnest.emit._Writer`) at ``depth``: ``run`` emits the stage,
-    ``uses_prange`` tells whether a loop runs in parallel, ``errors`` (shared
-    list) receives the messages of its run-time checks (code = position + 1).
+    (:class:`codegen.loopnest.emit._Writer`) at ``depth``: ``run`` plans the
+    stage's nests (:attr:`items`), decides how the unit runs them
+    (:attr:`loop_plan`, a :class:`codegen.loopnest.plan.LoopPlan`; ``chunking``
+    set by the unit asks for chunks, and after ``run`` says whether they were
+    taken) and writes them; ``uses_prange`` tells whether a loop runs in
+    parallel, ``errors`` (shared list) receives the messages of its run-time
+    checks (code = position + 1).
 
     ``k`` prefixes the local identifiers (``i{k}_0``, ``acc{k}_0``, ...): the
     program lowers every stage as a unit of its own with ``k = 0``, so the text
     depends on the stage's structure alone. ``buffers`` maps ``id(tensor)`` to
     the :class:`codegen.loopnest.lower.BufferInfo` whose ``name`` the text uses.
 
-    Dispatch: :meth:`run` picks the lowering by the op's kind (scatter-add,
+    Dispatch: :meth:`_plan` picks the lowering by the op's kind (scatter-add,
     reduction, elementwise); a new op kind adds a branch there (or a method
-    like :meth:`_scatter`).
-"""
+    like :meth:`_scatter`) that plans its nests with :meth:`_plan_nest`.
+    """
 
     def __init__(self, k, op, stage, buffers, inlined, errors, parallel_on, w):
         self.k, self.op, self.stage, self.buffers = k, op, stage, buffers
