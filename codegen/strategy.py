@@ -30,10 +30,21 @@ A rule of one's own goes in front (``RULES.insert(0, rule)``); the list takes
 part in the symbolic cache's key (:func:`rules_fingerprint`), so a changed list
 lowers anew. docs/extending.md shows one.
 
-**Loop decisions.** Loop order, parallel axes, unroll and lanes of a loop nest
-are still decided inside :class:`codegen.loopnest.stage._StageLowering`; the
-lowering records what it chose in the stage's plan (:func:`with_loops`), so
-that it is printed with the rest.
+**Loop decisions.** A loop-nest stage's loops are planned before any of its
+text is written (:meth:`codegen.loopnest.stage._StageLowering.run`): the loop
+order, the parallel axes, register blocking, lanes and the sum loop's partial
+sums (:mod:`codegen.loopnest.order`), then every nest's statements and isl loop
+tree (:class:`codegen.loopnest.plan.Nest`), then how the unit runs them --
+chunked, ``prange`` or serial (:func:`codegen.loopnest.plan.decide_chunks`,
+from the statements' schedules and the trees) -- as a
+:class:`codegen.loopnest.plan.LoopPlan`; the nests are then written once, and
+:func:`with_loops` records the plan in the stage's StagePlan, so that it is
+printed with the rest. Two things are still settled while writing: whether a
+float sum's innermost loop is written once with ``_radd`` (the dialect reads
+the loop's text: unit strides, no branch, no check) or unrolled, and a
+backend's veto of parallel loops (:meth:`codegen.loopnest.dialect.Dialect.serial_instead`,
+numba's on a ``where`` written as flag blocks), which lowers the stage again,
+serially.
 """
 
 import dataclasses
@@ -62,8 +73,9 @@ class StagePlan:
     ``"scan"``, ``"scatter"``, or ``"inline"``); ``payload`` (the
     ContractionPlan or ShiftPlan, else None); ``reason`` (why this kind: for a
     contraction left a loop nest, why it is no GEMM); ``rule`` (the name of the
-    rule that decided); and what the loop-nest lowering chose, None until it
-    ran: ``loop_order`` (axis names, outermost first), ``parallel_axes``,
+    rule that decided); and the loop decisions of a loop nest, None until it is
+    lowered (its :class:`codegen.loopnest.plan.LoopPlan`, made before its text is
+    written, :func:`with_loops`): ``loop_order`` (axis names, outermost first), ``parallel_axes``,
     ``unroll`` (how the innermost loop of a float sum was written: ``"unroll N"``,
     N partial sums, or ``"reassociated"``, once with adds the compiler may
     reassociate; None: neither), ``lanes`` (``(axis name, count)``: the
@@ -287,16 +299,22 @@ def inline_plan(op):
 
 
 def with_loops(plan, lowering, execution):
-    """``plan`` with what the loop-nest lowering ``lowering`` (a
-    :class:`codegen.loopnest.stage._StageLowering` that ran) chose, and
-    ``execution`` (``"chunked"``, ``"prange"`` or ``"serial"``)."""
+    """``plan`` with the loop decisions of the loop-nest lowering ``lowering`` (a
+    :class:`codegen.loopnest.stage._StageLowering` that ran: its
+    :class:`codegen.loopnest.plan.LoopPlan`, made before it wrote the unit, and
+    how it wrote the innermost loop of a sum) and ``execution``
+    (``"chunked"``, ``"prange"`` or ``"serial"``)."""
     names = {}
     for a in list(getattr(lowering.op, "axis", ())) + list(getattr(lowering.op, "reduce_axis",
                                                                    ())):
         names[id(a)] = a.name
-    order = getattr(lowering, "chosen_order", None)
-    par = getattr(lowering, "chosen_parallel", None)
-    lanes = getattr(lowering, "chosen_lanes", None)
+    loops = getattr(lowering, "loop_plan", None)
+    if loops is not None:
+        order, par, lanes = loops.order, loops.parallel, loops.lanes
+    else:  # (a scan: its steps' loops are their own stages')
+        order = getattr(lowering, "chosen_order", None)
+        par = getattr(lowering, "chosen_parallel", None)
+        lanes = getattr(lowering, "chosen_lanes", None)
     unroll = getattr(lowering, "chosen_sum", None)
     return dataclasses.replace(
         plan,

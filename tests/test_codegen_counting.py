@@ -7,7 +7,7 @@ compiled."""
 import numpy as np
 
 import texpr as te
-import texpr.codegen.loopnest.stage as S
+import texpr.codegen.loopnest.order as S
 from texpr import codegen
 from texpr.simplify import isl_bridge as B
 

@@ -1,4 +1,4 @@
-"""The default loop order of a reduction stage (codegen.loopnest.stage.default_order): the
+"""The default loop order of a reduction stage (codegen.loopnest.order.default_order): the
 axis along which most accesses are unit stride or invariant goes innermost.
 
 A load invariant in a loop is kept in a register, and a reduction's output is
@@ -12,7 +12,7 @@ import pytest
 
 import texpr as te
 from texpr import codegen
-import texpr.codegen.loopnest.stage as L
+import texpr.codegen.loopnest.order as L
 
 
 def _variance(n=20, m=40):

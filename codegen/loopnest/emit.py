@@ -194,19 +194,7 @@ class ExprEmitter:
         deep = self.unbound_height(roots) > _opts().text_max_height
         if not (large or deep) or (len(order) > _opts().let_max_dag_nodes and not deep):
             return []
-        checked, unsafe = set(), set()
-        for n in order:
-            kids = [id(c) for c in n.args]
-            if self._has_own_check(n) or any(k in checked for k in kids):
-                checked.add(id(n))
-            if isinstance(n, (E.FloorDiv, E.FloorMod)) or any(k in unsafe for k in kids):
-                unsafe.add(id(n))
-        always = _always_evaluated(roots)
-        loads_always = set()  # nodes whose loads the statement always evaluates
-        for n in order:
-            if (all(id(c) in loads_always for c in n.args)
-                    and (not isinstance(n, E.Load) or id(n) in always)):
-                loads_always.add(id(n))
+        checked, unsafe, always, loads_always = self._node_kinds(order, roots)
         names, seen = [], set()
         height = {}  # id -> how deep the node's text nests now (a bound node: 0)
         pending = [checked_before]  # a check in the statement's text comes before here
@@ -254,6 +242,27 @@ class ExprEmitter:
         for r in roots:
             visit(r, False)
         return names
+
+    def _node_kinds(self, order, roots):
+        """For :meth:`bind_shared`: the ids of the nodes of ``order`` (children
+        first) that hold a run-time check (``checked``), that hold an integer
+        division (``unsafe``), that the statement of values ``roots`` always
+        evaluates (``always``), and whose loads it always evaluates
+        (``loads_always``)."""
+        checked, unsafe = set(), set()
+        for n in order:
+            kids = [id(c) for c in n.args]
+            if self._has_own_check(n) or any(k in checked for k in kids):
+                checked.add(id(n))
+            if isinstance(n, (E.FloorDiv, E.FloorMod)) or any(k in unsafe for k in kids):
+                unsafe.add(id(n))
+        always = _always_evaluated(roots)
+        loads_always = set()
+        for n in order:
+            if (all(id(c) in loads_always for c in n.args)
+                    and (not isinstance(n, E.Load) or id(n) in always)):
+                loads_always.add(id(n))
+        return checked, unsafe, always, loads_always
 
     @staticmethod
     def tree_nodes(exprs):

@@ -26,7 +26,10 @@ read in :mod:`codegen.loopnest.stage`; or one the schedule marks parallel) is a
 axis, the parts run at the same time (the backend's chunked units (docs/stages.md)), so it compiles
 without the backend's parallel-loop pass (about 0.5-1 s a unit). Otherwise (a scan, a
 scatter, a split or second parallel axis) the unit gets ``parallel=True`` and
-``prange`` loops.
+``prange`` loops. The stage lowering decides which from its planned nests
+before it writes any text (:func:`codegen.loopnest.plan.decide_chunks`), so a
+stage is lowered once; only a target's veto of parallel loops
+(:meth:`codegen.loopnest.dialect.Dialect.serial_instead`) lowers it again, serially.
 
 :attr:`Program.source` (``Kernel.source``) is the readable text of the whole
 program: the units with buffers named after their tensors and each stage's
@@ -118,8 +121,9 @@ def _tidy(src):
 
 
 def _lower_stage(op, stage, buffers, inlined, parallel, chunking):
-    """``(lowering, unit buffers, writer)``: ``op`` lowered (chunked parallel loops
-    when ``chunking``)."""
+    """``(lowering, unit buffers, writer)``: ``op`` lowered, once: its parallel
+    loops run in chunks when ``chunking`` and its planned nests allow it
+    (:func:`codegen.loopnest.plan.decide_chunks`), else as parallel loops."""
     ub = _UnitBuffers(buffers)
     w = _Writer()
     sl = _StageLowering(0, op, stage, ub, inlined, [], parallel, w)
@@ -132,34 +136,18 @@ def _lower_stage(op, stage, buffers, inlined, parallel, chunking):
     return sl, ub, w
 
 
-def _chunked(sl):
-    """Whether the chunked lowering ``sl`` is a chunked unit (True), a serial one
-    that never mentions its part (None: no loop went parallel), or neither
-    (False: lower again with prange loops)."""
-    if sl.chunk_broken:
-        return False
-    if sl.chunk_axis is None:
-        return None if not any("part[" in ln for ln in sl.w.lines) else False
-    return not sl._stmt_outside_chunk
-
-
 def _lower_unit(op, stage, buffers, order, idents, inlined, parallel, chose=None):
     """The :class:`UnitSource` of the materialised ``op`` (see the module
     docstring). ``chose``: None, or a list that gets ``(lowering, execution)``:
     the :class:`_StageLowering` that wrote the unit and how it runs
     (``"chunked"``, ``"prange"`` or ``"serial"``), for the stage's plan."""
-    chunks = align = 0
-    use_chunks = parallel and _opts().chunks
-    sl, ub, w = _lower_stage(op, stage, buffers, inlined, parallel, use_chunks)
-    if use_chunks:
-        how = _chunked(sl)
-        if how:
-            chunks, align = sl.chunk_axis.extent, sl.chunk_align
-        elif how is False:  # parallel loops (see the module docstring)
-            sl, ub, w = _lower_stage(op, stage, buffers, inlined, parallel, False)
+    sl, ub, w = _lower_stage(op, stage, buffers, inlined, parallel, parallel and _opts().chunks)
     target = _dialect.current()
     if target.serial_instead(sl):  # the target miscompiles it in parallel
         sl, ub, w = _lower_stage(op, stage, buffers, inlined, False, False)
+    chunks = align = 0
+    if sl.chunking and sl.chunk_axis is not None:  # (decided before the text was written)
+        chunks, align = sl.chunk_axis.extent, sl.chunk_align
     errors = sl.errors
     w(1, "return 0")
     params = [f"b{j}" for j in range(len(ub.used))] + (["part"] if chunks else []) + ["err"]
@@ -180,7 +168,11 @@ def _lower_unit(op, stage, buffers, order, idents, inlined, parallel, chose=None
     unit = UnitSource(op.name, tensor_str(op.output(0)), src, args, specs, errors,
                       sl.uses_prange, readable, chunks, align, kind=target.unit_kind)
     if chose is not None:
-        chose.append((sl, "chunked" if chunks else "prange" if sl.uses_prange else "serial"))
+        if sl.loop_plan is not None:
+            execution = sl.loop_plan.execution
+        else:  # (a scan: its steps' nests are planned by their own lowerings)
+            execution = "prange" if sl.uses_prange else "serial"
+        chose.append((sl, execution))
     return unit
 
 
@@ -232,6 +224,40 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
     arithmetic not provably exact in int64; an isl failure),
     OutOfBoundsError (a load provably outside its tensor).
     """
+    buffers, order, mat_ops = _buffers(schedule, inputs, materialized)
+    idents = buffer_identifiers([b.tensor.name for b in order])
+    position = {id(b.tensor): k for k, b in enumerate(order)}
+    units, plans = [], []
+    for op in mat_ops:
+        key = lambda t: position[id(t)]  # noqa: E731
+        if strategy is not None:
+            plan = strategy(op, key)
+        else:
+            plan = _strategy.from_payload(op, None if contraction is None else contraction(op, key))
+        if plan.kind in ("gemm", "shift"):
+            units.append(_blas_unit(op, plan.payload))
+        else:
+            chose = []
+            units.append(_lower_unit(op, schedule[op], buffers, order, idents, inlined,
+                                     parallel, chose))
+            plan = _strategy.with_loops(plan, *chose[0])
+        plans.append(plan)
+    inline_plans = [_strategy.inline_plan(op) for op in schedule.ops if id(op) in inlined
+                    and not isinstance(op, PlaceholderOp)]
+    source = _program_source(order, idents, units, plans + inline_plans)
+    return Program(source, order, units, [op.name for op in mat_ops],
+                   any(u.parallel for u in units), mat_ops, plans, inline_plans)
+
+
+def _buffers(schedule, inputs, materialized):
+    """``(buffers, order, stages)``: the program's buffers (``id(tensor) ->
+    BufferInfo`` or ViewInfo), the BufferInfos in argument order (inputs,
+    outputs, temporaries), and the materialised ops that get a unit (a stage a
+    scan writes through a view gets none).
+
+    Raises:
+        TexprError: a placeholder the outputs read that ``inputs`` does not list.
+    """
     buffers = {}
     order = []
     for k, t in enumerate(inputs):
@@ -268,25 +294,12 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
                 ntmp += 1
                 buffers[id(t)] = b
                 order.append(b)
-    idents = buffer_identifiers([b.tensor.name for b in order])
-    position = {id(b.tensor): k for k, b in enumerate(order)}
-    units, plans = [], []
-    for op in mat_ops:
-        key = lambda t: position[id(t)]  # noqa: E731
-        if strategy is not None:
-            plan = strategy(op, key)
-        else:
-            plan = _strategy.from_payload(op, None if contraction is None else contraction(op, key))
-        if plan.kind in ("gemm", "shift"):
-            units.append(_blas_unit(op, plan.payload))
-        else:
-            chose = []
-            units.append(_lower_unit(op, schedule[op], buffers, order, idents, inlined,
-                                     parallel, chose))
-            plan = _strategy.with_loops(plan, *chose[0])
-        plans.append(plan)
-    inline_plans = [_strategy.inline_plan(op) for op in schedule.ops if id(op) in inlined
-                    and not isinstance(op, PlaceholderOp)]
+    return buffers, order, mat_ops
+
+
+def _program_source(order, idents, units, plans):
+    """:attr:`Program.source`: the prelude, the buffers and the stages' plans as
+    comments, each unit's text, then the driver as comments."""
     head = _Writer()
     for k, (b, ident) in enumerate(zip(order, idents)):
         head.comment(0, f"argument {k}",
@@ -295,7 +308,7 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
     head.comment(0, "argument err", "err: the error flag ([code, value]; code 0, or the "
                  "first failed check of the unit that stopped)")
     head.comment(0, "strategy", "strategy (codegen.strategy), one line per stage:")
-    for k, p in enumerate(plans + inline_plans):
+    for k, p in enumerate(plans):
         head.comment(0, f"plan {k}", f"  {p.stage}: {p.line()}")
     parts = [_dialect.current().prelude().rstrip("\n"),
              "\n".join(head.comments[ln] for ln in head.lines)]
@@ -321,6 +334,4 @@ def lower(schedule, inputs, materialized, inlined, parallel=True, contraction=No
         else:
             calls.append(f"# unit{k}({args}, err)")
     parts.append("\n".join(calls))
-    source = "\n\n\n".join(parts) + "\n"
-    return Program(source, order, units, [op.name for op in mat_ops],
-                   any(u.parallel for u in units), mat_ops, plans, inline_plans)
+    return "\n\n\n".join(parts) + "\n"
