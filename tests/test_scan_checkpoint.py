@@ -173,7 +173,7 @@ def test_step_tests_that_every_step_passes_are_folded_before_lowering():
     # the reverse scan's guard tau >= 1 sat in each disjunct of a union of equalities
     # (the LSTM's gate adjoint): folded, the step's loop nest runs the union's points,
     # not the box with a test per point
-    from texpr.codegen.loopnest.scan_lower import _fold_step_tests
+    from texpr.simplify.step_tests import fold_step_tests as _fold_step_tests
     from texpr.printer import expr_str
 
     from texpr.expr import var

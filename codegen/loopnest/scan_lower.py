@@ -26,11 +26,11 @@ import functools
 import numpy as np
 
 from texpr.errors import TexprError
-from texpr import expr as E
 from texpr.expr import Load, Reduce, iter_var, load, select
-from texpr.scan import ScanOp, affine_in
+from texpr.scan import ScanOp
 from texpr.simplify import materialized_stages
 from texpr.simplify.isl_bridge import VarSpace, box_set, to_set
+from texpr.simplify.step_tests import fold_step_tests
 from texpr.tensor import ComputeOp
 from texpr.visitor import post_order, substitute, transform
 
@@ -143,42 +143,13 @@ def _step_ops(op):
     for b in op.body_ops:
         axis = tuple(iter_var(0, n, a.name, "spatial") for n, a in zip(b.shape[1:], b.axis[1:]))
         mapping = dict(zip(b.axis, (tv,) + axis))
-        body = tuple(_fold_step_tests(transform(substitute(e, mapping), remap), tv, L, T)
+        body = tuple(fold_step_tests(transform(substitute(e, mapping), remap), tv, L, T)
                      for e in b.body)
         new = ComputeOp(b.name, axis, body, b.tag, b.attrs)
         for old, o in zip(b.outputs, new.outputs):
             step_of[id(old)] = o
         pairs.append((b, new))
     return pairs, tv
-
-
-_COMPARE = {E.GE: lambda x, y: x >= y, E.GT: lambda x, y: x > y,
-            E.LE: lambda x, y: x <= y, E.LT: lambda x, y: x < y}
-
-
-def _fold_step_tests(e, tv, L, T):
-    """``e`` with each comparison of the step alone (``t >= 1``, affine in ``t``) that
-    holds, or fails, at every step ``L <= t < T`` replaced by its constant, and the
-    ``&&`` / ``||`` above it folded. A reverse scan's stages keep the guard ``tau >=
-    1`` that its body never fails; under a reduction's ``where`` it sat in each
-    disjunct of a union of equalities (``tau >= 1 && r == j || tau >= 1 && r + 8 ==
-    j``), which the step's loop nest then ran as a box with a test per point (the
-    LSTM's gate adjoint: B x 4H x H points a step, not B x 3H)."""
-    def fn(node):
-        cmp = _COMPARE.get(type(node))
-        if cmp is not None:
-            x, y = affine_in(node.args[0], tv), affine_in(node.args[1], tv)
-            if x is None or y is None or (x[0] == 0 and y[0] == 0):
-                return None
-            ends = {cmp(x[0] * t + x[1], y[0] * t + y[1]) for t in (L, T - 1)}
-            return E.const(ends.pop(), "bool") if len(ends) == 1 else None
-        if isinstance(node, E.And):
-            return E.logical_and(*node.args)
-        if isinstance(node, E.Or):
-            return E.logical_or(*node.args)
-        return None
-
-    return transform(e, fn)
 
 
 def _body_materialized(op):
@@ -238,7 +209,6 @@ def _pointwise(op, pairs, mat, inlined):
             if len(n.args) != len(step.axis) + 1 or any(
                     x is not a for x, a in zip(n.args[1:], step.axis)):
                 return None
-    T, L = op.time_extent, op.init_extent
     return body, None, step.axis
 
 
