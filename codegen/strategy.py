@@ -43,7 +43,7 @@ printed with the rest. Two things are still settled while writing: whether a
 float sum's innermost loop is written once with ``_radd`` (the dialect reads
 the loop's text: unit strides, no branch, no check) or unrolled, and a
 backend's veto of parallel loops (:meth:`codegen.loopnest.dialect.Dialect.serial_instead`,
-numba's on a ``where`` written as flag blocks), which lowers the stage again,
+the default backend's, on a ``where`` written as flag blocks), which lowers the stage again,
 serially.
 """
 
