@@ -28,21 +28,15 @@ import json
 import os
 import subprocess
 import sys
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from cases import median_ms as _median_ms  # noqa: E402
 
 N = 1_280_000
 PEERS = ("texpr", "torch", "jax")
 
 
-def _median_ms(fn, repeat):
-    fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t) * 1e3)
-    times.sort()
-    return times[len(times) // 2]
 
 
 def _data(dtype):

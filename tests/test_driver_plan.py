@@ -9,6 +9,7 @@ import texpr as te
 from texpr import codegen
 from texpr.codegen.backends.numba_cpu import native_call
 from texpr.codegen.ir.driver import DriverPlan
+from test_codegen_native_call import _run as _run_native
 
 
 def _kernel():
@@ -40,12 +41,7 @@ def _decode(desc):
     return list(kinds), list(sizes), list(items), args, copies
 
 
-def _native(kernel, arrays):
-    outs = [np.zeros(t.shape, dtype=t.dtype) for t in kernel.outputs]
-    r = native_call.runner(kernel)
-    assert r is not None
-    r.run([a.ctypes.data for a in arrays] + [o.ctypes.data for o in outs])
-    return outs
+_native = _run_native  # (outputs into fresh buffers by the compiled driver)
 
 
 def test_the_python_and_the_native_driver_run_one_plan_and_agree():
