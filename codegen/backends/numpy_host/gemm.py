@@ -16,7 +16,15 @@ over two :class:`OperandView` s of the kernel's flat buffers.
 * **Chunks.** A packing copy above half the last-level cache
   (``options.gemm_chunk_min_bytes``) is made in pieces of about ``options.gemm_chunk_bytes`` along one
   axis, each multiplied while it is in cache, the products summed (a cut
-  reduction axis) or written to their slices (a cut spatial axis).
+  reduction axis) or written to their slices (a cut spatial axis). The worker
+  threads take the chunks as they come free; summed chunks by fixed lanes, so
+  the sum's order does not depend on the threads' timing.
+* **Cache sets.** A packed copy's rows are padded where their length is a
+  multiple of 1 KiB, and an operand view whose rows lie a multiple of 4 KiB
+  apart (a window stage's per-image slice) is copied chunk by chunk as well
+  (:mod:`codegen.backends.numpy_host.packing`): rows that far apart share a
+  cache set, and numpy's OpenBLAS ran a convolution's per-image GEMM on them at
+  a half to two thirds of its speed on padded rows.
 * **Orientation.** A GEMM whose right operand is column-major with many
   columns and whose result is small runs turned around (``C^T = B^T A^T``):
   numpy's BLAS runs it faster that way (:func:`_flip_pays`).
@@ -609,7 +617,9 @@ def _chunk_plan(a, a_axes, b, b_axes, prefix, rows, cols, k, a_rows_first, b_k_f
     axis, whose chunks write disjoint output slices; ``"k"``: the outermost
     reduction axis of the copied operand, whose chunks' products are summed) into
     chunks of ``length``. Only where the packing copies exceed
-    ``options.gemm_chunk_min_bytes``."""
+    ``options.gemm_chunk_min_bytes`` (a view whose rows alias in the cache,
+    :func:`codegen.backends.numpy_host.packing._aliased`, counts as a copy: it is
+    copied chunk by chunk)."""
     copy_a = _packed_copy_bytes(a, a_axes, prefix, *((rows, k) if a_rows_first else (k, rows)))
     copy_b = _packed_copy_bytes(b, b_axes, prefix, *((k, cols) if b_k_first else (cols, k)))
     copied = copy_a + copy_b
