@@ -2,8 +2,10 @@
 matrices, and the copies (im2col) where its strides do not merge.
 
 One job: turning :func:`codegen.backends.numpy_host.gemm._operand`'s views into the
-matrices numpy's ``matmul`` takes, a view where the strides allow, else a copy
-(made in parts on the worker threads when large).
+matrices numpy's ``matmul`` takes, a view where the strides allow and its rows
+do not share a cache set (:func:`_aliased`), else a copy whose rows are padded
+to an odd number of cache lines (:func:`_padded_ld`; made in parts on the
+worker threads when large).
 """
 
 import math
