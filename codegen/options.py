@@ -65,6 +65,8 @@ class Options:
     windows: bool = True
     #: a window is made when at least this many stages read it
     window_min_readers: int = 2
+    #: no window larger than this many bytes (its readers pack their im2col chunk by chunk in cache)
+    window_max_bytes: int = 1 << 24
     #: split long reductions with few outputs into parallel partial sums (rewrite.split_reductions)
     split_reductions: bool = True
     #: slices of a split reduction axis (fixed: the result does not depend on the threads)

@@ -49,9 +49,21 @@ and a window over its positions would be a hundred times that). For a single
 reader a window costs a compiled unit and saved nothing: the forward
 convolutions of conv2d_s1 and conv2d_s2 alone ran 3.73 ms and 1.28-1.33 ms
 with and without one (in-process A/B, medians, 2026-12-05).
+
+A window is made only up to ``options.window_max_bytes`` (16 MiB, half this
+machine's last-level cache): a larger one is written to DRAM whole and read
+back by each GEMM, where its readers, without it, pack their im2col copies
+chunk by chunk from the operand, which stays in cache
+(:mod:`codegen.backends.numpy_host.gemm`'s chunks). The CIFAR ResNet's step
+(benchmarks/model_cases.py, its 75 MB windows) took 409 ms with its windows,
+343 ms without (in-process A/B, medians of 5, load 3, 2026-12-07): each
+3x3 convolution at 32 channels 6 ms less for the window's moves and 4 ms less
+in its GEMM.
 """
 
 import math
+
+import numpy as np
 
 from texpr import expr as E
 from texpr.errors import TexprError
@@ -158,12 +170,23 @@ def _window_loads(op):
             for _d, pu, tv, _a, _b, _c in windows)
         if size > plan.operand_elements(i):
             continue
+        # a window above window_max_bytes goes to DRAM and back (module docstring)
+        if size * _itemsize(ld.tensor.dtype) > _opts().window_max_bytes:
+            continue
         sig = (id(ld.tensor), tuple(d for d, _v in plain),
                tuple((d, a, b, c, axes[pu].dom, axes[tv].dom)
                      for d, pu, tv, a, b, c in windows))
         roles = ([(d, id(v) in reduce_ids) for d, v in plain], windows)
         out.append((sig, i, roles))
     return out
+
+
+def _itemsize(dtype):
+    """Bytes of one element of ``dtype`` (a tensor's dtype name); 8 when unknown."""
+    try:
+        return np.dtype(dtype).itemsize
+    except TypeError:
+        return 8
 
 
 def _window_of(ld, axes):

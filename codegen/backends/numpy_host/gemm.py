@@ -16,7 +16,15 @@ over two :class:`OperandView` s of the kernel's flat buffers.
 * **Chunks.** A packing copy above half the last-level cache
   (``options.gemm_chunk_min_bytes``) is made in pieces of about ``options.gemm_chunk_bytes`` along one
   axis, each multiplied while it is in cache, the products summed (a cut
-  reduction axis) or written to their slices (a cut spatial axis).
+  reduction axis) or written to their slices (a cut spatial axis). The worker
+  threads take the chunks as they come free; summed chunks by fixed lanes, so
+  the sum's order does not depend on the threads' timing.
+* **Cache sets.** A packed copy's rows are padded where their length is a
+  multiple of 1 KiB, and an operand view whose rows lie a multiple of 4 KiB
+  apart (a window stage's per-image slice) is copied chunk by chunk as well
+  (:mod:`codegen.backends.numpy_host.packing`): rows that far apart share a
+  cache set, and numpy's OpenBLAS ran a convolution's per-image GEMM on them at
+  a half to two thirds of its speed on padded rows.
 * **Orientation.** A GEMM whose right operand is column-major with many
   columns and whose result is small runs turned around (``C^T = B^T A^T``):
   numpy's BLAS runs it faster that way (:func:`_flip_pays`).
@@ -609,7 +617,9 @@ def _chunk_plan(a, a_axes, b, b_axes, prefix, rows, cols, k, a_rows_first, b_k_f
     axis, whose chunks write disjoint output slices; ``"k"``: the outermost
     reduction axis of the copied operand, whose chunks' products are summed) into
     chunks of ``length``. Only where the packing copies exceed
-    ``options.gemm_chunk_min_bytes``."""
+    ``options.gemm_chunk_min_bytes`` (a view whose rows alias in the cache,
+    :func:`codegen.backends.numpy_host.packing._aliased`, counts as a copy: it is
+    copied chunk by chunk)."""
     copy_a = _packed_copy_bytes(a, a_axes, prefix, *((rows, k) if a_rows_first else (k, rows)))
     copy_b = _packed_copy_bytes(b, b_axes, prefix, *((k, cols) if b_k_first else (cols, k)))
     copied = copy_a + copy_b
@@ -642,7 +652,16 @@ def _run_chunked(chunks, a, a_axes, b, b_axes, prefix, rows, cols, k, a_rows_fir
     (:func:`_chunk_plan`), each packed into a per-thread buffer and multiplied at
     once, the chunks spread over ``threads`` worker threads (one BLAS thread
     each). Writes into ``target`` (the contiguous output, shaped ``ext``) when
-    given, else returns the result (shaped ``ext``)."""
+    given, else returns the result (shaped ``ext``).
+
+    The threads take the work as they come free (a shared counter), not in a
+    fixed share: on a loaded machine a thread that lost its core did half the
+    chunks and the other waited for it. Disjoint output chunks (``"prefix"``)
+    are taken one at a time. Summed chunks (``"k"``) are taken by *lanes*:
+    ``_LANES_PER_THREAD * threads`` runs of consecutive chunks, each summed in
+    chunk order into its own partial, and the partials summed in lane order, so
+    the result does not depend on which thread ran which lane (it does on the
+    thread count, as before)."""
     q, mode, length, threads = chunks
     CHUNKED[0] += 1
     n = (a if q in a_axes else b).shape[(a_axes if q in a_axes else b_axes).index(q)]
@@ -652,58 +671,94 @@ def _run_chunked(chunks, a, a_axes, b, b_axes, prefix, rows, cols, k, a_rows_fir
     if res is None and mode == "prefix":
         res = np.empty(ext, dtype=dtype)
     sc = None if scale == 1 else np.asarray(scale, dtype=dtype)
-
-    def work(tid):
-        sa, sb = [None], [None]
-        partial = None
-        for lo in starts[tid::threads]:
-            hi = min(n, lo + length)
-            ac, bc = _cut(a, a_axes, q, lo, hi), _cut(b, b_axes, q, lo, hi)
-            if a_rows_first:
-                am = _pack_into(ac, a_axes, prefix, rows, k, sa)
-            else:
-                am = _pack_into(ac, a_axes, prefix, k, rows, sa).swapaxes(-1, -2)
-            if b_k_first:
-                bm = _pack_into(bc, b_axes, prefix, k, cols, sb)
-            else:
-                bm = _pack_into(bc, b_axes, prefix, cols, k, sb).swapaxes(-1, -2)
-            with np.errstate(over="ignore", invalid="ignore"):
-                if sc is not None:
-                    # the constant joins the smaller operand before the GEMM, as on
-                    # the one-call path: c * x * w stays finite where x * w would not
-                    if am.size <= bm.size:
-                        am = am * sc
-                    else:
-                        bm = bm * sc
-                if mode == "prefix":
-                    np.matmul(am, bm, out=res[lo:hi])
-                    continue
-                # each chunk's own orientation (its K decides), summed as (rows, cols)
-                prod = np.matmul(bm.swapaxes(-1, -2), am.swapaxes(-1, -2)).swapaxes(-1, -2) \
-                    if _flip_pays(am, bm) else np.matmul(am, bm)
-                if partial is None:
-                    partial = np.array(prod)
-                else:
-                    partial += prod
-        return partial
-
-    if threads > 1 and len(starts) > 1:
-        with _blas_one_thread():
-            futures = [_workers.pool().submit(work, t) for t in range(1, min(threads, len(starts)))]
-            parts = [work(0)] + [f.result() for f in futures]
+    if mode == "prefix":
+        tasks = [[lo] for lo in starts]
     else:
-        parts = [work(0)]
+        lanes = min(len(starts), max(1, threads) * _LANES_PER_THREAD)
+        cuts = np.linspace(0, len(starts), lanes + 1).astype(int)
+        tasks = [starts[lo:hi] for lo, hi in zip(cuts[:-1], cuts[1:])]
+    partials = [None] * len(tasks)
+    claim = _Counter()
+
+    def work():
+        sa, sb = [None], [None]
+        while True:
+            t = claim.next()
+            if t >= len(tasks):
+                return
+            partial = None
+            for lo in tasks[t]:
+                hi = min(n, lo + length)
+                ac, bc = _cut(a, a_axes, q, lo, hi), _cut(b, b_axes, q, lo, hi)
+                if a_rows_first:
+                    am = _pack_into(ac, a_axes, prefix, rows, k, sa)
+                else:
+                    am = _pack_into(ac, a_axes, prefix, k, rows, sa).swapaxes(-1, -2)
+                if b_k_first:
+                    bm = _pack_into(bc, b_axes, prefix, k, cols, sb)
+                else:
+                    bm = _pack_into(bc, b_axes, prefix, cols, k, sb).swapaxes(-1, -2)
+                with np.errstate(over="ignore", invalid="ignore"):
+                    if sc is not None:
+                        # the constant joins the smaller operand before the GEMM, as on
+                        # the one-call path: c * x * w stays finite where x * w would not
+                        if am.size <= bm.size:
+                            am = am * sc
+                        else:
+                            bm = bm * sc
+                    if mode == "prefix":
+                        np.matmul(am, bm, out=res[lo:hi])
+                        continue
+                    # each chunk's own orientation (its K decides), summed as (rows, cols)
+                    prod = np.matmul(bm.swapaxes(-1, -2), am.swapaxes(-1, -2)).swapaxes(-1, -2) \
+                        if _flip_pays(am, bm) else np.matmul(am, bm)
+                    if partial is None:
+                        partial = np.array(prod)
+                    else:
+                        partial += prod
+            partials[t] = partial
+
+    if threads > 1 and len(tasks) > 1:
+        with _blas_one_thread():
+            futures = [_workers.pool().submit(work) for _ in range(1, min(threads, len(tasks)))]
+            try:
+                work()
+            finally:
+                for f in futures:
+                    f.result()
+    else:
+        work()
     if mode == "prefix":
         return res
-    parts = [x for x in parts if x is not None]
+    parts = [x for x in partials if x is not None]
     total = parts[0]
-    for x in parts[1:]:
-        total += x
+    with np.errstate(over="ignore", invalid="ignore"):
+        for x in parts[1:]:
+            total += x
     total = np.broadcast_to(total, ext) if total.shape != tuple(ext) else total
     if target is not None:
         np.copyto(target, total)
         return target
     return total
+
+
+#: lanes of summed chunks per thread (:func:`_run_chunked`): a thread that comes
+#: free takes the next lane
+_LANES_PER_THREAD = 4
+
+
+class _Counter:
+    """A thread-safe counter: :meth:`next` returns 0, 1, 2, ... once each."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._n = 0
+
+    def next(self):
+        with self._lock:
+            n = self._n
+            self._n += 1
+            return n
 
 
 
