@@ -146,23 +146,71 @@ def generate(statements, loop_vars):
         if runs_exactly(tree, live, loop_vars) is None:
             return tree
     failures = []
-    for option in GENERATORS:
-        try:
-            tree = _convert(_ast_node(umap, loop_vars, option), by_name)
-        except isl.Error as exc:
-            failures.append(f"{option or 'default'}: {exc}")
-            continue
-        wrong = runs_exactly(tree, live, loop_vars)
-        if wrong is None:
-            with _MADE_LOCK:
-                _MADE[key] = (_renamed(tree, {}), [by_name[n] for n in names])
-                while len(_MADE) > _MADE_KEEP:
-                    del _MADE[next(iter(_MADE))]
-            return tree
-        failures.append(f"{option or 'default'}: {wrong}")
+    split = _residue_split(live, loop_vars)
+    for form, m in (("", umap),) + ((("residue classes, ", split),) if split is not None else ()):
+        for option in GENERATORS:
+            tag = f"{form}{option or 'default'}"
+            try:
+                tree = _convert(_ast_node(m, loop_vars, option), by_name)
+            except isl.Error as exc:
+                failures.append(f"{tag}: {exc}")
+                continue
+            wrong = runs_exactly(tree, live, loop_vars)
+            if wrong is None:
+                with _MADE_LOCK:
+                    _MADE[key] = (_renamed(tree, {}), [by_name[n] for n in names])
+                    while len(_MADE) > _MADE_KEEP:
+                        del _MADE[next(iter(_MADE))]
+                return tree
+            failures.append(f"{tag}: {wrong}")
     raise TexprError(
         "loop_ast: isl could not generate a correct loop nest for the statements "
         f"{', '.join(st.name for st in statements)} ({'; '.join(failures)})")
+
+
+#: the most pieces :func:`_residue_split` cuts one statement's domain into
+MAX_RESIDUE_PIECES = 64
+
+
+def _residue_split(statements, loop_vars):
+    """The schedule map of ``statements`` with each domain that has integer divisions
+    (``floor(e / d)``) written as the union of its residue classes (``e - r`` a
+    multiple of ``d``, for each ``r < d``): the same points, in a form where each
+    division is affine. isl's AST generator can drop a loop of a domain whose
+    division reads an inner loop's variable (islpy 2026.2: ``{ [j, r] : 4j - r <=
+    4 floor((1 + j) / 2) <= 3 + 4j - r }`` scheduled ``r`` outer ran ``j = 0``
+    only: a grouped convolution's input gradient); the classes' form it generates
+    correctly. None when no domain has a division, or a split would exceed
+    :data:`MAX_RESIDUE_PIECES` pieces."""
+    umap, any_div = None, False
+    for st in statements:
+        pieces = []
+        for bset in st.domain.get_basic_sets():
+            ls = bset.get_local_space()
+            parts = [bset]
+            for k in range(bset.dim(isl.dim_type.div)):
+                div = ls.get_div(k)
+                den = div.get_denominator_val()
+                num = div.scale_val(den)  # the division's integer numerator e
+                d = int(den.to_python())
+                if d <= 1:
+                    continue
+                any_div = True
+                parts = [p.intersect(num.add_constant_val(isl.Val.int_from_si(CTX, -r))
+                                     .mod_val(den).zero_basic_set())
+                         for p in parts for r in range(d)]
+                if len(parts) > MAX_RESIDUE_PIECES:
+                    return None
+            pieces += [p for p in parts if not p.is_empty()]
+        dom = None
+        for p in pieces:
+            dom = isl.Set.from_basic_set(p) if dom is None else dom.union(isl.Set.from_basic_set(p))
+        if dom is None:
+            continue
+        m = isl.UnionMap.from_map(_schedule_map(Statement(st.name, st.vars, dom, st.schedule),
+                                                loop_vars))
+        umap = m if umap is None else umap.union(m)
+    return umap if any_div else None
 
 
 #: the loop nests :func:`generate` made in this process, oldest first: {canonical text
