@@ -133,6 +133,9 @@ class Options:
     unroll: int = 8
     #: larger summands (expression nodes) are not unrolled
     unroll_max_nodes: int = 64
+    #: an unrolled sum's partial sums live across its outer reduction loops (set once
+    #: per output element, added once at its end), not once per innermost loop
+    partials_per_output: bool = True
     #: points of the innermost spatial axis blocked together in a sum (register blocking)
     jam: int = 4
     #: partial sums per blocked point of a register-blocked sum
