@@ -84,8 +84,19 @@ class _Reductions:
 
         def fin(d, lane=None):
             ps = parts(lane)
-            if ps:
+            if ps and _lane(acc[0], lane) in self.partials_used:
+                self.partials_used.discard(_lane(acc[0], lane))
                 w(d, f"{_lane(acc[0], lane)} += {_tree(ps)}")
+            elif ps:
+                # no loop of this nest was unrolled (written with _radd, or too
+                # short): the partial sums init wrote are taken back
+                inits = {f"{p} = {const_str(0, self.unroll[2])}" for p in ps}
+                for i in range(len(w.lines) - 1, -1, -1):
+                    if w.lines[i].strip() in inits:
+                        inits.discard(w.lines[i].strip())
+                        del w.lines[i]
+                        if not inits:
+                            break
             for o, a in zip(outs, acc):
                 v = _lane(a, lane)
                 w(d, f"{self._store(o)} = {f'np.float32({v})' if acc_dt else v}")

@@ -290,8 +290,13 @@ class _StageLowering(_Reductions, _NestWriter):
         self.items = []
         self.loop_plan = None  # the plan.LoopPlan, once planned
         # (combine, accumulator, dtype, partial sums, the innermost reduction axis's
-        # extent) of a float sum whose innermost loop is unrolled or written with _radd
+        # extent, whether the partial sums are per output element) of a float sum
+        # whose innermost loop is unrolled or written with _radd
         self.unroll = None
+        # the accumulators (lanes) whose partial sums an unrolled loop updated since
+        # their output's init statement (its final statement adds them, or else
+        # takes back the init's lines)
+        self.partials_used = set()
         self.jam_dim = None
         self.lanes = None  # (loop dimension, count) of an unrolled reduction loop
         # what the lowering chose, for the stage's plan (codegen.strategy.with_loops):

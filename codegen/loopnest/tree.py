@@ -337,7 +337,9 @@ class _NestWriter:
         w(depth, f"{v}_hi = {hi}")
         w(depth, f"{v}_m = {v}_lo + max({v}_hi - {v}_lo, 0) // {u_n} * {u_n}")
         parts = {ln: [f"{_lane(acc, ln)}_p{u}" for u in range(u_n)] for ln in lanes}
-        if not per_output:  # (else the output's init statement set them)
+        if per_output:
+            self.partials_used.update(_lane(acc, ln) for ln in lanes)
+        else:  # (per output, the init statement set them)
             for ln in lanes:
                 for p in parts[ln]:
                     w(depth, f"{p} = {const_str(0, dtype)}")
