@@ -59,7 +59,9 @@ sum's order of terms, which the evaluator does not fix either):
   vectoriser takes (unit-stride loads, no branch, no run-time check) is written
   once, its accumulator updated by ``_radd``, an add LLVM may reassociate: the
   vectoriser keeps the partial sums in vector registers; any other is unrolled
-  into ``options.unroll`` partial sums, added to the accumulator in a fixed tree;
+  into ``options.unroll`` partial sums, kept per output element across the outer
+  reduction loops (``options.partials_per_output``) and added to the accumulator
+  in a fixed tree after them;
 * register blocking: in scalar mode, ``options.jam`` consecutive points of the innermost
   spatial axis share the reduction loops (when the domain does not depend on
   that axis and some load is shared), each with its own accumulator;
