@@ -7,6 +7,8 @@ from scipy.special import logsumexp
 
 import texpr as te
 from texpr import codegen
+from texpr.codegen.rewrite.split_reductions import split_reductions
+from texpr.simplify.graph import topo_order
 
 N = (1 << 19) + 3  # not a multiple of the slices
 
@@ -119,3 +121,22 @@ def test_a_per_channel_sum_over_an_outer_axis_is_split(dtype):
     again = k(x, feed[R])  # the partition is fixed: the same bits on every run
     for g, a in zip(got, again):
         np.testing.assert_array_equal(g, a)
+
+
+def test_the_stages_after_a_split_one_are_mapped_to_their_rebuilt_stages():
+    # every stage downstream of a split one is rebuilt; the earlier rewrites'
+    # records (the operands a GEMM reads, the windows) follow through ``remap``
+    # (lost, they left a ResNet's conv operands and windows inlined)
+    X = te.placeholder((40, 12, 3, 5), name="X", dtype="float32")
+    n, h, w = te.reduce_axis(40, "n"), te.reduce_axis(3, "h"), te.reduce_axis(5, "w")
+    mean = te.compute((12,), lambda c: te.sum(X[n, c, h, w], axis=[n, h, w]), name="mean")
+    Z = te.compute((40, 12, 3, 5), lambda a, c, y, x: X[a, c, y, x] - mean[c], name="Z")
+    U = te.compute((40, 12, 3, 5), lambda a, c, y, x: Z[a, c, y, x] * 2.0, name="U")
+    remap = {}
+    with codegen.options(split_reduction_min_points=0):
+        (out,), parts = split_reductions([U], remap)
+    assert [p.name for p in parts] == ["mean_parts"]
+    new_ops = {id(op): op for op in topo_order([out])}
+    for old in (mean.op, Z.op, U.op):
+        assert id(remap[id(old)]) in new_ops and remap[id(old)].name == old.name
+    assert remap[id(Z.op)] is not Z.op  # rebuilt: it reads the combined stage

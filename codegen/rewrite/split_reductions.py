@@ -56,11 +56,16 @@ SPLIT = "split_reduction"
 _SPLIT_KINDS = ("sum", "prod", "max", "min")
 
 
-def split_reductions(outputs):
+def split_reductions(outputs, remap=None):
     """The graph of ``outputs`` with its long reductions to few outputs split (see
     the module docstring). Returns ``(tensors, parts)``: the output Tensors
     (the same objects where nothing changed) and the stages of partial results
-    made. Never raises for a stage it cannot split: that stage is kept."""
+    made. Never raises for a stage it cannot split: that stage is kept.
+
+    ``remap`` (a dict, optional) receives ``id(stage of the input graph) -> its
+    stage in the result``: every stage downstream of a split one is rebuilt,
+    and the earlier passes' records (the operands a GEMM reads, the windows)
+    name the input graph's."""
     parts = []
     if not _opts().split_reductions:
         return list(outputs), parts
@@ -68,9 +73,13 @@ def split_reductions(outputs):
     def fn(op, orig, tmap):
         split = _split(op)
         if split is None:
+            if remap is not None:
+                remap[id(orig)] = op
             return None
         part_op, combined = split
         parts.append(part_op)
+        if remap is not None:
+            remap[id(orig)] = combined
         return combined.output(0)
 
     return rebuild(list(outputs), fn), parts
