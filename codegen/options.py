@@ -74,8 +74,8 @@ class Options:
     #: the fewest points (outputs x reduction box) a split stage has
     split_reduction_min_points: int = 1 << 19
     #: ... or at most this many output points where a load's layout puts the split axis
-    #: outside an output axis (BatchNorm's sums over n, h, w: one output's pass reads
-    #: short runs far apart; the slices' passes read along the rows)
+    #: outside an output axis and a reduction axis inside it (BatchNorm's sums over n, h, w:
+    #: one output's pass reads short runs far apart; the slices' passes read along the rows)
     split_reduction_strided_outputs: int = 256
 
     # ---- GEMMs (codegen.analysis.contraction): which stages run on BLAS ----

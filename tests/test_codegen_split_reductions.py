@@ -99,10 +99,14 @@ def test_a_per_channel_sum_over_an_outer_axis_is_split(dtype):
     R = te.placeholder((12, 1000), name="R", dtype=dtype)
     q = te.reduce_axis(1000, "q")
     rows = te.compute((12,), lambda c: te.sum(R[c, q], axis=q), name="rows")
+    # a bias gradient: no reduction axis inside the output's (read along already)
+    D = te.placeholder((1000, 12), name="D", dtype=dtype)
+    q2 = te.reduce_axis(1000, "q2")
+    cols = te.compute((12,), lambda c: te.sum(D[q2, c], axis=q2), name="cols")
     opts = {"split_reduction_min_points": 0, "split_reduction_strided_outputs": 12}
-    k = codegen.build([mean, masked, top, rows], [X, R], options=opts)
+    k = codegen.build([mean, masked, top, rows, cols], [X, R, D], options=opts)
     assert {"mean_parts", "masked_parts", "top_parts"} <= set(k.stages)
-    assert "rows_parts" not in k.stages
+    assert "rows_parts" not in k.stages and "cols_parts" not in k.stages
     wide = codegen.build([mean], [X], options=dict(opts, split_reduction_strided_outputs=11))
     assert "mean_parts" not in wide.stages
     rng = np.random.default_rng(11)
@@ -110,15 +114,16 @@ def test_a_per_channel_sum_over_an_outer_axis_is_split(dtype):
     x[0, 1, 0, 0] = np.inf
     x[5, 2, 1, 1], x[36, 2, 2, 4] = np.inf, -np.inf
     x[20, 3, 0, 2] = np.nan
-    feed = {X: x, R: rng.standard_normal((12, 1000)).astype(dtype)}
-    got = k(x, feed[R])
-    want = te.evaluate([mean, masked, top, rows], feed)
+    feed = {X: x, R: rng.standard_normal((12, 1000)).astype(dtype),
+            D: rng.standard_normal((1000, 12)).astype(dtype)}
+    got = k(x, feed[R], feed[D])
+    want = te.evaluate([mean, masked, top, rows, cols], feed)
     tol = 1e-5 if dtype == "float32" else 1e-12
     for g, wv in zip(got, want):
         np.testing.assert_allclose(g, wv, rtol=tol, atol=tol, equal_nan=True)
     assert got[0][1] == np.inf and np.isnan(got[0][2]) and np.isnan(got[0][3])
     np.testing.assert_allclose(wide(x)[0], got[0], rtol=tol, atol=tol, equal_nan=True)
-    again = k(x, feed[R])  # the partition is fixed: the same bits on every run
+    again = k(x, feed[R], feed[D])  # the partition is fixed: the same bits on every run
     for g, a in zip(got, again):
         np.testing.assert_array_equal(g, a)
 

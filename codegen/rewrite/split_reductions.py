@@ -49,7 +49,7 @@ __all__ = ["split_reductions", "SPLIT"]
 #   reduction box) a split stage has: below, one thread's pass is shorter than waking a
 #   second one
 # options.split_reduction_strided_outputs (default 256): ... or this many where a load puts
-#   the split axis outside an output axis (:func:`_outside`)
+#   the split axis outside an output axis and a reduction axis inside it (:func:`_outside`)
 #: the tag of a stage of partial results (``attrs["of"]``: the stage it was split from)
 SPLIT = "split_reduction"
 
@@ -88,20 +88,25 @@ def split_reductions(outputs, remap=None):
 def _outside(red, axis, r):
     """Whether a load of ``red``'s source indexes a dimension by the reduction axis
     ``r`` before (row-major: outside) one it indexes by an output axis of
-    ``axis``: BatchNorm's ``x[n, c, h, w]`` summed over ``n, h, w`` per ``c``. One
-    output's pass then reads runs of the inner dimensions far apart (4 KB
-    every 128 KB for a (64, 32, 32, 32) float32 ``x``: 1.5 ms from memory for
-    8 MB); the slices of ``r`` read the rows along, each slice's runs one
-    after the other (0.5 ms)."""
+    ``axis``, and a later one by a reduction axis: BatchNorm's ``x[n, c, h, w]``
+    summed over ``n, h, w`` per ``c``. One output's pass then reads runs of the
+    inner dimensions far apart (4 KB every 128 KB for a (64, 32, 32, 32)
+    float32 ``x``: 1.5 ms from memory for 8 MB); the slices of ``r`` read the
+    rows along, each slice's runs one after the other (0.5 ms). Where no
+    reduction axis is inside the output's (a bias gradient's ``dy[i, o]``), the
+    stage runs its reduction loop outside its output loop and reads the rows
+    along already: not split."""
     outs = {id(a) for a in axis}
+    rd = {id(a) for a in red.axes}
     for ld in post_order(red.source[0]):
         if not isinstance(ld, E.Load):
             continue
-        seen_r = False
+        seen_r = seen_out = False
         for ix in ld.indices:
             names = {id(v) for v in free_vars(ix)}
-            if seen_r and names & outs:
+            if seen_out and names & rd:
                 return True
+            seen_out = seen_out or (seen_r and bool(names & outs))
             seen_r = seen_r or id(r) in names
     return False
 
