@@ -75,6 +75,10 @@ class Options:
     split_reduction_max_outputs: int = 8
     #: the fewest points (outputs x reduction box) a split stage has
     split_reduction_min_points: int = 1 << 19
+    #: ... or at most this many output points where a load's layout puts the split axis
+    #: outside an output axis and a reduction axis inside it (BatchNorm's sums over n, h, w:
+    #: one output's pass reads short runs far apart; the slices' passes read along the rows)
+    split_reduction_strided_outputs: int = 256
 
     # ---- GEMMs (codegen.analysis.contraction): which stages run on BLAS ----
     #: fewer floating-point operations than this: the loop nest runs (a GEMM costs ~45 us)
@@ -135,6 +139,9 @@ class Options:
     unroll: int = 8
     #: larger summands (expression nodes) are not unrolled
     unroll_max_nodes: int = 64
+    #: an unrolled sum's partial sums live across its outer reduction loops (set once
+    #: per output element, added once at its end), not once per innermost loop
+    partials_per_output: bool = True
     #: points of the innermost spatial axis blocked together in a sum (register blocking)
     jam: int = 4
     #: partial sums per blocked point of a register-blocked sum

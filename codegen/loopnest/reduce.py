@@ -22,7 +22,7 @@ from ..options import current as _opts
 from ..analysis.bounds import _BoundsChecker
 from .emit import ExprEmitter, const_str, fill_value
 from .order import _jam_axis, _loads, _mentions, _nodes, _partial_groups
-from .tree import _lane
+from .tree import _lane, _tree
 
 
 class _Reductions:
@@ -46,8 +46,11 @@ class _Reductions:
         # with its checked gather: 1.8 s of compilation unrolled)
         sum_ok = sum_ok and self._box_points(full) >= _opts().unroll_min_points
         if sum_ok and rd_order and rd_order[-1].extent >= 2 * u_n:
+            # (per output: the partial sums are set by the init statement and
+            # added by the final one, so they run on across the outer reduction
+            # loops; else the innermost loop's writer sets and adds them)
             self.unroll = (combine, acc[0], acc_dt or comb.dtypes[0], u_n,
-                           rd_order[-1].extent)
+                           rd_order[-1].extent, _opts().partials_per_output)
         jam = None
         if sum_ok and not self.stage.ordered and rd_order:
             # moving another spatial axis innermost pays where the reduction
@@ -66,11 +69,34 @@ class _Reductions:
                 if u_j < self.unroll[3]:
                     self.unroll = self.unroll[:3] + (u_j,) + self.unroll[4:]
 
+        def parts(lane):
+            # the partial sums of an unrolled sum kept per output element (their
+            # count read when written: register blocking lowers it)
+            if self.unroll is None or not self.unroll[5]:
+                return []
+            return [f"{_lane(acc[0], lane)}_p{u}" for u in range(self.unroll[3])]
+
         def init(d, lane=None):
             for a, c in zip(acc, comb.identity):
                 w(d, f"{_lane(a, lane)} = {const_str(c.value, acc_dt or c.dtype)}")
+            for p in parts(lane):
+                w(d, f"{p} = {const_str(0, self.unroll[2])}")
 
         def fin(d, lane=None):
+            ps = parts(lane)
+            if ps and _lane(acc[0], lane) in self.partials_used:
+                self.partials_used.discard(_lane(acc[0], lane))
+                w(d, f"{_lane(acc[0], lane)} += {_tree(ps)}")
+            elif ps:
+                # no loop of this nest was unrolled (written with _radd, or too
+                # short): the partial sums init wrote are taken back
+                inits = {f"{p} = {const_str(0, self.unroll[2])}" for p in ps}
+                for i in range(len(w.lines) - 1, -1, -1):
+                    if w.lines[i].strip() in inits:
+                        inits.discard(w.lines[i].strip())
+                        del w.lines[i]
+                        if not inits:
+                            break
             for o, a in zip(outs, acc):
                 v = _lane(a, lane)
                 w(d, f"{self._store(o)} = {f'np.float32({v})' if acc_dt else v}")

@@ -59,7 +59,9 @@ sum's order of terms, which the evaluator does not fix either):
   vectoriser takes (unit-stride loads, no branch, no run-time check) is written
   once, its accumulator updated by ``_radd``, an add LLVM may reassociate: the
   vectoriser keeps the partial sums in vector registers; any other is unrolled
-  into ``options.unroll`` partial sums, added to the accumulator in a fixed tree;
+  into ``options.unroll`` partial sums, kept per output element across the outer
+  reduction loops (``options.partials_per_output``) and added to the accumulator
+  in a fixed tree after them;
 * register blocking: in scalar mode, ``options.jam`` consecutive points of the innermost
   spatial axis share the reduction loops (when the domain does not depend on
   that axis and some load is shared), each with its own accumulator;
@@ -290,8 +292,13 @@ class _StageLowering(_Reductions, _NestWriter):
         self.items = []
         self.loop_plan = None  # the plan.LoopPlan, once planned
         # (combine, accumulator, dtype, partial sums, the innermost reduction axis's
-        # extent) of a float sum whose innermost loop is unrolled or written with _radd
+        # extent, whether the partial sums are per output element) of a float sum
+        # whose innermost loop is unrolled or written with _radd
         self.unroll = None
+        # the accumulators (lanes) whose partial sums an unrolled loop updated since
+        # their output's init statement (its final statement adds them, or else
+        # takes back the init's lines)
+        self.partials_used = set()
         self.jam_dim = None
         self.lanes = None  # (loop dimension, count) of an unrolled reduction loop
         # what the lowering chose, for the stage's plan (codegen.strategy.with_loops):

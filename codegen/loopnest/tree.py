@@ -42,6 +42,14 @@ def _lane(name, lane):
     return name if lane is None else f"{name}_l{lane}"
 
 
+def _tree(parts):
+    """The sum of the partial sums ``parts`` (a power of two of them) as a fixed
+    pairwise tree: ``((p0 + p1) + (p2 + p3)) + ...``."""
+    while len(parts) > 1:
+        parts = [f"({parts[i]} + {parts[i + 1]})" for i in range(0, len(parts), 2)]
+    return parts[0]
+
+
 class _NestWriter:
     """The loop nests of :class:`codegen.loopnest.stage._StageLowering` (a mixin:
     it reads the lowering's ``k``, ``op``, ``stage``, ``names``, ``w``,
@@ -322,16 +330,19 @@ class _NestWriter:
         if _opts().reassociate and self._emit_reassociated_sum(node, v, lo, hi, depth, stmt_vars):
             return
         w = self.w
-        _combine, acc, dtype, u_n, _extent = self.unroll
+        _combine, acc, dtype, u_n, _extent, per_output = self.unroll
         lanes, body = self._sum_lanes(node, stmt_vars)
         self.chosen_sum = f"unroll {u_n}"  # (the stage's plan records it)
         w(depth, f"{v}_lo = {lo}")
         w(depth, f"{v}_hi = {hi}")
         w(depth, f"{v}_m = {v}_lo + max({v}_hi - {v}_lo, 0) // {u_n} * {u_n}")
         parts = {ln: [f"{_lane(acc, ln)}_p{u}" for u in range(u_n)] for ln in lanes}
-        for ln in lanes:
-            for p in parts[ln]:
-                w(depth, f"{p} = {const_str(0, dtype)}")
+        if per_output:
+            self.partials_used.update(_lane(acc, ln) for ln in lanes)
+        else:  # (per output, the init statement set them)
+            for ln in lanes:
+                for p in parts[ln]:
+                    w(depth, f"{p} = {const_str(0, dtype)}")
         w(depth, f"for {v} in range({v}_lo, {v}_m, {u_n}):")
         saved = self.names[id(node.var)]
         for u in range(u_n):
@@ -344,11 +355,9 @@ class _NestWriter:
         w(depth, f"for {v} in range({v}_m, {v}_hi):")
         for ln in lanes:
             body(depth + 1, ln, _lane(acc, ln))
-        for ln in lanes:
-            ps = parts[ln]
-            while len(ps) > 1:
-                ps = [f"({ps[i]} + {ps[i + 1]})" for i in range(0, len(ps), 2)]
-            w(depth, f"{_lane(acc, ln)} += {ps[0]}")
+        if not per_output:  # (else the output's final statement adds them)
+            for ln in lanes:
+                w(depth, f"{_lane(acc, ln)} += {_tree(parts[ln])}")
         body.done()
 
     def _emit_reassociated_sum(self, node, v, lo, hi, depth, stmt_vars):

@@ -65,7 +65,12 @@ def rewrite_passes(found, gemms=True, parallel=True):
         return tensors
 
     def parts(tensors):
-        tensors, found.parts[:] = split_reductions(tensors)
+        remap = {}
+        tensors, found.parts[:] = split_reductions(tensors, remap)
+        # (the stages downstream of a split one are rebuilt: what the earlier
+        # passes recorded follows them)
+        found.materialize[:] = [remap.get(id(op), op) for op in found.materialize]
+        found.windows[:] = [remap.get(id(op), op) for op in found.windows]
         return tensors
 
     passes = []
