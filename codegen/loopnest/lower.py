@@ -44,7 +44,7 @@ are the fields of :class:`codegen.options.Options` (docs/options.md).
 """
 
 from texpr.simplify.isl_bridge import isl
-from texpr.errors import TexprError
+from texpr.errors import TexprError, in_stage
 from texpr.printer import tensor_str
 from texpr.scan import ScanOp
 from texpr.simplify.graph import accesses
@@ -133,6 +133,8 @@ def _lower_stage(op, stage, buffers, inlined, parallel, chunking):
     except isl.Error as exc:
         raise TexprError(f"stage {op.name}: isl failed while lowering it ({exc}); "
                          "please report the program") from None
+    except TexprError as exc:  # (texpr.simplify.loop_ast's refusals name no stage)
+        raise in_stage(op.name, exc) from None
     return sl, ub, w
 
 
