@@ -108,7 +108,7 @@ class Options:
     #: the lattice path evaluates the conjuncts at most this many times in all
     shift_lattice_budget: int = 1 << 15
 
-    # ---- loop nests (codegen.loopnest.stage): order and parallelism ----
+    # ---- loop nests (codegen.loopnest: order, plan, stage, reduce, tree): order and parallelism
     #: stages visiting fewer points run sequentially
     parallel_min_points: int = 1 << 16
     #: ... and below this many points, those whose work is below parallel_min_work

@@ -14,7 +14,7 @@ allow it, as a serial function ``unit(b0, .., part, err)`` whose parallel loop
 runs only the values ``part[0] <= v < part[1]`` of one spatial axis of the
 stage (``part``: an ``int64[2]``). Instances at different values of that axis
 write different output elements (the rule
-:meth:`codegen.loopnest.stage._StageLowering._check_chunkable` checks), so the parts are
+:func:`codegen.loopnest.plan.decide_chunks` checks before any text is written), so the parts are
 independent.
 
 How the parts run: one part per thread of GNU OpenMP's own team
