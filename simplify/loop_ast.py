@@ -146,8 +146,11 @@ def generate(statements, loop_vars):
         if runs_exactly(tree, live, loop_vars) is None:
             return tree
     failures = []
-    split = _residue_split(live, loop_vars)
-    for form, m in (("", umap),) + ((("residue classes, ", split),) if split is not None else ()):
+    for form in ("", "residue classes, "):
+        # (the residue classes only when isl got every plain form wrong)
+        m = umap if not form else _residue_split(live, loop_vars)
+        if m is None:
+            break
         for option in GENERATORS:
             tag = f"{form}{option or 'default'}"
             try:
@@ -182,10 +185,17 @@ def _residue_split(statements, loop_vars):
     only: a grouped convolution's input gradient); the classes' form it generates
     correctly. None when no domain has a division, or a split would exceed
     :data:`MAX_RESIDUE_PIECES` pieces."""
+    try:
+        return _residue_split_map(statements, loop_vars)
+    except isl.Error:  # (a division isl cannot write out: no split)
+        return None
+
+
+def _residue_split_map(statements, loop_vars):
     umap, any_div = None, False
     for st in statements:
         pieces = []
-        for bset in st.domain.get_basic_sets():
+        for bset in st.domain.compute_divs().get_basic_sets():
             ls = bset.get_local_space()
             parts = [bset]
             for k in range(bset.dim(isl.dim_type.div)):
