@@ -41,6 +41,10 @@ seconds are differentiate + build, cold)::
     bilateral              18.0 s   253 MB  22 units [9.5]    9.6 s  253 MB  22 units [5.4]
     bilateral_float        20.7 s   256 MB  22 units [11.4]  10.5 s  256 MB  22 units [5.4]
 
+``stacked_lstm`` on 2026-12-07 23:39 UTC (load 2.1): differentiate 1.4 s, build 73.8 s,
+peak 1,895 MB, 23 units of 126 KB source in all (issue 50's target: under 2 minutes and
+4 GB; numba once ran out of memory on its 1.31 MB parameter-adjoint unit).
+
 (The staged samplers and the bilateral grids build the same units before and
 after: their differences are the load's.) Reflection against zero padding:
 12.6x before, 1.24x after. The reflection sampler's grid-gradient unit was 170 KB
