@@ -25,7 +25,6 @@ Timings drift between runs and machines: compare ratios from one run only.
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -34,13 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                                 "tests"))
 
 
-def _median_ms(fn, repeat):
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times)) * 1e3
+from cases import median_ms as _median_ms  # noqa: E402 (one untimed call first)
 
 
 def main():
